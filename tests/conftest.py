@@ -1,0 +1,44 @@
+"""Test setup shared by every module.
+
+Without a CUDA device the Triton kernels run under the interpreter, which must be switched on
+before triton is imported anywhere; this file is imported by pytest before any test module.
+"""
+
+import os
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    # torch is imported only after the environment is settled, so triton cannot slip in first.
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+pytest_plugins = ["tests.fixtures_plaid"]
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if ON_GPU else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def seed(request) -> int:
+    """A fresh seed per test (derived from its id, so a failure reproduces), recorded on failure."""
+    value = abs(hash(request.node.nodeid)) % (2**31)
+    torch.manual_seed(value)
+    return value
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so that any element a kernel forgets to write fails the comparison."""
+    return t.fill_(float("nan"))

@@ -1,0 +1,1 @@
+"""Host functions: check inputs, allocate outputs, launch the Triton kernels."""

@@ -1,0 +1,257 @@
+"""Host side of the dense TileMaxSim kernel: check inputs, allocate the output, pick a config, launch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
+from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+
+__all__ = ["MaxSimConfig", "default_config", "maxsim_padded", "maxsim_packed"]
+
+# Query tokens per block are padded to a power of two in registers (tl.arange needs one).
+# Queries longer than this are scored in chunks of this many tokens and the chunk scores summed:
+# a [128, BLOCK_T] fp32 block of maxima is as much as registers hold comfortably.
+MAX_LQ_PER_LAUNCH = 128
+# 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
+# tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
+MAX_BLOCK_D = 128
+# tl.dot needs every dimension >= 16.
+MIN_DOT_DIM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxSimConfig:
+    """One fixed launch configuration. Passing one skips every heuristic, so a launch is
+    reproducible and can be captured in a CUDA graph.
+
+    Attributes:
+        block_t: document tokens per tile.
+        queries_per_block: queries stacked into one tensor-core product.
+        q_blocks_per_program: query blocks that reuse one document tile inside a program.
+        docs_per_program: documents one program walks (amortises loading the query block).
+        single_tile: every document fits one tile (requires max doc length <= block_t and d <=
+            128): the tile is read once and reused by all query blocks of the program.
+        num_warps, num_stages: Triton launch parameters.
+    """
+
+    block_t: int = 64
+    queries_per_block: int = 1
+    q_blocks_per_program: int = 1
+    docs_per_program: int = 1
+    single_tile: bool = False
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _pow2(x: int) -> int:
+    return 1 if x <= 1 else triton.next_power_of_2(x)
+
+
+def _block_d(dim: int) -> int:
+    return min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim)))
+
+
+def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int) -> MaxSimConfig:
+    """Deterministic heuristic (no autotuning at call time): chosen from the sweep in
+    experiments/bench.py on an H200; see results/ for the measurements behind it.
+
+    Args:
+        num_queries: B.
+        Lq: query tokens (after chunking, <= MAX_LQ_PER_LAUNCH).
+        max_doc_len: longest document, or None when unknown (then no single-tile path).
+        dim: embedding dimension.
+    """
+    lq = _pow2(Lq)
+    # Enough queries per block to fill a 64-row tensor-core tile (and at least 16 rows for tl.dot).
+    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
+    single = max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
+    num_qblocks = triton.cdiv(num_queries, queries_per_block)
+    if single:
+        block_t = max(MIN_DOT_DIM, _pow2(max_doc_len))
+        return MaxSimConfig(
+            block_t=block_t,
+            queries_per_block=queries_per_block,
+            q_blocks_per_program=min(num_qblocks, 8),
+            docs_per_program=4 if num_queries == 1 else 1,
+            single_tile=True,
+            num_warps=4 if num_queries * lq <= 64 else 8,
+            num_stages=2,
+        )
+    return MaxSimConfig(
+        block_t=64,
+        queries_per_block=queries_per_block,
+        q_blocks_per_program=1,
+        docs_per_program=2 if num_queries == 1 else 1,
+        single_tile=False,
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
+            padded_doc_len, max_doc_len, config):
+    B, Lq, dim = Q3.shape
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    if num_out_docs == 0 or B == 0:
+        return out
+    if Lq == 0:
+        return out.zero_()  # the empty sum
+    if Lq > MAX_LQ_PER_LAUNCH:
+        # Long queries: score chunks of query tokens and add them up (each chunk is exact MaxSim
+        # over its own tokens, and the sum over tokens is associative).
+        out.zero_()
+        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
+            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
+            chunk_lengths = None
+            if query_lengths is not None:
+                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
+            out += _launch(chunk, D, packed=packed, offsets=offsets, doc_lengths=doc_lengths,
+                           pids=pids, query_lengths=chunk_lengths, num_out_docs=num_out_docs,
+                           padded_doc_len=padded_doc_len, max_doc_len=max_doc_len, config=config)
+        return out
+
+    cfg = config or default_config(B, Lq, max_doc_len, dim)
+    block_d = _block_d(dim)
+    num_d_tiles = triton.cdiv(dim, block_d)
+    if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
+        raise ValueError(
+            f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
+            f"{MAX_BLOCK_D}; got max_doc_len={max_doc_len}, d={dim}"
+        )
+    lq = _pow2(Lq)
+    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = triton.cdiv(B, queries_per_block)
+    q_blocks_per_program = min(cfg.q_blocks_per_program, num_qblocks)
+    num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
+    num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
+    stride_dn = 0 if packed else D.stride(0)
+    stride_dt, stride_dd = D.stride(-2), D.stride(-1)
+    _maxsim_dense_kernel[(num_doc_programs * num_qgroups,)](
+        Q3, D,
+        offsets if packed else dummy,
+        doc_lengths if doc_lengths is not None else dummy,
+        pids if pids is not None else dummy,
+        query_lengths if query_lengths is not None else dummy,
+        out,
+        num_out_docs, B, Lq, dim, padded_doc_len,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2),
+        stride_dn, stride_dt, stride_dd,
+        out.stride(0), out.stride(1),
+        num_qgroups,
+        PACKED=packed,
+        HAS_DOC_LENGTHS=doc_lengths is not None,
+        HAS_PIDS=pids is not None,
+        HAS_QUERY_LENGTHS=query_lengths is not None,
+        LQ=lq,
+        QUERIES_PER_BLOCK=queries_per_block,
+        Q_BLOCKS_PER_PROGRAM=q_blocks_per_program,
+        BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
+        BLOCK_D=block_d,
+        NUM_D_TILES=num_d_tiles,
+        DOCS_PER_PROGRAM=cfg.docs_per_program,
+        SINGLE_TILE=cfg.single_tile,
+        INPUT_PRECISION=dot_precision(Q3.dtype),
+        UPCAST=interpreter_upcast(Q3.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def maxsim_padded(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    doc_lengths: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    *,
+    config: MaxSimConfig | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Exact MaxSim of queries against padded documents.
+
+    Args:
+        Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
+        D: [N, Ld, d], same dtype and device as Q. Any strides.
+        doc_lengths: optional int32/int64 [N]; tokens at or past a document's length never win
+            a max. Default: every document has Ld tokens.
+        query_lengths: optional int32/int64 [B] (3-D Q only); padded query tokens add nothing.
+        config: a fixed :class:`MaxSimConfig` (no heuristics, CUDA-graph friendly).
+        validate: check values as well as shapes (value checks synchronise with the device).
+
+    Returns:
+        fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0.
+    """
+    checks.check_query(Q)
+    checks.check_tensor("D", D, dims=(3,), dtypes=checks.FLOAT_DTYPES, device=Q.device)
+    checks.check_same_dtype("D", D, Q)
+    checks.check_same_dim("D", D, Q)
+    if validate:
+        checks.check_query_lengths(query_lengths, Q)
+        checks.check_lengths("doc_lengths", doc_lengths, D.shape[0], D.shape[1], Q.device)
+    Q3 = Q[None] if Q.dim() == 2 else Q
+    max_doc_len = D.shape[1]
+    if doc_lengths is not None and validate and doc_lengths.numel():
+        max_doc_len = int(doc_lengths.max())
+    out = _launch(Q3, D, packed=False, offsets=None, doc_lengths=doc_lengths, pids=None,
+                  query_lengths=query_lengths, num_out_docs=D.shape[0], padded_doc_len=D.shape[1],
+                  max_doc_len=max_doc_len, config=config)
+    return out[0] if Q.dim() == 2 else out
+
+
+def maxsim_packed(
+    Q: torch.Tensor,
+    D_packed: torch.Tensor,
+    offsets: torch.Tensor,
+    pids: torch.Tensor | None = None,
+    *,
+    query_lengths: torch.Tensor | None = None,
+    max_doc_len: int | None = None,
+    config: MaxSimConfig | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Exact MaxSim over PLAID's packed layout, optionally for a subset of documents in place.
+
+    Args:
+        Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
+        D_packed: [T, d], all document tokens concatenated, same dtype and device as Q.
+        offsets: int64 [N+1]; document n owns rows ``offsets[n]:offsets[n+1]``.
+        pids: optional int32/int64 [M]: score only these documents, in this order, read straight
+            from ``D_packed`` (no gather into a new tensor). Default: all N documents.
+        query_lengths: optional int32/int64 [B] (3-D Q only).
+        max_doc_len: longest document if known (lets the heuristic pick the single-tile path
+            without a device sync); computed from ``offsets`` when ``validate`` is True.
+        config: a fixed :class:`MaxSimConfig`.
+        validate: check values (offsets monotone and in range, pids in range); these checks
+            synchronise with the device.
+
+    Returns:
+        fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N.
+    """
+    checks.check_query(Q)
+    checks.check_tensor("D_packed", D_packed, dims=(2,), dtypes=checks.FLOAT_DTYPES, device=Q.device)
+    checks.check_same_dtype("D_packed", D_packed, Q)
+    checks.check_same_dim("D_packed", D_packed, Q)
+    checks.check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=Q.device)
+    if offsets.numel() < 1:
+        raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
+    num_docs = offsets.numel() - 1
+    if pids is not None:
+        checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    if validate:
+        checks.check_query_lengths(query_lengths, Q)
+        checks.check_offsets(offsets, D_packed.shape[0], Q.device)
+        pids = checks.check_pids(pids, num_docs, Q.device)
+        if max_doc_len is None and num_docs:
+            max_doc_len = int((offsets[1:] - offsets[:-1]).max())
+    Q3 = Q[None] if Q.dim() == 2 else Q
+    num_out = pids.numel() if pids is not None else num_docs
+    out = _launch(Q3, D_packed, packed=True, offsets=offsets, doc_lengths=None, pids=pids,
+                  query_lengths=query_lengths, num_out_docs=num_out, padded_doc_len=0,
+                  max_doc_len=max_doc_len, config=config)
+    return out[0] if Q.dim() == 2 else out
