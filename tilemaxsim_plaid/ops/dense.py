@@ -69,7 +69,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int)
     lq = _pow2(Lq)
     # Enough queries per block to fill a 64-row tensor-core tile (and at least 16 rows for tl.dot).
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
-    single = max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
+    single = max_doc_len is not None and max_doc_len <= 256 and dim <= MAX_BLOCK_D
     num_qblocks = triton.cdiv(num_queries, queries_per_block)
     if single:
         block_t = max(MIN_DOT_DIM, _pow2(max_doc_len))

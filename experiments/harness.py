@@ -1,0 +1,167 @@
+"""One timing harness for every benchmark: ceilings, timings, provenance, tables and result files.
+
+A row is a plain dict in long format (one row per shape and provider), so plots and reports read
+only the written files:
+    suite, shape, provider, ms, ms_p20, ms_p80, docs_per_s, bytes, gbps, pct_read_bw, tflops
+plus whatever extras a suite adds (speedups, bound, bytes_per_doc, ...).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "provenance",
+    "time_ms",
+    "measure_ceilings",
+    "make_row",
+    "add_speedups",
+    "write_results",
+    "print_table",
+]
+
+# Buffers for the ceilings: 4 GiB is ~70x the H200's 60 MB L2, so nothing is served from cache.
+CEILING_BYTES = 4 << 30
+MATMUL_SIZE = 8192
+
+
+def _commit() -> str:
+    if os.environ.get("TILEMAXSIM_COMMIT"):
+        return os.environ["TILEMAXSIM_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        marker = Path(__file__).resolve().parent.parent / ".device_commit"
+        return marker.read_text().strip() if marker.exists() else "unknown"
+
+
+def provenance() -> dict:
+    import triton
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, sm_count=props.multi_processor_count,
+                    gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    gpu_count=torch.cuda.device_count())
+    else:
+        info["gpu"] = "none (CPU)"
+    return info
+
+
+def time_ms(fn, warmup_ms: int = 25, rep_ms: int = 200) -> tuple[float, float, float]:
+    """Median, 20th and 80th percentile of ``fn``'s time in ms (CUDA events via do_bench)."""
+    import triton.testing
+
+    med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                            quantiles=[0.5, 0.2, 0.8])
+    return float(med), float(p20), float(p80)
+
+
+def measure_ceilings() -> dict:
+    """Read bandwidth, copy bandwidth and bf16 matmul rate, measured now on this GPU."""
+    n = CEILING_BYTES // 2
+    x = torch.randn(n, device="cuda", dtype=torch.float16)
+    y = torch.empty_like(x)
+    read_ms = time_ms(lambda: x.sum(dtype=torch.float32))[0]
+    copy_ms = time_ms(lambda: y.copy_(x))[0]
+    del y
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device="cuda", dtype=torch.bfloat16)
+    mm_ms = time_ms(lambda: a @ b)[0]
+    return {
+        "read_gbps": CEILING_BYTES / read_ms / 1e6,
+        "copy_gbps": 2 * CEILING_BYTES / copy_ms / 1e6,  # bytes read plus bytes written
+        "bf16_tflops": 2 * MATMUL_SIZE**3 / mm_ms / 1e9,
+    }
+
+
+def make_row(suite: str, shape: str, provider: str, timing, *, num_docs: int, nbytes: int,
+             flops: float, ceilings: dict, **extra) -> dict:
+    """``nbytes`` counts every document byte once (plus the queries): the fewest bytes the
+    problem must move. ``num_docs`` counts (query, doc) pairs when several queries share docs."""
+    ms, p20, p80 = timing
+    gbps = nbytes / ms / 1e6
+    row = {
+        "suite": suite, "shape": shape, "provider": provider,
+        "ms": ms, "ms_p20": p20, "ms_p80": p80,
+        "docs_per_s": num_docs / ms * 1e3,
+        "bytes": nbytes, "gbps": gbps,
+        "pct_read_bw": 100.0 * gbps / ceilings["read_gbps"] if ceilings.get("read_gbps") else None,
+        "tflops": flops / ms / 1e9,
+        "pct_bf16_peak": 100.0 * flops / ms / 1e9 / ceilings["bf16_tflops"]
+        if ceilings.get("bf16_tflops") else None,
+    }
+    row.update(extra)
+    return row
+
+
+def add_speedups(rows: list[dict], ours: str) -> None:
+    """For each shape, add ``speedup_vs_<provider>`` to the row of ``ours``."""
+    by_shape: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_shape.setdefault((row["suite"], row["shape"]), []).append(row)
+    for group in by_shape.values():
+        mine = [r for r in group if r["provider"] == ours]
+        for row in mine:
+            for other in group:
+                if other["provider"] != ours and other.get("ms"):
+                    row[f"speedup_vs_{other['provider']}"] = other["ms"] / row["ms"]
+
+
+def write_results(rows: list[dict], out_dir, name: str, *, ceilings: dict | None = None,
+                  meta: dict | None = None) -> Path:
+    """Write ``<name>.json`` (provenance + ceilings + rows) and ``<name>.csv`` (long format)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"provenance": provenance(), "ceilings": ceilings or {}, "meta": meta or {}, "rows": rows}
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    with open(out_dir / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _fmt(value, width: int, digits: int = 3) -> str:
+    if value is None:
+        return "-".rjust(width)
+    if isinstance(value, float):
+        return f"{value:.{digits}f}".rjust(width) if abs(value) < 1e5 else f"{value:.3g}".rjust(width)
+    return str(value).rjust(width)
+
+
+def print_table(rows: list[dict], ours: str | None = None) -> None:
+    """Fixed-width table: one line per (shape, provider)."""
+    header = (f"{'shape':<40} {'provider':<26} {'ms':>9} {'Mdoc/s':>9} {'GB/s':>8} "
+              f"{'%readBW':>8} {'TFLOP/s':>8} {'speedups':<}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        speed = " ".join(f"{k[len('speedup_vs_'):]}={v:.2f}x" for k, v in row.items()
+                         if k.startswith("speedup_vs_"))
+        print(f"{row['shape'][:40]:<40} {row['provider'][:26]:<26} {_fmt(row['ms'], 9)} "
+              f"{_fmt(row['docs_per_s'] / 1e6, 9, 1)} {_fmt(row['gbps'], 8, 0)} "
+              f"{_fmt(row['pct_read_bw'], 8, 1)} {_fmt(row['tflops'], 8, 1)} {speed}")
