@@ -278,12 +278,22 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
     """The configurations the heuristic chooses among, timed side by side by --sweep."""
     lq = 1 << max(0, (case.Lq - 1).bit_length())
     single_ok = max_len <= 256 and case.d <= 128
+    stages_list = (2, 3, 4)
     out = []
+    if case.packed:
+        for qpb in (sorted({max(1, 64 // lq), max(1, 128 // lq)}) if case.B > 1 else (1,)):
+            for block_t in (64, 128):
+                for dpp in (16, 32, 64):
+                    for warps in (4, 8):
+                        for stages in (2, 3):
+                            out.append(MaxSimConfig(block_t, qpb, 1, dpp, False, warps, stages,
+                                                    stream=True))
+        return out
     if case.B == 1:
-        for block_t in (64, 128, 256):
-            for dpp in (1, 4):
+        for block_t in (64, 128) if case.d > 128 else (64, 128, 256):
+            for dpp in (1, 4) if case.d <= 128 else (1,):
                 for warps in (4, 8):
-                    for stages in (2, 3):
+                    for stages in stages_list:
                         for single in ((False, True) if single_ok and block_t >= max_len else (False,)):
                             if block_t < 256 or single:
                                 out.append(MaxSimConfig(block_t, 1, 1, dpp, single, warps, stages))
@@ -338,6 +348,7 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10x smaller shapes")
     parser.add_argument("--sweep", action="store_true", help="time every kernel config on the main shapes")
+    parser.add_argument("--sweep-shapes", default="", help="';'-separated main shape names to sweep")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the length/N/d sweeps")
     parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--out", default="results/bench")
@@ -355,7 +366,8 @@ def main(argv=None) -> None:
     print("provenance:", prov)
     rows: list[dict] = []
     if args.sweep:
-        sweep_rows = run_sweep([c for c in main_cases(args.quick)][:4], ceilings)
+        sweep_rows = run_sweep([c for c in main_cases(args.quick) if c.name in args.sweep_shapes.split(";")]
+                               if args.sweep_shapes else main_cases(args.quick), ceilings)
         harness.write_results(sweep_rows, args.out, "dense_config_sweep", ceilings=ceilings)
     for case in main_cases(args.quick):
         rows += run_case(case, ceilings, providers)

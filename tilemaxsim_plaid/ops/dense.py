@@ -7,7 +7,7 @@ import dataclasses
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
+from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_stream_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
 
@@ -36,6 +36,8 @@ class MaxSimConfig:
         docs_per_program: documents one program walks (amortises loading the query block).
         single_tile: every document fits one tile (requires max doc length <= block_t and d <=
             128): the tile is read once and reused by all query blocks of the program.
+        stream: walk a whole packed corpus (no pids) as one stream of full token tiles
+            spanning document boundaries, docs_per_program documents per program.
         num_warps, num_stages: Triton launch parameters.
     """
 
@@ -46,6 +48,7 @@ class MaxSimConfig:
     single_tile: bool = False
     num_warps: int = 4
     num_stages: int = 2
+    stream: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -56,7 +59,8 @@ def _block_d(dim: int) -> int:
     return min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim)))
 
 
-def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int) -> MaxSimConfig:
+def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
+                   whole_corpus: bool = False) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time): chosen from the sweep in
     experiments/bench.py on an H200; see results/ for the measurements behind it.
 
@@ -65,12 +69,16 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int)
         Lq: query tokens (after chunking, <= MAX_LQ_PER_LAUNCH).
         max_doc_len: longest document, or None when unknown (then no single-tile path).
         dim: embedding dimension.
+        whole_corpus: every document of a packed corpus is scored (no pids), in order.
     """
     lq = _pow2(Lq)
     # Enough queries per block to fill a 64-row tensor-core tile (and at least 16 rows for tl.dot).
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     single = max_doc_len is not None and max_doc_len <= 256 and dim <= MAX_BLOCK_D
     num_qblocks = triton.cdiv(num_queries, queries_per_block)
+    if whole_corpus:
+        return MaxSimConfig(block_t=128, queries_per_block=queries_per_block, docs_per_program=32,
+                            num_warps=4, num_stages=3, stream=True)
     if single:
         block_t = max(MIN_DOT_DIM, _pow2(max_doc_len))
         return MaxSimConfig(
@@ -115,7 +123,7 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                            padded_doc_len=padded_doc_len, max_doc_len=max_doc_len, config=config)
         return out
 
-    cfg = config or default_config(B, Lq, max_doc_len, dim)
+    cfg = config or default_config(B, Lq, max_doc_len, dim, whole_corpus=packed and pids is None)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
@@ -130,6 +138,29 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
     num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
+    if cfg.stream:
+        if not packed or pids is not None:
+            raise ValueError("config.stream scores a whole packed corpus: it takes no pids")
+        _maxsim_packed_stream_kernel[(num_doc_programs * num_qgroups,)](
+            Q3, D, offsets, query_lengths if query_lengths is not None else dummy, out,
+            num_out_docs, B, Lq, dim,
+            Q3.stride(0), Q3.stride(1), Q3.stride(2),
+            D.stride(0), D.stride(1),
+            out.stride(0), out.stride(1),
+            num_qgroups,
+            HAS_QUERY_LENGTHS=query_lengths is not None,
+            LQ=lq,
+            QUERIES_PER_BLOCK=queries_per_block,
+            BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
+            BLOCK_D=block_d,
+            NUM_D_TILES=num_d_tiles,
+            DOCS_PER_PROGRAM=cfg.docs_per_program,
+            INPUT_PRECISION=dot_precision(Q3.dtype),
+            UPCAST=interpreter_upcast(Q3.dtype),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
     _maxsim_dense_kernel[(num_doc_programs * num_qgroups,)](

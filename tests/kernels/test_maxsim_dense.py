@@ -1,0 +1,218 @@
+"""Dense TileMaxSim kernels against the float64 reference (CPU interpreter or GPU)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.tolerances import assert_close
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops import dense
+from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
+
+DTYPES = [
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float32, id="fp32"),
+]
+
+# (B, Lq, N, Ld, d): odd query lengths, single-token queries and docs, non-power-of-two d.
+SHAPES = [
+    pytest.param(1, 32, 7, 40, 128, id="1q-d128"),
+    pytest.param(3, 31, 5, 17, 96, id="Lq31-d96"),
+    pytest.param(2, 33, 4, 70, 384, id="Lq33-d384"),
+    pytest.param(5, 1, 6, 1, 64, id="Lq1-Ld1-d64"),
+    pytest.param(2, 8, 3, 9, 768, id="d768"),
+    pytest.param(2, 140, 3, 5, 64, id="Lq140-chunked"),
+]
+
+
+def _rand(*shape, dtype, device):
+    # Unit-scale rows; never zeros (they hide unwritten outputs and wrong indexing).
+    return (torch.randn(*shape, device=device) / math.sqrt(shape[-1])).to(dtype)
+
+
+def _packed_from_lengths(lengths, d, dtype, device, tail=3):
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    # Extra rows past the last document (PLAID keeps 512 uninitialised ones): never read.
+    D = _rand(int(offsets[-1]) + tail, d, dtype=dtype, device=device)
+    D[int(offsets[-1]):] = float("nan")
+    return D, offsets.to(device)
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_outputs(monkeypatch):
+    """Every output buffer starts as NaN, so an element a kernel never writes fails the test."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        if out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(dense.torch, "empty", empty)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Lq,N,Ld,d", SHAPES)
+def test_padded_matches_reference(B, Lq, N, Ld, d, dtype, device):
+    Q = _rand(B, Lq, d, dtype=dtype, device=device)
+    D = _rand(N, Ld, d, dtype=dtype, device=device)
+    doc_lengths = torch.randint(0, Ld + 1, (N,), device=device)
+    doc_lengths[0] = 0  # an empty document
+    doc_lengths[-1] = min(1, Ld)
+    query_lengths = torch.randint(0, Lq + 1, (B,), device=device)
+    out = maxsim_padded(Q, D, doc_lengths, query_lengths)
+    assert out.dtype == torch.float32 and out.shape == (B, N)
+    assert_close(out, reference.maxsim_padded(Q, D, doc_lengths, query_lengths), "maxsim_dense", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_padded_2d_query_and_full_lengths(dtype, device):
+    Q = _rand(31, 128, dtype=dtype, device=device)
+    D = _rand(9, 33, 128, dtype=dtype, device=device)
+    out = maxsim_padded(Q, D)
+    assert out.shape == (9,)
+    assert_close(out, reference.maxsim_padded(Q, D), "maxsim_dense", dtype)
+
+
+def test_padded_accepts_strided_documents(device):
+    """A non-contiguous view (every other token) is read through its strides, not copied."""
+    Q = _rand(2, 16, 64, dtype=torch.float16, device=device)
+    D = _rand(5, 24, 64, dtype=torch.float16, device=device)[:, ::2]
+    assert not D.is_contiguous()
+    assert_close(maxsim_padded(Q, D), reference.maxsim_padded(Q, D), "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "lengths,d",
+    [
+        pytest.param([3, 0, 70, 1, 129, 5, 0], 128, id="mixed-with-empty"),
+        pytest.param([0, 0], 64, id="all-empty"),
+        pytest.param([200, 17, 0, 33, 1, 1, 1, 1, 90], 384, id="d384"),
+        pytest.param([5] * 40, 96, id="many-short-d96"),
+    ],
+)
+@pytest.mark.parametrize("B", [1, 3])
+def test_packed_matches_reference(lengths, d, B, dtype, device):
+    D, offsets = _packed_from_lengths(lengths, d, dtype, device)
+    Q = _rand(B, 33, d, dtype=dtype, device=device)
+    query_lengths = torch.randint(0, 34, (B,), device=device)
+    out = maxsim_packed(Q, D, offsets, query_lengths=query_lengths)
+    expected = reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths)
+    assert_close(out, expected, "maxsim_dense", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_pids_score_in_place_in_order(dtype, device):
+    lengths = [3, 0, 70, 1, 129, 5]
+    D, offsets = _packed_from_lengths(lengths, 128, dtype, device)
+    Q = _rand(2, 32, 128, dtype=dtype, device=device)
+    pids = torch.tensor([4, 1, 0, 4, 5], device=device, dtype=torch.int32)
+    out = maxsim_packed(Q, D, offsets, pids)
+    assert out.shape == (2, 5)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", dtype)
+
+
+def test_packed_equals_padded(device):
+    lengths = torch.tensor([7, 1, 0, 40, 12])
+    D_packed, offsets = _packed_from_lengths(lengths.tolist(), 128, torch.float16, device)
+    D_padded = torch.zeros(5, 40, 128, dtype=torch.float16, device=device)
+    for n in range(5):
+        start, end = int(offsets[n]), int(offsets[n + 1])
+        D_padded[n, : end - start] = D_packed[start:end]
+    Q = _rand(4, 32, 128, dtype=torch.float16, device=device)
+    packed = maxsim_packed(Q, D_packed, offsets)
+    padded = maxsim_padded(Q, D_padded, lengths.to(device))
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+
+
+CONFIGS = [
+    pytest.param(MaxSimConfig(block_t=16), id="tiles16"),
+    pytest.param(MaxSimConfig(block_t=64, queries_per_block=2, docs_per_program=3), id="2q-3docs"),
+    pytest.param(MaxSimConfig(block_t=64, queries_per_block=1, q_blocks_per_program=3,
+                              single_tile=True), id="single-tile-3qblocks"),
+    pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, stream=True),
+                 id="stream"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_path_is_exact(config, device):
+    """Each kernel path a config can select computes the same function."""
+    lengths = [3, 0, 50, 1, 17, 64, 2]
+    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
+    Q = _rand(5, 31, 128, dtype=torch.float16, device=device)
+    out = maxsim_packed(Q, D, offsets, config=config)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
+def test_single_tile_config_rejects_long_documents(device):
+    D, offsets = _packed_from_lengths([100], 128, torch.float16, device)
+    Q = _rand(1, 8, 128, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="single_tile"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(block_t=64, single_tile=True))
+
+
+def test_empty_inputs(device):
+    Q = _rand(2, 4, 64, dtype=torch.float16, device=device)
+    assert maxsim_padded(Q, _rand(0, 5, 64, dtype=torch.float16, device=device)).shape == (2, 0)
+    D = _rand(3, 5, 64, dtype=torch.float16, device=device)
+    assert maxsim_padded(Q[:0], D).shape == (0, 3)
+    # A query with no tokens scores 0 (the empty sum), never NaN.
+    assert torch.equal(maxsim_padded(Q[:, :0], D), torch.zeros(2, 3, device=device))
+    empty_offsets = torch.zeros(1, dtype=torch.int64, device=device)
+    assert maxsim_packed(Q, D[0], empty_offsets).shape == (2, 0)
+    pids = torch.empty(0, dtype=torch.int64, device=device)
+    offsets = torch.tensor([0, 5], device=device)
+    assert maxsim_packed(Q, D[0], offsets, pids).shape == (2, 0)
+
+
+def test_empty_document_scores_minus_inf_and_empty_query_zero(device):
+    Q = _rand(2, 4, 64, dtype=torch.float32, device=device)
+    D = _rand(2, 3, 64, dtype=torch.float32, device=device)
+    out = maxsim_padded(Q, D, torch.tensor([0, 3], device=device), torch.tensor([4, 0], device=device))
+    assert out[0, 0] == float("-inf")
+    assert out[1, 0] == 0 and out[1, 1] == 0
+    assert torch.isfinite(out[0, 1])
+
+
+def test_int64_offsets_past_2_31_elements(device):
+    d = 128
+    rows = (2**31) // d + 4096  # the last documents start past element 2**31
+    D = torch.empty(rows, d, dtype=torch.float16, device=device)
+    D[-64:] = _rand(64, d, dtype=torch.float16, device=device)
+    offsets = torch.tensor([0, 10, rows - 64, rows - 1, rows], device=device)
+    D[:10] = _rand(10, d, dtype=torch.float16, device=device)
+    Q = _rand(1, 32, d, dtype=torch.float16, device=device)
+    pids = torch.tensor([2, 3, 0], device=device)
+    out = maxsim_packed(Q, D, offsets, pids)
+    expected = torch.stack([reference.maxsim_packed(Q, D[int(offsets[p]):int(offsets[p + 1])],
+                                                    torch.tensor([0, int(offsets[p + 1] - offsets[p])]))[0, 0]
+                            for p in pids.tolist()])
+    assert_close(out[0], expected, "maxsim_dense", torch.float16)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    B=st.integers(1, 4),
+    Lq=st.integers(0, 40),
+    lengths=st.lists(st.integers(0, 80), min_size=0, max_size=9),
+    d=st.sampled_from([16, 64, 96, 128, 200]),
+    with_pids=st.booleans(),
+)
+def test_packed_property(B, Lq, lengths, d, with_pids, device):
+    """Any lengths, any query length (0 included), any subset of documents: exact and never NaN."""
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    pids = None
+    if with_pids and lengths:
+        pids = torch.randint(0, len(lengths), (len(lengths) + 2,), device=device)
+    out = maxsim_packed(Q, D, offsets, pids)
+    expected = reference.maxsim_packed(Q, D, offsets, pids)
+    assert_close(out, expected, "maxsim_dense", torch.float16)
