@@ -114,7 +114,7 @@ def provider_ours(case: Case, x: Inputs, config: MaxSimConfig | None = None):
     Q = x.Q[0] if case.B == 1 else x.Q
     if case.packed:
         max_len = int(x.lengths.max())
-        cfg = config or default_config(case.B, case.Lq, max_len, case.d)
+        cfg = config or default_config(case.B, case.Lq, max_len, case.d, variable_lengths=True)
         return lambda: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len, config=cfg,
                                      validate=False)
     cfg = config or default_config(case.B, case.Lq, case.Ld, case.d)
@@ -288,6 +288,10 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
                         for stages in (2, 3):
                             out.append(MaxSimConfig(block_t, qpb, 1, dpp, False, warps, stages,
                                                     stream=True))
+        for block_t in (32, 64):
+            for warps in (2, 4):
+                for stages in (1, 2, 3):
+                    out.append(MaxSimConfig(block_t, 1 if case.B == 1 else 4, 1, 1, False, warps, stages))
         return out
     if case.B == 1:
         for block_t in (64, 128) if case.d > 128 else (64, 128, 256):
@@ -334,7 +338,7 @@ def run_sweep(cases: list[Case], ceilings: dict) -> list[dict]:
                                          num_docs=case.B * case.N, nbytes=nbytes, flops=flops,
                                          ceilings=ceilings, config=dataclasses.asdict(cfg)))
         mine = sorted((r for r in rows if r["shape"] == case.name), key=lambda r: r["ms"])[:5]
-        default = default_config(case.B, case.Lq, max_len, case.d)
+        default = default_config(case.B, case.Lq, max_len, case.d, variable_lengths=case.packed)
         print(f"  default {default}")
         for r in mine:
             print(f"  {r['ms']:.4f} ms {r['pct_read_bw']:.1f}% BW {r['tflops']:.0f} TF {r['config']}")

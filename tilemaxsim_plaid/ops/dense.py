@@ -60,45 +60,36 @@ def _block_d(dim: int) -> int:
 
 
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
-                   whole_corpus: bool = False) -> MaxSimConfig:
-    """Deterministic heuristic (no autotuning at call time): chosen from the sweep in
-    experiments/bench.py on an H200; see results/ for the measurements behind it.
+                   variable_lengths: bool = False) -> MaxSimConfig:
+    """Deterministic heuristic (no autotuning at call time), read off the config sweep of
+    ``tilemaxsim bench --sweep`` on an H200 (results/bench/dense_config_sweep.json).
 
     Args:
         num_queries: B.
         Lq: query tokens (after chunking, <= MAX_LQ_PER_LAUNCH).
         max_doc_len: longest document, or None when unknown (then no single-tile path).
         dim: embedding dimension.
-        whole_corpus: every document of a packed corpus is scored (no pids), in order.
+        variable_lengths: documents have varied lengths (PLAID's packed layout).
     """
-    lq = _pow2(Lq)
-    # Enough queries per block to fill a 64-row tensor-core tile (and at least 16 rows for tl.dot).
-    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
-    single = max_doc_len is not None and max_doc_len <= 256 and dim <= MAX_BLOCK_D
+    if num_queries == 1:
+        # One query is memory-bound: plain per-document tiles. Short varied documents (MS MARCO
+        # averages ~70 tokens) waste least with 64-token tiles; full-length documents stream
+        # best in 128-token tiles. Wide d pipelines its 128-column chunks three deep.
+        if variable_lengths or max_doc_len is None:
+            block_t = 64
+        else:
+            block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
+        return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
+    # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
+    queries_per_block = max(1, min(_pow2(num_queries), 128 // _pow2(Lq)))
     num_qblocks = triton.cdiv(num_queries, queries_per_block)
-    if whole_corpus:
-        return MaxSimConfig(block_t=128, queries_per_block=queries_per_block, docs_per_program=32,
-                            num_warps=4, num_stages=3, stream=True)
-    if single:
-        block_t = max(MIN_DOT_DIM, _pow2(max_doc_len))
-        return MaxSimConfig(
-            block_t=block_t,
-            queries_per_block=queries_per_block,
-            q_blocks_per_program=min(num_qblocks, 8),
-            docs_per_program=4 if num_queries == 1 else 1,
-            single_tile=True,
-            num_warps=4 if num_queries * lq <= 64 else 8,
-            num_stages=2,
-        )
-    return MaxSimConfig(
-        block_t=64,
-        queries_per_block=queries_per_block,
-        q_blocks_per_program=1,
-        docs_per_program=2 if num_queries == 1 else 1,
-        single_tile=False,
-        num_warps=4,
-        num_stages=2,
-    )
+    if max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D:
+        # Cross-query tiling: the document tile is read once and reused by up to 8 query blocks.
+        return MaxSimConfig(block_t=max(MIN_DOT_DIM, _pow2(max_doc_len)),
+                            queries_per_block=queries_per_block,
+                            q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
+                            num_warps=4, num_stages=2)
+    return MaxSimConfig(block_t=64, queries_per_block=queries_per_block, num_warps=4, num_stages=2)
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
@@ -123,7 +114,7 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                            padded_doc_len=padded_doc_len, max_doc_len=max_doc_len, config=config)
         return out
 
-    cfg = config or default_config(B, Lq, max_doc_len, dim, whole_corpus=packed and pids is None)
+    cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
