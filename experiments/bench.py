@@ -281,17 +281,15 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
     stages_list = (2, 3, 4)
     out = []
     if case.packed:
-        for qpb in (sorted({max(1, 64 // lq), max(1, 128 // lq)}) if case.B > 1 else (1,)):
-            for block_t in (64, 128):
-                for dpp in (16, 32, 64):
-                    for warps in (4, 8):
-                        for stages in (2, 3):
-                            out.append(MaxSimConfig(block_t, qpb, 1, dpp, False, warps, stages,
-                                                    stream=True))
+        qpb = 1 if case.B == 1 else max(1, 128 // lq)
+        for slot, docs in ((16, 8), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4)):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    out.append(MaxSimConfig(slot, qpb, 1, docs, False, warps, stages, slots=True))
         for block_t in (32, 64):
             for warps in (2, 4):
                 for stages in (1, 2, 3):
-                    out.append(MaxSimConfig(block_t, 1 if case.B == 1 else 4, 1, 1, False, warps, stages))
+                    out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, stages))
         return out
     if case.B == 1:
         for block_t in (64, 128) if case.d > 128 else (64, 128, 256):

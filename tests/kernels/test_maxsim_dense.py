@@ -137,19 +137,26 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=64, queries_per_block=2, docs_per_program=3), id="2q-3docs"),
     pytest.param(MaxSimConfig(block_t=64, queries_per_block=1, q_blocks_per_program=3,
                               single_tile=True), id="single-tile-3qblocks"),
-    pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, stream=True),
-                 id="stream"),
+    pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, slots=True),
+                 id="slots-16x4"),
+    pytest.param(MaxSimConfig(block_t=4, docs_per_program=4, slots=True), id="slots-4x4"),
 ]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_every_config_path_is_exact(config, device):
-    """Each kernel path a config can select computes the same function."""
+@pytest.mark.parametrize("d", [128, 384])
+def test_every_config_path_is_exact(config, d, device):
+    """Each kernel path a config can select computes the same function, with and without pids."""
+    if config.single_tile and d > 128:
+        pytest.skip("the single-tile path needs d <= 128 (checked by the next test)")
     lengths = [3, 0, 50, 1, 17, 64, 2]
-    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
-    Q = _rand(5, 31, 128, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(5, 31, d, dtype=torch.float16, device=device)
     out = maxsim_packed(Q, D, offsets, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+    pids = torch.tensor([6, 2, 1, 2], device=device)
+    out = maxsim_packed(Q, D, offsets, pids, config=config)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
 
 
 def test_single_tile_config_rejects_long_documents(device):

@@ -160,83 +160,71 @@ def _maxsim_dense_kernel(
 
 
 @triton.jit
-def _maxsim_packed_stream_kernel(
-    p_q, p_d, p_offsets, p_query_lengths, p_out,
-    num_docs, num_queries, Lq, dim,
+def _maxsim_packed_slots_kernel(
+    p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
+    num_out_docs, num_queries, Lq, dim,
     stride_qb, stride_qt, stride_qd,
     stride_dt, stride_dd,
     stride_ob, stride_on,
     num_qgroups,
-    HAS_QUERY_LENGTHS: tl.constexpr,
+    HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
-    DOCS_PER_PROGRAM: tl.constexpr,
+    SLOT_T: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Streaming variant for a whole packed corpus (no pids): one program takes DOCS_PER_PROGRAM
-    consecutive documents and walks their tokens as one contiguous stream of full BLOCK_T tiles,
-    whatever the document boundaries, so every load is a full coalesced tile and the loop is a
-    plain software-pipelined stream. Each tile's columns are assigned to documents by comparing
-    token indices with the group's end offsets; a document that runs past a tile carries its
-    running maxima into the next one. Same math, masking and output as _maxsim_dense_kernel."""
+    """Packed documents side by side: one tile holds DOCS_PER_TILE documents, SLOT_T tokens of
+    each ([DOCS_PER_TILE * SLOT_T, BLOCK_D] rows gathered from their own offsets), so one
+    tensor-core product scores several short documents, the query block is loaded once for all
+    of them, and the loop over token chunks is a plain software-pipelined stream. Rows past a
+    document's length are masked (never fetched) and are -inf in the max.
+
+    Shapes as _maxsim_dense_kernel (packed, optional pids); out: fp32 [B, M]."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qgroups
-    pid_group = pid // num_qgroups
-    first_doc = pid_group.to(tl.int64) * DOCS_PER_PROGRAM
-    offs_g = tl.arange(0, DOCS_PER_PROGRAM)
-    docs = first_doc + offs_g
-    mask_g = docs < num_docs
-    group_end = tl.minimum(first_doc + DOCS_PER_PROGRAM, num_docs)
-    t_begin = tl.load(p_offsets + first_doc)
-    t_end = tl.load(p_offsets + group_end)
-    # [DOCS_PER_PROGRAM] end offsets; past the corpus they are t_end, which no token reaches.
-    ends = tl.load(p_offsets + docs + 1, mask=mask_g, other=0)
-    ends = tl.where(mask_g, ends, t_end)
-    starts = tl.load(p_offsets + docs, mask=mask_g, other=0)
+    pid_docs = pid // num_qgroups
+    BLOCK_R: tl.constexpr = DOCS_PER_TILE * SLOT_T
 
-    offs_b, offs_i, mask_r = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
-                                         HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-
-    # Empty documents own no token, so the stream below never visits them: store their score
-    # (-inf, or 0 for a query without tokens) here.
-    offs_qb = pid_qblock * QUERIES_PER_BLOCK + tl.arange(0, QUERIES_PER_BLOCK)
-    if HAS_QUERY_LENGTHS:
-        q_len = tl.load(p_query_lengths + offs_qb, mask=offs_qb < num_queries, other=0)
+    offs_g = pid_docs.to(tl.int64) * DOCS_PER_TILE + tl.arange(0, DOCS_PER_TILE)
+    mask_g = offs_g < num_out_docs
+    if HAS_PIDS:
+        docs = tl.load(p_pids + offs_g, mask=mask_g, other=0).to(tl.int64)
     else:
-        q_len = tl.full([QUERIES_PER_BLOCK], 1, tl.int32) * Lq
-    empty_score = tl.where(q_len > 0, float("-inf"), 0.0)
-    mask_empty = (offs_qb[:, None] < num_queries) & (mask_g & (ends == starts))[None, :]
-    tl.store(p_out + offs_qb[:, None] * stride_ob + docs[None, :] * stride_on,
-             empty_score[:, None] + tl.zeros([QUERIES_PER_BLOCK, DOCS_PER_PROGRAM], tl.float32),
-             mask=mask_empty)
+        docs = offs_g
+    starts = tl.load(p_offsets + docs, mask=mask_g, other=0)
+    lengths = tl.load(p_offsets + docs + 1, mask=mask_g, other=0) - starts  # [DOCS_PER_TILE]
+    max_len = tl.max(lengths, axis=0)
 
-    open_max = tl.full([QUERIES_PER_BLOCK * LQ], float("-inf"), tl.float32)
-    open_doc = first_doc - 1
-    for t0 in range(t_begin, t_end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        mask_t = offs_t < t_end
-        sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_T], tl.float32)
+    # Row r of a tile is token (r % SLOT_T) of the tile's document r // SLOT_T.
+    offs_r = tl.arange(0, BLOCK_R)
+    row_start = tl.reshape(tl.broadcast_to(starts[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
+    row_len = tl.reshape(tl.broadcast_to(lengths[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
+    row_tok = offs_r % SLOT_T
+
+    offs_b, offs_i, mask_q = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
+                                         HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
+    best = tl.full([QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE], float("-inf"), tl.float32)
+    for t0 in range(0, max_len, SLOT_T):
+        tok = t0 + row_tok
+        mask_row = tok < row_len
+        sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_R], tl.float32)
         for k in range(NUM_D_TILES):
-            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
+            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_q, k * BLOCK_D, dim,
                                       stride_qb, stride_qt, stride_qd, BLOCK_D)
             offs_d = k * BLOCK_D + tl.arange(0, BLOCK_D)
-            p_tile = p_d + offs_t[:, None] * stride_dt + offs_d[None, :] * stride_dd
-            # [BLOCK_T, BLOCK_D]
-            d_tile = tl.load(p_tile, mask=mask_t[:, None] & (offs_d[None, :] < dim), other=0.0)
-            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
+            p_tile = p_d + (row_start + tok)[:, None] * stride_dt + offs_d[None, :] * stride_dd
+            # [BLOCK_R, BLOCK_D]: rows of DOCS_PER_TILE documents, each row a contiguous load.
+            d_tile = tl.load(p_tile, mask=mask_row[:, None] & (offs_d[None, :] < dim), other=0.0)
+            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_R] -> [BLOCK_Q, BLOCK_R]
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-        # [BLOCK_T]: index of the document owning each column = number of documents ending at
-        # or before it (empty documents count too, which keeps the index right).
-        col_doc = first_doc + tl.sum((ends[None, :] <= offs_t[:, None]).to(tl.int32), axis=1)
-        col_doc = tl.where(mask_t, col_doc, group_end)
-        doc_lo = tl.min(col_doc, axis=0)
-        doc_hi = tl.max(tl.where(mask_t, col_doc, doc_lo), axis=0)
-        for doc in range(doc_lo, doc_hi + 1):
-            row_max = tl.max(tl.where((col_doc == doc)[None, :], sim, float("-inf")), axis=1)
-            row_max = tl.maximum(row_max, tl.where(doc == open_doc, open_max, float("-inf")))
-            doc_end = tl.sum(tl.where(docs == doc, ends, 0), axis=0)
-            finished = doc_end <= t0 + BLOCK_T
-            _store_query_scores(p_out, row_max, mask_r, pid_qblock, doc, num_queries, finished,
-                                stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
-            open_max = tl.where(finished, float("-inf"), row_max)
-            open_doc = doc
+        sim = tl.where(mask_row[None, :], sim, float("-inf"))
+        # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
+        chunk_max = tl.max(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), axis=2)
+        best = tl.maximum(best, chunk_max)
+
+    # where(), not a multiply: 0 * -inf is NaN for an empty document.
+    contrib = tl.where(mask_q[:, None], best, 0.0)
+    scores = tl.sum(tl.reshape(contrib, [QUERIES_PER_BLOCK, LQ, DOCS_PER_TILE]), axis=1)
+    offs_qb = pid_qblock * QUERIES_PER_BLOCK + tl.arange(0, QUERIES_PER_BLOCK)
+    tl.store(p_out + offs_qb[:, None] * stride_ob + offs_g[None, :] * stride_on, scores,
+             mask=(offs_qb[:, None] < num_queries) & mask_g[None, :])

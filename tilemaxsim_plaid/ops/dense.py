@@ -7,7 +7,7 @@ import dataclasses
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_stream_kernel
+from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
 
@@ -36,8 +36,8 @@ class MaxSimConfig:
         docs_per_program: documents one program walks (amortises loading the query block).
         single_tile: every document fits one tile (requires max doc length <= block_t and d <=
             128): the tile is read once and reused by all query blocks of the program.
-        stream: walk a whole packed corpus (no pids) as one stream of full token tiles
-            spanning document boundaries, docs_per_program documents per program.
+        slots: packed layout only: docs_per_program documents side by side in one tile of
+            docs_per_program x block_t rows (short documents share one tensor-core product).
         num_warps, num_stages: Triton launch parameters.
     """
 
@@ -48,7 +48,7 @@ class MaxSimConfig:
     single_tile: bool = False
     num_warps: int = 4
     num_stages: int = 2
-    stream: bool = False
+    slots: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -129,23 +129,25 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
     num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
-    if cfg.stream:
-        if not packed or pids is not None:
-            raise ValueError("config.stream scores a whole packed corpus: it takes no pids")
-        _maxsim_packed_stream_kernel[(num_doc_programs * num_qgroups,)](
-            Q3, D, offsets, query_lengths if query_lengths is not None else dummy, out,
+    if cfg.slots:
+        if not packed:
+            raise ValueError("config.slots is for the packed layout (maxsim_packed)")
+        _maxsim_packed_slots_kernel[(triton.cdiv(num_out_docs, cfg.docs_per_program) * num_qgroups,)](
+            Q3, D, offsets, pids if pids is not None else dummy,
+            query_lengths if query_lengths is not None else dummy, out,
             num_out_docs, B, Lq, dim,
             Q3.stride(0), Q3.stride(1), Q3.stride(2),
             D.stride(0), D.stride(1),
             out.stride(0), out.stride(1),
             num_qgroups,
+            HAS_PIDS=pids is not None,
             HAS_QUERY_LENGTHS=query_lengths is not None,
             LQ=lq,
             QUERIES_PER_BLOCK=queries_per_block,
-            BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
+            SLOT_T=max(1, cfg.block_t),
+            DOCS_PER_TILE=cfg.docs_per_program,
             BLOCK_D=block_d,
             NUM_D_TILES=num_d_tiles,
-            DOCS_PER_PROGRAM=cfg.docs_per_program,
             INPUT_PRECISION=dot_precision(Q3.dtype),
             UPCAST=interpreter_upcast(Q3.dtype),
             num_warps=cfg.num_warps,
