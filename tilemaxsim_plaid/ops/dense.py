@@ -72,13 +72,13 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         variable_lengths: documents have varied lengths (PLAID's packed layout).
     """
     if num_queries == 1:
-        # One query is memory-bound: plain per-document tiles. Short varied documents (MS MARCO
-        # averages ~70 tokens) waste least with 64-token tiles; full-length documents stream
-        # best in 128-token tiles. Wide d pipelines its 128-column chunks three deep.
+        # One query is memory-bound: plain per-document tiles, each program one document.
+        # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
+        # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
+        # documents stream best in 128-token tiles. Wide d pipelines its 128-column chunks.
         if variable_lengths or max_doc_len is None:
-            block_t = 64
-        else:
-            block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
+            return MaxSimConfig(block_t=32, num_warps=2, num_stages=3)
+        block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
     queries_per_block = max(1, min(_pow2(num_queries), 128 // _pow2(Lq)))
@@ -89,6 +89,10 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                             queries_per_block=queries_per_block,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
                             num_warps=4, num_stages=2)
+    if variable_lengths:
+        # Short varied documents two at a time, 32-token slots: one [128 x 64] product per step.
+        return MaxSimConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=2,
+                            slots=True, num_warps=4, num_stages=2)
     return MaxSimConfig(block_t=64, queries_per_block=queries_per_block, num_warps=4, num_stages=2)
 
 
