@@ -20,3 +20,29 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, dtype: t
     rtol, atol = TOLERANCES[(op, dtype)]
     assert not torch.isnan(actual).any(), "output has NaN: an element was not written"
     torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), rtol=rtol, atol=atol)
+
+TOLERANCES.update({
+    # The kernel rounds each decoded embedding (or, with the centroid table, each residual weight)
+    # to fp16 before the tensor cores, like colbert-ai's fp16 decompression: 2**-11 relative per
+    # element, so a few 1e-4 on sums of 32 maxima.
+    ("maxsim_residual", torch.float16): (1e-3, 1e-3),
+    # Same with bf16's 2**-8: about 8x the fp16 error.
+    ("maxsim_residual", torch.bfloat16): (1e-2, 2e-2),
+    # fp32 products in full precision (input_precision="ieee"): summation order only.
+    ("maxsim_residual", torch.float32): (1e-5, 1e-5),
+    # Codebook entries (fp32 in the codec) are rounded to the query dtype for the tensor cores.
+    ("maxsim_pq", torch.float16): (1e-3, 1e-3),
+    ("maxsim_pq", torch.bfloat16): (1e-2, 2e-2),
+    ("maxsim_pq", torch.float32): (1e-5, 1e-5),
+})
+
+TOLERANCES.update({
+    # Centroid interaction only gathers, takes maxima and sums Lq of them in fp32: summation order
+    # is the only difference, with the fp16 inputs widened exactly before the sum.
+    ("centroid_interaction", torch.float32): (1e-5, 1e-5),
+    ("centroid_interaction", torch.float16): (1e-5, 1e-5),
+    # The plugin's exact scores (PLAID decompression in fp32, then MaxSim over Lq = 32 tokens)
+    # against the float64 reference over the same decompressed embeddings: rounding of the
+    # normalisation and of fp32 dot products of length 128.
+    ("plaid_exact", torch.float32): (1e-5, 1e-4),
+})

@@ -122,3 +122,128 @@ def maxsim_packed(
         D[row, : end - start] = D_packed[start:end]
     scores = maxsim_padded(Qb, D, lengths.to(D.device), query_lengths, dtype=dtype)
     return scores[0] if squeeze else scores
+
+
+def centroid_interaction(
+    centroid_scores: torch.Tensor,
+    codes: torch.Tensor,
+    offsets: torch.Tensor,
+    pids: torch.Tensor | None = None,
+    *,
+    keep: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Reference PLAID centroid interaction (stages 2-3): MaxSim with each token replaced by its centroid.
+
+        score[m] = sum over query tokens i of  max over tokens t of doc pids[m] with keep[codes[t]]
+                   of centroid_scores[codes[t], i]
+
+    Stage 2 passes ``keep = centroid_scores.max(-1).values >= centroid_score_threshold`` (the
+    pruning mask); stage 3 passes no mask. A document none of whose tokens is kept (or an
+    empty one) scores ``-inf``, as does a slot whose ``valid`` is False; with no query tokens
+    every score is 0 (the empty sum).
+
+    Args:
+        centroid_scores: [C, Lq] query-token/centroid similarities.
+        codes: [T] integer centroid id of every packed document token.
+        offsets: [N+1] int64, document n owns tokens ``offsets[n]:offsets[n+1]``.
+        pids: optional [M] document ids (default all N).
+        keep: optional [C] bool, False drops every token of that centroid.
+        valid: optional [M] bool, False marks an unused slot of a fixed-size candidate list.
+        dtype: accumulation dtype.
+
+    Returns:
+        [M] scores in ``dtype``.
+    """
+    device = centroid_scores.device
+    offsets = offsets.to(device=device, dtype=torch.int64)
+    ids = torch.arange(offsets.numel() - 1, device=device) if pids is None else pids.to(device).long()
+    starts, lengths = offsets[ids], offsets[ids + 1] - offsets[ids]
+    if valid is not None:
+        lengths = torch.where(valid.to(device), lengths, torch.zeros_like(lengths))
+    segment = torch.repeat_interleave(torch.arange(ids.numel(), device=device), lengths)
+    first_row = torch.cumsum(lengths, 0) - lengths
+    rows = starts[segment] + torch.arange(segment.numel(), device=device) - first_row[segment]
+    token_codes = codes.to(device)[rows].long()
+    token_scores = centroid_scores.to(dtype)[token_codes]  # [T', Lq]
+    if keep is not None:
+        kept = keep.to(device)[token_codes]
+        token_scores = token_scores.masked_fill(~kept[:, None], float("-inf"))
+    Lq = centroid_scores.shape[1]
+    maxima = torch.full((ids.numel(), Lq), float("-inf"), dtype=dtype, device=device)
+    maxima.scatter_reduce_(0, segment[:, None].expand(-1, Lq), token_scores, "amax")
+    return maxima.sum(dim=1)
+
+
+__all__ += ["centroid_interaction"]
+
+
+__all__ += ["maxsim_residual", "maxsim_pq"]
+
+
+def maxsim_residual(
+    Q: torch.Tensor,
+    codes: torch.Tensor,
+    residuals: torch.Tensor,
+    offsets: torch.Tensor,
+    centroids: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    nbits: int,
+    pids: torch.Tensor | None = None,
+    *,
+    inv_norms: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Reference MaxSim over PLAID residual codes: decode every token in ``dtype``
+    (``normalize(centroids[code] + bucket_weights[bucket])``, colbert-ai's bit layout), then
+    :func:`maxsim_packed`. ``inv_norms`` is accepted for signature parity and ignored: the
+    reference always takes the exact norm.
+
+    Returns:
+        [B, M] (or [M] for a 2-D Q) scores in ``dtype``.
+    """
+    from tilemaxsim_plaid.codecs.residual import decompress_residuals
+
+    D_packed = decompress_residuals(codes.cpu(), residuals.cpu(), centroids.cpu().to(dtype),
+                                    bucket_weights.cpu().to(dtype), nbits, normalize=True)
+    return maxsim_packed(Q.cpu(), D_packed, offsets.cpu(), None if pids is None else pids.cpu(),
+                         query_lengths=None if query_lengths is None else query_lengths.cpu(),
+                         dtype=dtype)
+
+
+def maxsim_pq(
+    Q: torch.Tensor,
+    pq_codes: torch.Tensor,
+    offsets: torch.Tensor,
+    codebooks: torch.Tensor,
+    pids: torch.Tensor | None = None,
+    *,
+    centroid_codes: torch.Tensor | None = None,
+    centroids: torch.Tensor | None = None,
+    inv_norms: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Reference MaxSim over product-quantization codes: decode every token in ``dtype``, then
+    :func:`maxsim_packed`.
+
+    A token decodes to ``codebooks[m, pq_codes[t, m]]`` concatenated over the M sub-quantizers,
+    plus ``centroids[centroid_codes[t]]`` when the codes quantize PLAID residuals, times
+    ``inv_norms[t]`` when given (the same arguments as the kernel's).
+
+    Returns:
+        [B, M'] (or [M'] for a 2-D Q) scores in ``dtype``.
+    """
+    M = codebooks.shape[0]
+    books = codebooks.cpu().to(dtype)
+    parts = books[torch.arange(M)[None, :], pq_codes.cpu().long()]  # [T, M, dsub]
+    D_packed = parts.reshape(pq_codes.shape[0], -1)
+    if centroid_codes is not None:
+        D_packed = D_packed + centroids.cpu().to(dtype)[centroid_codes.cpu().long()]
+    if inv_norms is not None:
+        D_packed = D_packed * inv_norms.cpu().to(dtype)[:, None]
+    return maxsim_packed(Q.cpu(), D_packed, offsets.cpu(), None if pids is None else pids.cpu(),
+                         query_lengths=None if query_lengths is None else query_lengths.cpu(),
+                         dtype=dtype)

@@ -1,0 +1,101 @@
+"""Fused PQ-code MaxSim against the float64 reference of the decoded vectors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
+from tests.tolerances import assert_close
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
+
+
+def random_pq_index(device, dim, num_subquantizers, lengths=DOC_LENGTHS, num_centroids=0):
+    """Random codebooks scaled like sub-vectors of unit embeddings, random codes."""
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    T = int(offsets[-1])
+    sub_dim = dim // num_subquantizers
+    index = dict(
+        pq_codes=torch.randint(0, 256, (T, num_subquantizers), dtype=torch.uint8),
+        offsets=offsets,
+        codebooks=torch.randn(num_subquantizers, 256, sub_dim) / dim**0.5,
+    )
+    if num_centroids:
+        index["centroid_codes"] = torch.randint(0, num_centroids, (T,), dtype=torch.int32)
+        index["centroids"] = F.normalize(torch.randn(num_centroids, dim), dim=-1).half()
+        index["inv_norms"] = 1.0 / (1.0 + torch.rand(T))
+    return {k: v.to(device) for k, v in index.items()}
+
+
+def split(index):
+    extra = {k: index[k] for k in ("centroid_codes", "centroids", "inv_norms") if k in index}
+    return (index["pq_codes"], index["offsets"], index["codebooks"]), extra
+
+
+def unit_queries(B, Lq, dim, dtype, device):
+    return F.normalize(torch.randn(B, Lq, dim), dim=-1).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("dim,num_subquantizers", [
+    pytest.param(128, 16, id="d128-M16"),
+    pytest.param(128, 32, id="d128-M32"),
+    pytest.param(128, 64, id="d128-M64"),
+    pytest.param(96, 16, id="d96-M16-dsub6"),
+    pytest.param(384, 16, id="d384-M16-dsub24"),
+    pytest.param(384, 48, id="d384-M48"),
+])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+def test_random_codes_fp16(device, poisoned_outputs, dim, num_subquantizers, residual_mode):
+    index = random_pq_index(device, dim, num_subquantizers, num_centroids=29 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(2, 31, dim, torch.float16, device)
+    query_lengths = torch.tensor([31, 4], device=device)
+    out = maxsim_pq(Q, *args, query_lengths=query_lengths, **extra,
+                    config=PQConfig(block_t=32, block_t_tail=16))
+    assert out.shape == (2, len(DOC_LENGTHS))
+    assert_close(out, reference.maxsim_pq(Q, *args, query_lengths=query_lengths, **extra),
+                 "maxsim_pq", torch.float16)
+    assert torch.isneginf(out[:, 0]).all()
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
+                                   pytest.param(torch.float32, id="fp32")])
+def test_other_dtypes(device, poisoned_outputs, dtype):
+    index = random_pq_index(device, 128, 16)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, 128, dtype, device)
+    assert_close(maxsim_pq(Q, *args), reference.maxsim_pq(Q, *args), "maxsim_pq", dtype)
+
+
+def test_pids_in_place_2d_query_and_long_query(device, poisoned_outputs):
+    index = random_pq_index(device, 64, 8, num_centroids=11)
+    args, extra = split(index)
+    pids = torch.tensor([5, 5, 0, 3], device=device)
+    Q = unit_queries(1, 20, 64, torch.float16, device)[0]
+    out = maxsim_pq(Q, *args, pids, **extra)
+    assert out.shape == (4,)
+    assert_close(out, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
+    Q_long = unit_queries(2, 150, 64, torch.float16, device)
+    lengths = torch.tensor([150, 0], device=device)
+    out = maxsim_pq(Q_long, *args, query_lengths=lengths)
+    assert_close(out, reference.maxsim_pq(Q_long, *args, query_lengths=lengths),
+                 "maxsim_pq", torch.float16)
+    assert torch.equal(out[1].cpu(), torch.zeros(len(DOC_LENGTHS)))
+
+
+def test_bad_inputs_name_the_argument(device):
+    index = random_pq_index(device, 128, 16, num_centroids=5)
+    args, extra = split(index)
+    Q = unit_queries(1, 8, 128, torch.float16, device)
+    with pytest.raises(ValueError, match="codebooks"):
+        maxsim_pq(Q, args[0], args[1], args[2][:, :128])
+    with pytest.raises(ValueError, match="pq_codes"):
+        maxsim_pq(Q, args[0][:, :8], args[1], args[2])
+    with pytest.raises(ValueError, match="centroid_codes and centroids"):
+        maxsim_pq(Q, *args, centroid_codes=extra["centroid_codes"])
+    with pytest.raises(TypeError, match="pq_codes"):
+        maxsim_pq(Q, args[0].to(torch.int32), args[1], args[2])

@@ -1,0 +1,189 @@
+"""Fused residual-code MaxSim against the float64 reference (random codes) and against colbert-ai's
+own decompression (codes of a real PLAID index)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import poison
+from tests.tolerances import assert_close
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
+from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
+
+# Lengths on purpose: empty, one token, odd, one longer than a main tile plus a tail.
+DOC_LENGTHS = [0, 1, 17, 40, 83, 5]
+NUM_CENTROIDS = 37
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every floating tensor the op allocates starts as NaN, so an unwritten element fails."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return poison(t) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def random_index(device, dim: int, nbits: int, lengths=DOC_LENGTHS, num_centroids=NUM_CENTROIDS,
+                 centroid_dtype=torch.float16):
+    """Random codes and residual bytes (every byte is a valid code) over unit centroids."""
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    T = int(offsets[-1])
+    centroids = F.normalize(torch.randn(num_centroids, dim), dim=-1).to(centroid_dtype)
+    # Sorted and centred like colbert-ai's bucket quantiles of the residual distribution.
+    weights = torch.sort(torch.randn(1 << nbits) * 0.05).values
+    codes = torch.randint(0, num_centroids, (T,), dtype=torch.int32)
+    residuals = torch.randint(0, 256, (T, dim * nbits // 8), dtype=torch.uint8)
+    return {k: v.to(device) for k, v in dict(
+        codes=codes, residuals=residuals, offsets=offsets, centroids=centroids,
+        bucket_weights=weights).items()}
+
+
+def unit_queries(B, Lq, dim, dtype, device):
+    return F.normalize(torch.randn(B, Lq, dim), dim=-1).to(dtype).to(device)
+
+
+def score(Q, index, nbits, **kwargs):
+    return maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                           index["centroids"], index["bucket_weights"], nbits, **kwargs)
+
+
+def expected(Q, index, nbits, **kwargs):
+    return reference.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                     index["centroids"], index["bucket_weights"], nbits, **kwargs)
+
+
+def norms_of(index, nbits):
+    return residual_inverse_norms(index["codes"], index["residuals"], index["centroids"],
+                                  index["bucket_weights"], nbits)
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+@pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
+                                            pytest.param(False, id="gather")])
+def test_random_codes_fp16(device, poisoned_outputs, nbits, dim, centroid_table):
+    index = random_index(device, dim, nbits)
+    Q = unit_queries(2, 31, dim, torch.float16, device)
+    query_lengths = torch.tensor([31, 6], device=device)
+    inv_norms = norms_of(index, nbits) if centroid_table else None
+    out = score(Q, index, nbits, inv_norms=inv_norms, query_lengths=query_lengths,
+                config=ResidualConfig(centroid_table=centroid_table, block_t=32, block_t_tail=16))
+    assert out.shape == (2, len(DOC_LENGTHS))
+    assert_close(out, expected(Q, index, nbits, query_lengths=query_lengths),
+                 "maxsim_residual", torch.float16)
+    assert torch.isneginf(out[:, 0]).all(), "an empty document must score -inf"
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
+                                   pytest.param(torch.float32, id="fp32")])
+@pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
+                                            pytest.param(False, id="gather")])
+def test_other_dtypes(device, poisoned_outputs, dtype, centroid_table):
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 32, 128, dtype, device)
+    inv_norms = norms_of(index, 2) if centroid_table else None
+    out = score(Q, index, 2, inv_norms=inv_norms)
+    assert_close(out, expected(Q, index, 2), "maxsim_residual", dtype)
+
+
+def test_pids_in_place_and_2d_query(device, poisoned_outputs):
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 32, 128, torch.float16, device)[0]
+    # Any order, repeats, the empty document.
+    pids = torch.tensor([4, 0, 4, 2, 5], dtype=torch.int32, device=device)
+    out = score(Q, index, 2, pids=pids, inv_norms=norms_of(index, 2))
+    assert out.shape == (5,)
+    assert_close(out, expected(Q, index, 2, pids=pids), "maxsim_residual", torch.float16)
+
+
+def test_many_queries_long_query_and_empty_query(device, poisoned_outputs):
+    """Several query blocks, Lq above one launch's 128 rows (chunked), a query with no tokens."""
+    index = random_index(device, 64, 2, lengths=[3, 0, 20])
+    Q = unit_queries(3, 130, 64, torch.float16, device)
+    query_lengths = torch.tensor([130, 0, 7], device=device)
+    out = score(Q, index, 2, query_lengths=query_lengths, inv_norms=norms_of(index, 2))
+    assert_close(out, expected(Q, index, 2, query_lengths=query_lengths),
+                 "maxsim_residual", torch.float16)
+    assert torch.equal(out[1].cpu(), torch.zeros(3)), "a query with no tokens scores 0"
+
+
+def test_fp32_centroids_with_fp16_query(device, poisoned_outputs):
+    """colbert-ai's CPU index keeps fp32 centroids; the table is built without rounding them."""
+    index = random_index(device, 128, 2, centroid_dtype=torch.float32)
+    Q = unit_queries(1, 16, 128, torch.float16, device)
+    out = score(Q, index, 2, inv_norms=norms_of(index, 2))
+    assert_close(out, expected(Q, index, 2), "maxsim_residual", torch.float16)
+
+
+def test_bad_inputs_name_the_argument(device):
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 8, 128, torch.float16, device)
+    with pytest.raises(ValueError, match="nbits"):
+        score(Q, index, 3)
+    with pytest.raises(ValueError, match="residuals"):
+        maxsim_residual(Q, index["codes"], index["residuals"][:, :16], index["offsets"],
+                        index["centroids"], index["bucket_weights"], 2)
+    with pytest.raises(ValueError, match="inv_norms"):
+        score(Q, index, 2, config=ResidualConfig(centroid_table=True))
+    with pytest.raises(ValueError, match="codes"):
+        bad = dict(index, codes=index["codes"] + NUM_CENTROIDS)
+        score(Q, bad, 2)
+    with pytest.raises(TypeError, match="residuals"):
+        bad = dict(index, residuals=index["residuals"].to(torch.int32))
+        score(Q, bad, 2)
+
+
+def load_plaid_index(index_path: str):
+    """colbert-ai's codec plus the concatenated codes, residuals and doc offsets of an index."""
+    from colbert.indexing.codecs.residual import ResidualCodec
+
+    codec = ResidualCodec.load(index_path)
+    with open(os.path.join(index_path, "metadata.json")) as f:
+        num_chunks = json.load(f)["num_chunks"]
+    codes, residuals, doclens = [], [], []
+    for chunk in range(num_chunks):
+        codes.append(torch.load(os.path.join(index_path, f"{chunk}.codes.pt")))
+        residuals.append(torch.load(os.path.join(index_path, f"{chunk}.residuals.pt")))
+        with open(os.path.join(index_path, f"doclens.{chunk}.json")) as f:
+            doclens.extend(json.load(f))
+    offsets = torch.zeros(len(doclens) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(doclens).cumsum(0)
+    return codec, torch.cat(codes), torch.cat(residuals), offsets
+
+
+@pytest.mark.colbert
+def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
+    """Scores from the index's own codes equal MaxSim over colbert-ai's decompressed embeddings."""
+    from colbert.indexing.codecs.residual_embeddings import ResidualEmbeddings
+
+    codec, codes, residuals, offsets = load_plaid_index(tiny_plaid_index.index_path)
+    nbits = tiny_plaid_index.nbits
+    # colbert-ai's CPU path: fp32 centroids and weights, then F.normalize.
+    D_colbert = codec.decompress(ResidualEmbeddings(codes, residuals)).double()
+    # Real query-like vectors: eight tokens from the middle of a few passages (past the [CLS] and
+    # marker tokens every passage shares), so each passage should rank first for its own.
+    Q = torch.stack([D_colbert[int(offsets[p]) + 3:int(offsets[p]) + 11] for p in (3, 50, 120)])
+    Q = Q.to(torch.float16)
+    pids = torch.arange(0, offsets.numel() - 1, 7)
+    index = {k: v.to(device) for k, v in dict(
+        codes=codes, residuals=residuals, offsets=offsets, centroids=codec.centroids,
+        bucket_weights=codec.bucket_weights).items()}
+    want = reference.maxsim_packed(Q, D_colbert, offsets, pids)
+    inv_norms = norms_of(index, nbits)
+    for norms in (inv_norms, None):
+        out = score(Q.to(device), index, nbits, pids=pids.to(device), inv_norms=norms)
+        assert_close(out, want, "maxsim_residual", torch.float16)
+    # Every passage of the three queries ranks itself first among the scored ones it is in.
+    full = score(Q.to(device), index, nbits, inv_norms=inv_norms)
+    assert full.argmax(dim=1).tolist() == [3, 50, 120]

@@ -1,0 +1,209 @@
+"""Host side of fused PQ-code MaxSim: check inputs, allocate, pick a config, launch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
+from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+__all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
+
+MAX_LQ_PER_LAUNCH = 128
+# Decoded columns per tensor-core product: 128 (M_BLOCK sub-quantizers of DSUB_PAD elements).
+MAX_BLOCK_D = 128
+MIN_DOT_DIM = 16
+# PQ codes are bytes: 256 centroids per sub-quantizer.
+CODEBOOK_SIZE = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class PQConfig:
+    """One fixed launch configuration for :func:`maxsim_pq`.
+
+    Attributes:
+        block_t: tokens per main tile; block_t_tail: tokens per tile of a document's remainder.
+        queries_per_block: queries stacked into one tensor-core product.
+        docs_per_program: documents one program walks.
+        num_warps, num_stages: Triton launch parameters.
+    """
+
+    block_t: int = 64
+    block_t_tail: int = 16
+    queries_per_block: int = 1
+    docs_per_program: int = 4
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _pow2(x: int) -> int:
+    return 1 if x <= 1 else triton.next_power_of_2(x)
+
+
+def default_pq_config(num_queries: int, Lq: int) -> PQConfig:
+    """Same shape logic as the residual kernel: up to 64 query rows per block."""
+    lq = _pow2(Lq)
+    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
+    return PQConfig(queries_per_block=queries_per_block,
+                    docs_per_program=4 if num_queries * lq <= 64 else 2)
+
+
+def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, int, int]:
+    """(M_BLOCK, NUM_M_BLOCKS, DSUB_PAD): sub-quantizers per decoded chunk of <= 128 columns."""
+    dsub_pad = _pow2(sub_dim)
+    m_block = min(_pow2(num_subquantizers), max(1, MAX_BLOCK_D // dsub_pad))
+    m_block = max(m_block, triton.cdiv(MIN_DOT_DIM, dsub_pad))
+    return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
+
+
+def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
+            query_lengths, num_out_docs, config):
+    B, Lq, dim = Q3.shape
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    if num_out_docs == 0 or B == 0:
+        return out
+    if Lq == 0:
+        return out.zero_()
+    if Lq > MAX_LQ_PER_LAUNCH:
+        out.zero_()
+        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
+            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
+            chunk_lengths = None
+            if query_lengths is not None:
+                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
+            out += _launch(chunk, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
+                           inv_norms, chunk_lengths, num_out_docs, config)
+        return out
+
+    cfg = config or default_pq_config(B, Lq)
+    for name in ("block_t", "block_t_tail"):
+        value = getattr(cfg, name)
+        if value < MIN_DOT_DIM or value & (value - 1):
+            raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
+    num_subquantizers, _, sub_dim = codebooks.shape
+    m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim)
+    lq = _pow2(Lq)
+    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = triton.cdiv(B, queries_per_block)
+    use_table = centroid_codes is not None
+    scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    dummy = out
+    _maxsim_pq_kernel[(triton.cdiv(num_out_docs, cfg.docs_per_program) * num_qblocks,)](
+        Q3, pq_codes, offsets,
+        pids if pids is not None else dummy,
+        codebooks,
+        centroid_codes if use_table else dummy,
+        inv_norms if inv_norms is not None else dummy,
+        scores_table if use_table else dummy,
+        query_lengths if query_lengths is not None else dummy,
+        out,
+        num_out_docs, B, Lq, num_subquantizers, num_qblocks,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2), pq_codes.stride(0),
+        scores_table.stride(0) if use_table else 0,
+        out.stride(0), out.stride(1),
+        LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
+        BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail,
+        M_BLOCK=m_block, NUM_M_BLOCKS=num_m_blocks, DSUB=sub_dim, DSUB_PAD=dsub_pad,
+        DOCS_PER_PROGRAM=cfg.docs_per_program,
+        HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
+        CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
+        INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def maxsim_pq(
+    Q: torch.Tensor,
+    pq_codes: torch.Tensor,
+    offsets: torch.Tensor,
+    codebooks: torch.Tensor,
+    pids: torch.Tensor | None = None,
+    *,
+    centroid_codes: torch.Tensor | None = None,
+    centroids: torch.Tensor | None = None,
+    inv_norms: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    config: PQConfig | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Exact MaxSim over product-quantization codes (``codecs.PQCodec``), without decoding to memory.
+
+        score[b, n] = sum_i max_t <Q[b, i], s_t * (centroids[centroid_codes[t]] + pq_decode(pq_codes[t]))>
+
+    Args:
+        Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
+        pq_codes: uint8 [T, M], one byte per sub-quantizer, rows contiguous in M.
+        offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
+        codebooks: float [M, 256, d / M] (``PQCodec.codebooks``); rounded to Q's dtype here,
+            once per call (256 * d values).
+        pids: optional int32/int64 [M']: score only these documents, in place. Default: all N.
+        centroid_codes: optional int32/int64 [T]: the PQ codes quantize residuals from these
+            centroids (PLAID's codes); needs ``centroids``. Their part of the score comes from a
+            per-batch [C, B*Lq] fp32 table.
+        centroids: float [C, d] with ``centroid_codes``.
+        inv_norms: optional float [T] scale per token (``PQCodec.inverse_norms``), e.g. to
+            score normalized decoded vectors.
+        query_lengths: optional int32/int64 [B] (3-D Q only).
+        config: a fixed :class:`PQConfig`.
+        validate: check values (offsets, pids, codes); these checks sync with the device.
+
+    Returns:
+        fp32 [B, M'] (or [M'] for a 2-D Q). An empty document scores -inf, an empty query 0.
+    """
+    checks.check_query(Q)
+    dim = Q.shape[-1]
+    checks.check_tensor("pq_codes", pq_codes, dims=(2,), dtypes=(torch.uint8,), device=Q.device)
+    checks.check_tensor("codebooks", codebooks, dims=(3,), dtypes=checks.FLOAT_DTYPES,
+                        device=Q.device)
+    checks.check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=Q.device)
+    num_subquantizers = codebooks.shape[0]
+    if codebooks.shape[1] != CODEBOOK_SIZE or num_subquantizers * codebooks.shape[2] != dim:
+        raise ValueError(
+            f"codebooks must be [M, {CODEBOOK_SIZE}, d/M] with d={dim}, got {checks.describe(codebooks)}"
+        )
+    if pq_codes.shape[1] != num_subquantizers or pq_codes.stride(1) != 1:
+        raise ValueError(
+            f"pq_codes must be [T, M={num_subquantizers}] with contiguous rows, got "
+            f"{checks.describe(pq_codes)}, strides {pq_codes.stride()}"
+        )
+    if offsets.numel() < 1:
+        raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
+    num_tokens = pq_codes.shape[0]
+    if (centroid_codes is None) != (centroids is None):
+        raise ValueError("centroid_codes and centroids go together (PQ codes of PLAID residuals)")
+    if centroid_codes is not None:
+        checks.check_tensor("centroid_codes", centroid_codes, dims=(1,), dtypes=checks.INDEX_DTYPES,
+                            device=Q.device)
+        checks.check_tensor("centroids", centroids, dims=(2,), dtypes=checks.FLOAT_DTYPES,
+                            device=Q.device)
+        checks.check_same_dim("centroids", centroids, Q)
+        if centroid_codes.shape[0] != num_tokens:
+            raise ValueError(f"centroid_codes must have T={num_tokens} entries, got "
+                             f"{checks.describe(centroid_codes)}")
+    if inv_norms is not None:
+        checks.check_tensor("inv_norms", inv_norms, dims=(1,), dtypes=checks.FLOAT_DTYPES,
+                            device=Q.device)
+        if inv_norms.shape[0] != num_tokens:
+            raise ValueError(f"inv_norms must have T={num_tokens} entries, got {checks.describe(inv_norms)}")
+    num_docs = offsets.numel() - 1
+    if pids is not None:
+        checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    if validate:
+        checks.check_query_lengths(query_lengths, Q)
+        checks.check_offsets(offsets, num_tokens, Q.device)
+        pids = checks.check_pids(pids, num_docs, Q.device)
+        if centroid_codes is not None and centroid_codes.numel() and (
+                int(centroid_codes.min()) < 0 or int(centroid_codes.max()) >= centroids.shape[0]):
+            raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
+    Q3 = Q[None] if Q.dim() == 2 else Q
+    books = codebooks.to(Q.dtype).contiguous()
+    num_out = pids.numel() if pids is not None else num_docs
+    out = _launch(Q3, pq_codes, offsets, books, pids, centroid_codes, centroids, inv_norms,
+                  query_lengths, num_out, config)
+    return out[0] if Q.dim() == 2 else out

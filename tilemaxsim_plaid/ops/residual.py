@@ -1,0 +1,283 @@
+"""Host side of fused residual-code MaxSim: check inputs, allocate, pick a config, launch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from tilemaxsim_plaid.codecs.residual import SUPPORTED_NBITS, field_order_weights
+from tilemaxsim_plaid.kernels.maxsim_residual import (
+    _maxsim_residual_kernel,
+    _query_centroid_scores_kernel,
+)
+from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+
+__all__ = ["ResidualConfig", "default_residual_config", "maxsim_residual", "query_centroid_scores"]
+
+# A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
+# comfortably; longer queries are scored in chunks and the chunk scores summed.
+MAX_LQ_PER_LAUNCH = 128
+# One 128-wide chunk of the embedding per tensor-core product: d = 384 is 3 chunks.
+MAX_BLOCK_D = 128
+# tl.dot needs every dimension >= 16.
+MIN_DOT_DIM = 16
+# The per-query centroid table S = centroids @ Q^T (fp32) is gathered once per token; it pays off
+# while it stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes).
+# Above this size the kernel gathers centroid rows instead (256 B per token at d = 128).
+MAX_CENTROID_TABLE_BYTES = 24 << 20
+# Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
+TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualConfig:
+    """One fixed launch configuration for :func:`maxsim_residual` (no heuristics).
+
+    Attributes:
+        block_t: tokens per main tile (the tensor-core M dimension).
+        block_t_tail: tokens per tile for the remainder of a document (< block_t tokens), so a
+            document costs at most block_t_tail - 1 masked rows.
+        block_d: embedding columns per chunk (a power of two >= 16); None: the default.
+        queries_per_block: queries stacked into one tensor-core product.
+        docs_per_program: documents one program walks (amortises its query block and weights).
+        centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
+            False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
+        num_warps, num_stages: Triton launch parameters.
+    """
+
+    block_t: int = 64
+    block_t_tail: int = 16
+    block_d: int | None = None
+    queries_per_block: int = 1
+    docs_per_program: int = 4
+    centroid_table: bool | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _pow2(x: int) -> int:
+    return 1 if x <= 1 else triton.next_power_of_2(x)
+
+
+def default_block_d(dim: int) -> int:
+    """One chunk when d <= 128 (masked if d is not a power of two, so the query chunk stays in
+    registers); above, the largest power of two <= 128 that divides d, so nothing is masked."""
+    if dim <= MAX_BLOCK_D:
+        return max(MIN_DOT_DIM, _pow2(dim))
+    block = MAX_BLOCK_D
+    while block > 32 and dim % block:
+        block //= 2
+    return block if dim % block == 0 else MAX_BLOCK_D
+
+
+def default_residual_config(num_queries: int, Lq: int) -> ResidualConfig:
+    """Deterministic heuristic, no autotuning at call time.
+
+    One query block of up to 64 rows (two 32-token queries) fills the tensor-core N dimension
+    without spilling the [64, 64] score block; 64-token tiles keep M at the wgmma minimum with a
+    16-token tail for the remainder of a document.
+    """
+    lq = _pow2(Lq)
+    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
+    return ResidualConfig(queries_per_block=queries_per_block,
+                          docs_per_program=4 if num_queries * lq <= 64 else 2)
+
+
+def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """S = centroids @ Q_rows^T in fp32: [C, B * Lq] for Q3 [B, Lq, d].
+
+    Products are taken in Q's dtype when the centroids share it (fp16/bf16 tensor cores; fp32 in
+    full precision), else in fp32, so that fp16 centroids are not rounded to a bf16 query's grid:
+    the table is C * B * Lq products, microseconds either way.
+    """
+    mixed = centroids.dtype != Q3.dtype
+    rows = Q3.reshape(-1, Q3.shape[-1])
+    C, dim = centroids.shape
+    out = torch.empty(C, rows.shape[0], dtype=torch.float32, device=Q3.device)
+    if C == 0 or rows.shape[0] == 0:
+        return out
+    grid = (triton.cdiv(C, TABLE_BLOCK_C), triton.cdiv(rows.shape[0], TABLE_BLOCK_R))
+    _query_centroid_scores_kernel[grid](
+        centroids, rows, out, C, rows.shape[0], dim,
+        centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
+        BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, _pow2(dim))),
+        INPUT_PRECISION="ieee" if mixed else dot_precision(Q3.dtype),
+        UPCAST=mixed or interpreter_upcast(Q3.dtype),
+    )
+    return out
+
+
+def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int) -> bool:
+    if cfg.centroid_table is None:
+        return inv_norms is not None and num_centroids * num_rows * 4 <= MAX_CENTROID_TABLE_BYTES
+    if cfg.centroid_table and inv_norms is None:
+        raise ValueError(
+            "config.centroid_table=True needs inv_norms (codecs.residual_inverse_norms): the "
+            "table gives <q, centroid> but not the norm of centroid + residual"
+        )
+    return cfg.centroid_table
+
+
+def _launch(Q3, codes, residuals, offsets, centroids, weights, nbits, pids, inv_norms,
+            query_lengths, num_out_docs, config):
+    B, Lq, dim = Q3.shape
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    if num_out_docs == 0 or B == 0:
+        return out
+    if Lq == 0:
+        return out.zero_()  # the empty sum
+    if Lq > MAX_LQ_PER_LAUNCH:
+        # Each chunk of query tokens is exact MaxSim over its tokens; the sum over tokens adds up.
+        out.zero_()
+        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
+            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
+            chunk_lengths = None
+            if query_lengths is not None:
+                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
+            out += _launch(chunk, codes, residuals, offsets, centroids, weights, nbits, pids,
+                           inv_norms, chunk_lengths, num_out_docs, config)
+        return out
+
+    cfg = config or default_residual_config(B, Lq)
+    block_d = cfg.block_d or default_block_d(dim)
+    if block_d < MIN_DOT_DIM or block_d & (block_d - 1):
+        raise ValueError(f"config.block_d must be a power of two >= {MIN_DOT_DIM}, got {block_d}")
+    for name in ("block_t", "block_t_tail"):
+        value = getattr(cfg, name)
+        if value < MIN_DOT_DIM or value & (value - 1):
+            raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
+    lq = _pow2(Lq)
+    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = triton.cdiv(B, queries_per_block)
+    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)
+    scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    dummy = out  # pointer arguments behind a False constexpr are never read
+    num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    _maxsim_residual_kernel[(num_doc_programs * num_qblocks,)](
+        Q3, codes, residuals, offsets,
+        pids if pids is not None else dummy,
+        centroids, weights,
+        inv_norms if inv_norms is not None else dummy,
+        scores_table if use_table else dummy,
+        query_lengths if query_lengths is not None else dummy,
+        out,
+        num_out_docs, B, Lq, dim, num_qblocks,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0),
+        centroids.stride(0), centroids.stride(1),
+        scores_table.stride(0) if use_table else 0,
+        out.stride(0), out.stride(1),
+        NBITS=nbits, LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
+        BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail, BLOCK_D=block_d,
+        NUM_D_BLOCKS=triton.cdiv(dim, block_d), DOCS_PER_PROGRAM=cfg.docs_per_program,
+        HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
+        CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
+        INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights, nbits,
+                         inv_norms=None) -> None:
+    """Shape/dtype/device checks shared by the residual scorers (no host sync)."""
+    checks.check_query(Q)
+    if nbits not in SUPPORTED_NBITS:
+        raise ValueError(f"nbits must be one of {SUPPORTED_NBITS}, got {nbits!r}")
+    dim = Q.shape[-1]
+    checks.check_tensor("codes", codes, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    checks.check_tensor("residuals", residuals, dims=(2,), dtypes=(torch.uint8,), device=Q.device)
+    checks.check_tensor("centroids", centroids, dims=(2,), dtypes=checks.FLOAT_DTYPES,
+                        device=Q.device)
+    checks.check_same_dim("centroids", centroids, Q)
+    checks.check_tensor("bucket_weights", bucket_weights, dims=(1,), dtypes=checks.FLOAT_DTYPES,
+                        device=Q.device)
+    checks.check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=Q.device)
+    if dim % 8:
+        raise ValueError(f"Q's embedding dimension must be a multiple of 8 for residual codes, got {dim}")
+    if bucket_weights.numel() != 1 << nbits:
+        raise ValueError(
+            f"bucket_weights must have 2**nbits = {1 << nbits} entries, got "
+            f"{checks.describe(bucket_weights)}"
+        )
+    if residuals.shape[0] != codes.shape[0] or residuals.shape[1] != dim * nbits // 8:
+        raise ValueError(
+            f"residuals must be [T={codes.shape[0]}, d*nbits/8={dim * nbits // 8}] for d={dim}, "
+            f"nbits={nbits}; got {checks.describe(residuals)}"
+        )
+    if residuals.stride(1) != 1:
+        raise ValueError(f"residuals must have contiguous rows, got strides {residuals.stride()}")
+    if offsets.numel() < 1:
+        raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
+    if inv_norms is not None:
+        checks.check_tensor("inv_norms", inv_norms, dims=(1,), dtypes=checks.FLOAT_DTYPES,
+                            device=Q.device)
+        if inv_norms.shape[0] != codes.shape[0]:
+            raise ValueError(
+                f"inv_norms must have one entry per token (T={codes.shape[0]}), got "
+                f"{checks.describe(inv_norms)}"
+            )
+
+
+def maxsim_residual(
+    Q: torch.Tensor,
+    codes: torch.Tensor,
+    residuals: torch.Tensor,
+    offsets: torch.Tensor,
+    centroids: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    nbits: int,
+    pids: torch.Tensor | None = None,
+    *,
+    inv_norms: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    config: ResidualConfig | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Exact MaxSim straight from PLAID residual codes (colbert-ai's bit layout).
+
+        score[b, n] = sum_i max_t <Q[b, i], normalize(centroids[codes[t]] + bucket_weights[bucket_t])>
+
+    Decompressed embeddings are never written to memory: each [tokens, d] tile is decoded in
+    registers and fed to the tensor cores.
+
+    Args:
+        Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32 (the dtype of the tensor-core products).
+        codes: int32/int64 [T] centroid id per token.
+        residuals: uint8 [T, d * nbits / 8], rows contiguous.
+        offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
+        centroids: [C, d] float (colbert-ai keeps them fp16 on the GPU).
+        bucket_weights: [2**nbits] float.
+        nbits: 1, 2 or 4.
+        pids: optional int32/int64 [M]: score only these documents, in this order, read in
+            place (no gather of codes into a new tensor). Default: all N.
+        inv_norms: optional float [T], ``codecs.residual_inverse_norms`` of this index,
+            computed once at index load (4 bytes per token). With it the centroid part of the
+            score comes from a per-batch [C, B*Lq] table and centroid rows are never read; without
+            it the kernel gathers centroid rows and takes the norm of each decoded token.
+        query_lengths: optional int32/int64 [B] (3-D Q only); padded query tokens add nothing.
+        config: a fixed :class:`ResidualConfig`.
+        validate: check values (offsets, pids, codes in range); these checks sync with the device.
+
+    Returns:
+        fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
+        an empty query 0.
+    """
+    check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights, nbits, inv_norms)
+    num_docs = offsets.numel() - 1
+    if pids is not None:
+        checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    if validate:
+        checks.check_query_lengths(query_lengths, Q)
+        checks.check_offsets(offsets, codes.shape[0], Q.device)
+        pids = checks.check_pids(pids, num_docs, Q.device)
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
+            raise ValueError(f"codes must lie in [0, C={centroids.shape[0]})")
+    weights = field_order_weights(bucket_weights, nbits)
+    Q3 = Q[None] if Q.dim() == 2 else Q
+    num_out = pids.numel() if pids is not None else num_docs
+    out = _launch(Q3, codes, residuals, offsets, centroids, weights, nbits, pids, inv_norms,
+                  query_lengths, num_out, config)
+    return out[0] if Q.dim() == 2 else out
