@@ -1,0 +1,296 @@
+"""The reproduction runner: config parsing, cache keys, timing, expected-number checks, and the
+whole pipeline end to end on a tiny wiki-vital subset and a tiny synthetic index (CPU)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import pytest
+import yaml
+
+from experiments import reproduce
+from experiments.reproduce import StageTimer, check_expected, load_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+TINY = {
+    "name": "tiny",
+    "label": "tiny wiki-vital subset (test; not MS MARCO or BEIR)",
+    "dataset": {"ir_datasets": "wiki-vital", "max_passages": 60, "max_queries": 10, "seed": 3},
+    "checkpoint": {"minilm_dim": 128},
+    "search": {"device": "cpu", "warmup_queries": 2},
+    "evaluation": {"identity_k": [5, 10]},
+    "conditions": [
+        {"name": "k10", "plaid": {"k": 10, "nbits": 2},
+         "expected": {"identity": {"identical_top10": 1.0}, "stock": {"MRR@10": None}}},
+    ],
+}
+
+SYNTHETIC = {
+    "name": "tiny-synthetic",
+    "label": "tiny synthetic index (test; not MS MARCO)",
+    "synthetic": {"num_passages": 1500, "num_queries": 8, "seed": 2},
+    "search": {"device": "cpu", "warmup_queries": 1},
+    "evaluation": {"identity_k": [10]},
+    "conditions": [
+        {"name": "rerank-100", "plaid": {"k": 10}, "candidates": 100},
+        {"name": "rerank-1000", "plaid": {"k": 10}, "candidates": 1000},
+        {"name": "plaid-k10", "plaid": {"k": 10, "ncells": 4, "centroid_score_threshold": 0.3,
+                                        "ndocs": 256}},
+    ],
+}
+
+
+def _write_config(tmp_path, config: dict, name="config.yaml") -> pathlib.Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and keys
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_shipped_config_parses_and_labels_its_collection():
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert configs, "configs/ holds the tables"
+    for path in configs:
+        experiment = load_config(path)
+        assert experiment.conditions, path
+        for condition in experiment.conditions:
+            assert set(condition.plaid) == {"k", "ncells", "centroid_score_threshold", "ndocs",
+                                            "nbits"}
+        dataset = (experiment.dataset or {}).get("ir_datasets", "synthetic")
+        label = experiment.label.lower()
+        # Offline and synthetic numbers are never presented as MS MARCO or BEIR numbers.
+        if not dataset.startswith(("msmarco", "beir")):
+            assert "not ms marco" in label, path
+
+
+@pytest.mark.parametrize("k, expected", [
+    pytest.param(10, (1, 0.5, 256), id="k10"),
+    pytest.param(100, (2, 0.45, 1024), id="k100"),
+    pytest.param(1000, (4, 0.4, 4096), id="k1000"),
+    pytest.param(2000, (4, 0.4, 8000), id="k2000"),
+])
+def test_null_knobs_are_filled_as_searcher_dense_search_does(k, expected):
+    filled = reproduce._plaid_knobs({"k": k})
+    assert (filled["ncells"], filled["centroid_score_threshold"], filled["ndocs"]) == expected
+    assert reproduce._plaid_knobs({"k": k, "ndocs": 77})["ndocs"] == 77
+
+
+@pytest.mark.parametrize("change, part", [
+    pytest.param({"dataset": {**TINY["dataset"], "max_passages": 61}}, "data", id="data"),
+    pytest.param({"checkpoint": {"minilm_dim": 384}}, "checkpoint", id="checkpoint"),
+    pytest.param({"conditions": [{"name": "k10", "plaid": {"k": 10, "nbits": 1}}]}, "index",
+                 id="nbits"),
+    pytest.param({"conditions": [{"name": "k10", "plaid": {"k": 10, "ndocs": 512}}]}, "results",
+                 id="ndocs"),
+])
+def test_a_changed_setting_changes_exactly_the_folders_that_depend_on_it(tmp_path, change, part):
+    base = load_config(_write_config(tmp_path, TINY, "a.yaml"))
+    changed = load_config(_write_config(tmp_path, {**TINY, **change}, "b.yaml"))
+    a, b = base.conditions[0], changed.conditions[0]
+    folders = {
+        "data": (base.data_dir(a), changed.data_dir(b)),
+        "checkpoint": (base.checkpoint_dir(a), changed.checkpoint_dir(b)),
+        "index": (base.index_dir(a), changed.index_dir(b)),
+        "results": (base.results_dir(a), changed.results_dir(b)),
+    }
+    order = ["data", "checkpoint", "index", "results"]
+    for name, (before, after) in folders.items():
+        depends = name == part or (order.index(name) > order.index(part) and
+                                   not (part == "data" and name == "checkpoint"))
+        assert (before != after) == depends, name
+
+
+@pytest.mark.parametrize("broken, message", [
+    pytest.param({"conditions": None}, "conditions", id="no-conditions"),
+    pytest.param({"synthetic": {"num_passages": 10}}, "exactly one of 'dataset'", id="both"),
+    pytest.param({"conditions": [{"name": "a", "plaid": {"k": 1}}, {"name": "a", "plaid": {"k": 1}}]},
+                 "used twice", id="duplicate"),
+    pytest.param({"checkpoint": {}}, "checkpoint needs exactly one", id="no-checkpoint"),
+    pytest.param({"conditions": [{"name": "a"}]}, "needs 'name' and 'plaid'", id="no-plaid"),
+])
+def test_bad_configs_are_refused_naming_the_field(tmp_path, broken, message):
+    config = {key: value for key, value in {**TINY, **broken}.items() if value is not None}
+    with pytest.raises(ValueError, match=message):
+        load_config(_write_config(tmp_path, config))
+
+
+def test_reusing_a_folder_made_from_other_settings_is_an_error(tmp_path):
+    folder = tmp_path / "made"
+    reproduce._write_manifest(folder, {"a": 1})
+    assert reproduce._reusable(folder, {"a": 1})
+    assert not reproduce._reusable(tmp_path / "absent", {"a": 1})
+    with pytest.raises(RuntimeError, match="other settings"):
+        reproduce._reusable(folder, {"a": 2})
+
+
+def test_subsample_keeps_relevant_passages_and_fits_the_budget():
+    doc_ids = [f"d{i}" for i in range(100)]
+    queries = {f"q{i}": f"query {i}" for i in range(50)}
+    qrels = {f"q{i}": {f"d{2 * i}": 1} for i in range(50)}
+    kept, kept_queries, kept_qrels = reproduce._subsample(
+        {"max_passages": 30, "max_queries": 12, "seed": 4}, doc_ids, queries, qrels)
+    assert len(kept) == 30 and len(kept_queries) == 12
+    assert kept == [doc for doc in doc_ids if doc in set(kept)]  # collection order kept
+    assert all(set(judged) <= set(kept) and judged for judged in kept_qrels.values())
+    again = reproduce._subsample({"max_passages": 30, "max_queries": 12, "seed": 4},
+                                 doc_ids, queries, qrels)
+    assert again == (kept, kept_queries, kept_qrels)
+
+
+def test_check_expected_statuses():
+    measured = {"stock": {"MRR@10": 0.5}, "identity": {"identical_top10": 1.0}}
+    checks = check_expected({"stock": {"MRR@10": 0.5004, "nDCG@10": None},
+                             "identity": {"identical_top10": 0.9},
+                             "patched": {"MRR@10": 0.5}, "tolerance": 1e-3}, measured)
+    status = {check["name"]: check["status"] for check in checks}
+    assert status == {"stock.MRR@10": "OK", "stock.nDCG@10": "n/a",
+                      "identity.identical_top10": "FAIL", "patched.MRR@10": "MISSING"}
+
+
+def test_cpu_stage_timer_adds_up_nested_and_repeated_stages():
+    timer = StageTimer(use_cuda=False)
+    with timer.stage("ignored"):  # outside a query: warm-up, nothing recorded
+        pass
+    timer.start_query()
+    for _ in range(2):
+        with timer.stage("a"):
+            time.sleep(0.01)
+    timer.note("candidates", 7)
+    times, counts = timer.finish_query()
+    assert set(times) == {"total", "a"}
+    assert 20 <= times["a"] <= times["total"]
+    assert counts == {"candidates": 7}
+    assert timer.label == "CPU wall clock"
+
+
+def test_derived_stages_add_up_to_the_total():
+    stock = reproduce._derived_stages("stock", {"total": 10.0, "candidates": 2.0,
+                                                "score_pids": 7.0, "decompress": 1.5, "exact": 2.5})
+    assert stock == {"total": 10.0, "candidates": 2.0, "filter": 3.0, "decompress": 1.5,
+                     "exact": 2.5, "other": 1.0}
+    patched = reproduce._derived_stages("patched", {"total": 5.0, "candidates": 1.0,
+                                                    "filter": 1.0, "exact": 2.0})
+    assert sum(v for k, v in patched.items() if k != "total") == pytest.approx(5.0)
+
+
+def test_dry_run_prints_every_step_and_builds_nothing(tmp_path, capsys):
+    config = _write_config(tmp_path, TINY)
+    out = tmp_path / "runs"
+    assert reproduce.main([str(config), "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for step in ("[prepare] data: would build", "[prepare] checkpoint: would build",
+                 "[prepare] index: would build", "[search] k10", "[evaluate] k10", "[report]"):
+        assert step in printed
+    assert not out.exists()
+
+
+def test_evaluate_without_search_results_says_which_step_to_run(tmp_path):
+    experiment = load_config(_write_config(tmp_path, TINY), out=tmp_path / "runs")
+    with pytest.raises(RuntimeError, match="'search' step"):
+        reproduce.run_evaluate(experiment)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """prepare + search + evaluate + report on a 60-passage wiki-vital subset, on the CPU."""
+    root = tmp_path_factory.mktemp("reproduce")
+    config = _write_config(root, TINY)
+    out = root / "runs"
+    code = reproduce.main([str(config), "--out", str(out)])
+    return load_config(config, out=out), code
+
+
+@pytest.mark.colbert
+def test_end_to_end_builds_searches_evaluates_and_reports(tiny_run):
+    experiment, code = tiny_run
+    assert code == 0  # the one expected number (identical top 10) is OK
+    condition = experiment.conditions[0]
+    index = experiment.index_dir(condition) / "index"
+    assert (index / "metadata.json").exists() and (index / "ivf.pid.pt").exists()
+    results = experiment.results_dir(condition)
+    from tilemaxsim_plaid.evaluation import read_trec_run
+
+    stock, patched = (read_trec_run(results / f"{s}.trec") for s in ("stock", "patched"))
+    assert len(stock) == 10 and stock.keys() == patched.keys()
+    # ncells=1 on 60 passages can yield fewer than k candidates; both systems see the same ones.
+    assert all(1 <= len(stock[qid]) == len(patched[qid]) <= 10 for qid in stock)
+
+    evaluation = json.loads((results / "evaluation.json").read_text())
+    identity = evaluation["identity"]
+    # Patched PLAID is a drop-in scorer: on the CPU both score in fp32, so the lists agree.
+    assert identity["identical_top10"] == 1.0
+    assert identity["kendall_tau@10"] == 1.0 and identity["rbo@10"] == pytest.approx(1.0)
+    assert identity["max_abs_score_diff"] <= 1e-4
+    quality = evaluation["quality"]
+    assert quality["stock"] == pytest.approx(quality["patched"])
+    assert 0.0 < quality["stock"]["MRR@10"] <= 1.0
+    assert {c["status"] for c in evaluation["checks"]} == {"OK", "n/a"}
+
+    latency = json.loads((results / "latency.json").read_text())
+    assert latency["timer"] == "CPU wall clock" and latency["device"] == "cpu"
+    assert latency["warm_queries"] == 8
+    for system in ("stock", "patched"):
+        summary = latency["systems"][system]["summary"]
+        assert summary["total"]["median_ms"] > 0
+        assert summary["exact"]["median_ms"] > 0 and summary["candidates"]["median_ms"] > 0
+        assert latency["systems"][system]["missing_hooks"] == []
+    assert latency["systems"]["stock"]["retrieved_candidates"]
+    # Stock decompression on the CPU is observed through IndexScorer.decompress_residuals.
+    assert latency["systems"]["stock"]["summary"]["decompress"]["median_ms"] > 0
+
+    report = (experiment.report_dir / "report.md").read_text()
+    for section in ("## Retrieval quality (ranx)", "## Ranking identity", "CPU wall clock",
+                    "## Expected numbers", "latency_per_stage.png"):
+        assert section in report
+    assert (experiment.report_dir / "latency_per_stage.png").stat().st_size > 0
+
+
+@pytest.mark.colbert
+def test_second_run_reuses_data_checkpoint_and_index(tiny_run, capsys):
+    experiment, _ = tiny_run
+    reproduce.main([str(experiment.path), "--out", str(experiment.out), "--steps", "prepare"])
+    printed = capsys.readouterr().out
+    assert printed.count("reusing") == 2  # data and index (the checkpoint is not even asked for)
+
+
+@pytest.mark.colbert
+def test_synthetic_sweep_end_to_end(tmp_path):
+    config = _write_config(tmp_path, SYNTHETIC)
+    out = tmp_path / "runs"
+    assert reproduce.main([str(config), "--out", str(out)]) == 0
+    experiment = load_config(config, out=out)
+    scored = []
+    for condition in experiment.conditions:
+        folder = experiment.results_dir(condition)
+        latency = json.loads((folder / "latency.json").read_text())
+        evaluation = json.loads((folder / "evaluation.json").read_text())
+        assert evaluation["identity"]["identical_top10"] == 1.0
+        # Known-item qrels written by the search step: each query's target passage.
+        assert evaluation["judged_queries"] == latency["queries"]
+        scored.append(latency["systems"]["patched"]["scored_docs"][0])
+    assert scored[:2] == [100, 1000]  # the rerank conditions score exactly their candidates
+    report_dir = experiment.report_dir
+    assert (report_dir / "latency_vs_candidates.png").exists()
+    assert "synthetic" in (report_dir / "report.md").read_text()
+
+
+def test_synthesize_entry_point_writes_a_loadable_index(tmp_path, capsys):
+    from experiments import synthesize
+
+    out = tmp_path / "syn"
+    assert synthesize.main([str(out), "--passages", "300", "--num-queries", "4"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["complete"] and summary["num_chunks"] == 1
+    assert (out / "ivf.pid.pt").exists() and (out / "0.codes.pt").exists()
