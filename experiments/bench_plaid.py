@@ -1,0 +1,467 @@
+"""PLAID end to end: stock colbert-ai vs the plugin, latency per stage, rerank, equivalence.
+
+Two steps, because the GPU machine has no MiniLM package, no Wikipedia package and no network:
+
+``python -m experiments.bench_plaid prepare --out runs/plaid_bench`` (CPU, here)
+    Builds the real index the equivalence numbers come from (Wikipedia leads, MiniLM + fixed
+    projection to 128 dims, nbits=2), encodes its queries (Wikidata descriptions) once, and
+    saves a tiny random-weight encoder checkpoint of the same dimension, so that the GPU run can
+    time ``Searcher.encode`` without carrying MiniLM's 90 MB. A few MB in all.
+
+``python -m experiments.bench_plaid run --bundle runs/plaid_bench --out results/plaid`` (GPU)
+    1. End-to-end search latency at k = 10, 100, 1000, stock vs patched, on the real index and
+       on a synthetic MS MARCO-like index (tilemaxsim_plaid.synthetic, written on the GPU host),
+       with a per-stage breakdown (encode, candidate generation, stages 2-3, stage 4, sort) from
+       CUDA events. "Search" is ``Searcher.search``'s two steps, ``encode(text)`` and
+       ``dense_search(Q)``, with the query's precomputed embedding passed to dense_search (the
+       tiny encoder's own embeddings would make candidate generation meaningless); the
+       encode time is reported separately so it can be swapped for a real encoder's.
+    2. Rerank (``pids=``) of 100k and 1M candidates with 32 query tokens on the synthetic index:
+       the plugin's scoring time and stock colbert-ai's time on the same input.
+    3. Equivalence on the real index, every query, k = 10/100/1000: identical top-k fraction
+       vs stock GPU PLAID, vs exact fp32 MaxSim over the same candidates, and vs exhaustive
+       exact MaxSim over the whole collection; ties within 1e-4 counted separately.
+    4. Host syncs in the patched search before its final top-k, counted with
+       ``torch.cuda.set_sync_debug_mode("warn")``.
+
+"Stock" is colbert-ai with only the plugin's compat group (torch stand-ins for its CUDA
+extensions, which cannot be compiled without nvcc; they are bit-identical), "patched" is every
+group. Writes ``<out>/plaid.json`` + ``.csv`` and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+__all__ = ["main", "prepare_bundle", "run_benchmark"]
+
+BUNDLE_INDEX_NAME = "wiki.nbits2"
+BUNDLE_QUERIES = "queries.pt"
+BUNDLE_ENCODER = "tiny_encoder"
+# 2,000 passages x ~80 tokens x (4 B code + 32 B residual) ~ 6 MB: small enough to carry.
+BUNDLE_PASSAGES = 2000
+BUNDLE_QUERY_COUNT = 2000
+KS = (10, 100, 1000)
+RERANK_SIZES = (100_000, 1_000_000)
+TIE_TOLERANCE = 1e-4
+STOCK, PATCHED = "colbert-ai", "tilemaxsim"
+
+
+# --------------------------------------------------------------------------- prepare (CPU)
+
+def _tiny_encoder(out_dir: pathlib.Path, work_dir: pathlib.Path, dim: int) -> str:
+    """A 2-layer, 64-wide BERT with MiniLM's tokenizer and random weights, as a colbert checkpoint."""
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling.base_colbert import BaseColBERT
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from tilemaxsim_plaid.plaid.checkpoint import minilm_model_dir
+    from tilemaxsim_plaid.plaid.registry import enabled
+
+    raw = work_dir / "tiny_bert"  # the plain HF model, not carried
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=128)).save_pretrained(raw)
+    AutoTokenizer.from_pretrained(minilm_model_dir()).save_pretrained(raw)
+    with enabled(["compat"]):
+        model = BaseColBERT(str(raw), colbert_config=ColBERTConfig(checkpoint=str(raw), dim=dim))
+        model.save(str(out_dir / BUNDLE_ENCODER))
+    return str(out_dir / BUNDLE_ENCODER)
+
+
+def prepare_bundle(out: pathlib.Path, passages: int = BUNDLE_PASSAGES) -> dict:
+    """Build the carried bundle on this (CPU) machine. See the module docstring."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+
+    from tests.fixtures_plaid import wiki_passages_and_queries
+    from tilemaxsim_plaid.plaid.checkpoint import build_minilm_checkpoint, build_plaid_index
+    from tilemaxsim_plaid.plaid.registry import enabled
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = out.parent / (out.name + ".work")
+    checkpoint = build_minilm_checkpoint(work / "minilm128", dim=128)
+    texts, queries = wiki_passages_and_queries(passages)
+    build_plaid_index(checkpoint, texts, out / "indexes", BUNDLE_INDEX_NAME, nbits=2)
+    queries = queries[:BUNDLE_QUERY_COUNT]
+    with enabled(["compat"]):
+        encoder = Checkpoint(checkpoint, colbert_config=ColBERTConfig.load_from_checkpoint(checkpoint),
+                             verbose=0)
+        Q = encoder.queryFromText(queries, bsize=128, to_cpu=True)
+    torch.save({"Q": Q.half(), "texts": queries, "relevant_pids": list(range(len(queries)))},
+               out / BUNDLE_QUERIES)
+    _tiny_encoder(out, work, dim=128)
+    return {"bundle": str(out), "passages": len(texts), "queries": len(queries)}
+
+
+# --------------------------------------------------------------------------- timing helpers
+
+class StageClock:
+    """CUDA-event (or perf_counter) spans by stage name, summed per query."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.spans: list[tuple[str, object, object]] = []
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        start = self._mark()
+        try:
+            yield
+        finally:
+            self.spans.append((name, start, self._mark()))
+
+    def collect(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        totals: dict[str, float] = {}
+        for name, start, end in self.spans:
+            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            totals[name] = totals.get(name, 0.0) + ms
+        self.spans.clear()
+        return totals
+
+
+@contextlib.contextmanager
+def _instrumented(clock: StageClock, provider: str):
+    """Wrap the functions that start and end each stage with clock spans (restored on exit)."""
+    import colbert.search.index_storage as index_storage
+    from colbert.search.index_storage import IndexScorer
+
+    from tilemaxsim_plaid.plaid import backends, scoring
+
+    def timed(owner, name, stage):
+        original = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            with clock.stage(stage):
+                return original(*args, **kwargs)
+
+        setattr(owner, name, wrapper)
+        return owner, name, original
+
+    if provider == PATCHED:
+        patches = [timed(scoring, "_centroid_scores", "candidates"),
+                   timed(scoring, "_generate_candidates", "candidates"),
+                   timed(scoring, "_stages_2_and_3", "stages_2_3"),
+                   timed(backends, "exact_scores", "stage_4")]
+    else:
+        patches = [timed(IndexScorer, "retrieve", "candidates"),
+                   timed(IndexScorer, "lookup_pids", "stage_4"),
+                   timed(index_storage, "colbert_score_packed", "stage_4"),
+                   timed(IndexScorer, "score_pids", "score_pids")]
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
+    """Per-query wall time of encode + dense_search, and the median of each stage."""
+    from tilemaxsim_plaid.plaid import registry
+
+    registry.disable()
+    registry.enable(["compat"] if provider == STOCK else None)
+    searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
+    clock = StageClock(cuda)
+    for i in range(min(warmup, len(texts))):
+        searcher.encode(texts[i])
+        searcher.dense_search(Qs[i : i + 1], k)
+    rows = []
+    with _instrumented(clock, provider):
+        for text, Q in zip(texts, Qs):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            with clock.stage("encode"):
+                searcher.encode(text)
+            with clock.stage("dense_search"):
+                searcher.dense_search(Q[None], k)
+            wall = (time.perf_counter() - start) * 1e3
+            spans = clock.collect()
+            if provider == STOCK:
+                # score_pids holds stages 2-3 and stage 4; stage 4 starts at lookup_pids.
+                spans["stages_2_3"] = spans.pop("score_pids", 0.0) - spans.get("stage_4", 0.0)
+            spans["sort"] = spans["dense_search"] - sum(
+                spans.get(s, 0.0) for s in ("candidates", "stages_2_3", "stage_4"))
+            spans["search"] = wall
+            rows.append(spans)
+    keys = ("search", "encode", "dense_search", "candidates", "stages_2_3", "stage_4", "sort")
+    return {key: _median([r.get(key, 0.0) for r in rows]) for key in keys}
+
+
+# --------------------------------------------------------------------------- equivalence
+
+def _equivalence(searcher, Qs, k, cuda):
+    """Identical top-k fractions of the plugin vs stock GPU PLAID, vs exact rescoring of the
+    same candidates, and vs exhaustive exact MaxSim over the collection."""
+    from tilemaxsim_plaid.plaid import registry
+    from tilemaxsim_plaid.plaid.backends import decompress_tokens, segment_maxsim
+    from tilemaxsim_plaid.plaid.device_index import device_index
+
+    def ranked(provider):
+        registry.disable()
+        registry.enable(["compat"] if provider == STOCK else None)
+        searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
+        return [searcher.dense_search(Q[None], k) for Q in Qs]
+
+    stock, ours = ranked(STOCK), ranked(PATCHED)
+    index = device_index(searcher.ranker)
+    everything = torch.arange(index.num_docs, device=index.device)
+    rows = torch.arange(index.num_tokens, device=index.device)
+    D = decompress_tokens(index, rows)  # the whole collection, fp32 (small real index)
+    counts = dict(same_as_stock=0, same_as_stock_up_to_ties=0, same_as_exact_rescore=0,
+                  exact_rescore_ties=0, same_as_exhaustive=0, exhaustive_ties=0, exhaustive_recall=0.0)
+    for Q, (s_pids, _, _), (o_pids, _, o_scores) in zip(Qs, stock, ours):
+        exact = segment_maxsim(D @ Q.to(index.device, torch.float32).T, index.doclens)
+        candidates = torch.tensor(o_pids, device=index.device)
+        top = lambda pool: pool[torch.sort(exact[pool], descending=True, stable=True).indices][:k].tolist()
+        for name, reference in (("stock", s_pids), ("exact_rescore", top(candidates)),
+                                ("exhaustive", top(everything))):
+            same = reference == o_pids
+            tie = (not same and len(reference) == len(o_pids)
+                   and all(abs(float(exact[a]) - float(exact[b])) <= TIE_TOLERANCE
+                           for a, b in zip(reference, o_pids)))
+            if name == "exhaustive":
+                # PLAID's candidate pruning is approximate by design: how much of the true top-k it keeps.
+                counts["exhaustive_recall"] += len(set(reference) & set(o_pids)) / max(len(reference), 1)
+            key = "same_as_stock" if name == "stock" else f"same_as_{name}"
+            counts[key] += same
+            counts["same_as_stock_up_to_ties" if name == "stock" else f"{name}_ties"] += tie
+    registry.disable()
+    registry.enable()
+    return {key: value / len(Qs) for key, value in counts.items()} | {"queries": len(Qs), "k": k}
+
+
+# --------------------------------------------------------------------------- rerank
+
+def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
+    from experiments.harness import time_ms
+    from tilemaxsim_plaid.plaid import backends, registry
+    from tilemaxsim_plaid.plaid.device_index import device_index
+
+    results = []
+    generator = torch.Generator().manual_seed(0)
+    for size in sizes:
+        num_docs = int(searcher.ranker.doclens.numel())
+        pids = torch.randint(0, num_docs, (size,), generator=generator)
+        registry.disable()
+        registry.enable()
+        index = device_index(searcher.ranker)
+        Q_dev = Q.to(index.device, torch.float32)
+        pids_dev = pids.to(index.device)
+        if cuda:
+            ours = time_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev), warmup_ms=50, rep_ms=500)
+        else:
+            start = time.perf_counter()
+            backends.exact_scores(index, Q_dev, pids_dev)
+            ours = ((time.perf_counter() - start) * 1e3,) * 3
+        start = time.perf_counter()
+        searcher.ranker.rank(searcher.config, Q[None], pids=pids.tolist())
+        ours_rank_wall = (time.perf_counter() - start) * 1e3
+        row = {"size": size, "tokens": int(searcher.ranker.doclens[pids].sum()),
+               "ours_scoring_ms": ours[0], "ours_scoring_p20": ours[1], "ours_scoring_p80": ours[2],
+               "ours_rank_wall_ms": ours_rank_wall}
+        if size <= stock_max:
+            registry.disable()
+            registry.enable(["compat"])
+            # Q on the scoring device: with a CPU Q, stock's rank() indexes CPU pids with CUDA
+            # indices and fails (upstream GPU rerank expects Q where the scores end up).
+            Q_stock = Q_dev[None].half() if cuda else Q[None]
+            searcher.ranker.rank(searcher.config, Q_stock, pids=pids[:1000].tolist())  # warm-up
+            walls = []
+            for _ in range(3):
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                searcher.ranker.rank(searcher.config, Q_stock, pids=pids.tolist())
+                if cuda:
+                    torch.cuda.synchronize()
+                walls.append((time.perf_counter() - start) * 1e3)
+            row["stock_rank_wall_ms"] = _median(walls)
+        results.append(row)
+    registry.disable()
+    registry.enable()
+    return results
+
+
+def _count_syncs(searcher, Q, k):
+    """Host syncs inside the patched search before the final transfer of its ranked list."""
+    from tilemaxsim_plaid.plaid import registry
+    from tilemaxsim_plaid.plaid.scoring import _fill_search_knobs, rank_on_device
+
+    registry.enable()
+    searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
+    _fill_search_knobs(searcher, k)
+    Q = Q.cuda()  # the query's upload is not part of what is counted
+    rank_on_device(searcher.ranker, searcher.config, Q[None])  # warm: builds the device index
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with torch.inference_mode():
+                rank_on_device(searcher.ranker, searcher.config, Q[None])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+# --------------------------------------------------------------------------- run (GPU)
+
+def _searcher(index_root, index_name, checkpoint):
+    from colbert import Searcher
+    from colbert.infra import Run, RunConfig
+
+    with Run().context(RunConfig(nranks=1, avoid_fork_if_possible=True)):
+        return Searcher(index=index_name, index_root=str(index_root), checkpoint=checkpoint, verbose=0)
+
+
+def _prepare_colbert_imports() -> None:
+    """Let ``import colbert`` succeed on a host with only colbert-ai's pure-Python wheels.
+
+    GitPython refuses to import without a git binary unless told to stay quiet (colbert-ai
+    imports it only to record the commit in saved configs). colbert.modeling.checkpoint imports
+    scipy's hierarchical clustering at module level for token pooling, which search never
+    uses; without scipy, a stand-in module that raises on use is registered, and said so.
+    """
+    import importlib.machinery
+    import importlib.util
+    import types
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    if importlib.util.find_spec("scipy") is not None:
+        return
+    import transformers  # noqa: F401  (its optional-package probes must not see the stand-in)
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("token pooling (pool_factor > 1) needs scipy, which is not installed")
+
+    modules = {}
+    for name in ("scipy", "scipy.cluster", "scipy.cluster.hierarchy"):
+        modules[name] = types.ModuleType(name)
+        modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)
+    modules["scipy.cluster.hierarchy"].linkage = modules["scipy.cluster.hierarchy"].fcluster = unavailable
+    modules["scipy"].cluster = modules["scipy.cluster"]
+    modules["scipy.cluster"].hierarchy = modules["scipy.cluster.hierarchy"]
+    sys.modules.update(modules)
+    print("bench_plaid: scipy is not installed; colbert-ai's token pooling is disabled (search does not use it)")
+
+
+def run_benchmark(args) -> list[dict]:
+    _prepare_colbert_imports()
+    from tilemaxsim_plaid.plaid import registry
+
+    registry.enable()
+    cuda = torch.cuda.is_available()
+    bundle = pathlib.Path(args.bundle)
+    encoder = str(bundle / BUNDLE_ENCODER)
+    carried = torch.load(bundle / BUNDLE_QUERIES)
+    rows: list[dict] = []
+
+    wiki = _searcher(bundle / "indexes", BUNDLE_INDEX_NAME, encoder)
+    texts, Qs = carried["texts"], carried["Q"].float()
+    n = min(args.num_queries, len(texts))
+    for k in args.ks:
+        for provider in (STOCK, PATCHED):
+            stages = _search_latency(wiki, texts[:n], Qs[:n], k, provider, cuda)
+            rows.append({"suite": "search", "shape": f"wiki{wiki.ranker.doclens.numel()} k={k}",
+                         "provider": provider, "ms": stages["search"], **stages})
+    for k in args.ks:
+        equivalence = _equivalence(wiki, Qs[: args.equivalence_queries], k, cuda)
+        rows.append({"suite": "equivalence", "shape": f"wiki k={k}", "provider": PATCHED, **equivalence})
+    if cuda:
+        rows.append({"suite": "syncs", "shape": "wiki k=10", "provider": PATCHED,
+                     "syncs_before_topk": _count_syncs(wiki, Qs[0], 10)})
+
+    if args.synthetic_passages:
+        from tilemaxsim_plaid.synthetic import (SyntheticIndexSpec, load_synthetic_queries,
+                                                synthetic_index_complete, write_synthetic_index)
+
+        path = pathlib.Path(args.synthetic_dir)
+        spec = SyntheticIndexSpec(num_passages=args.synthetic_passages, checkpoint=encoder)
+        if not synthetic_index_complete(path, spec):
+            write_synthetic_index(spec, path, progress=False)
+        synthetic = _searcher(path.parent, path.name, encoder)
+        synthetic_Q = load_synthetic_queries(path)[0].float()
+        m = min(args.num_queries, synthetic_Q.shape[0])
+        synthetic_texts = [texts[i % len(texts)] for i in range(m)]
+        for k in args.ks:
+            for provider in (STOCK, PATCHED):
+                stages = _search_latency(synthetic, synthetic_texts, synthetic_Q[:m], k, provider, cuda)
+                rows.append({"suite": "search", "shape": f"synthetic{args.synthetic_passages} k={k}",
+                             "provider": provider, "ms": stages["search"], **stages})
+        for row in _rerank(synthetic, synthetic_Q[0], args.rerank_sizes, cuda, args.stock_rerank_max):
+            rows.append({"suite": "rerank", "shape": f"pids={row['size']} Lq=32", "provider": PATCHED,
+                         "ms": row["ours_scoring_ms"], **row})
+    return rows
+
+
+def _print_summary(rows: list[dict]) -> None:
+    print(f"{'suite':<12} {'shape':<30} {'provider':<11} {'ms':>9} {'enc':>7} {'cand':>7} "
+          f"{'st2-3':>7} {'st4':>7} {'sort':>7}  extra")
+    for row in rows:
+        cells = [row.get(key) for key in ("ms", "encode", "candidates", "stages_2_3", "stage_4", "sort")]
+        text = " ".join(f"{c:>7.3f}" if isinstance(c, float) else f"{'-':>7}" for c in cells[1:])
+        ms = f"{cells[0]:>9.3f}" if isinstance(cells[0], float) else f"{'-':>9}"
+        extra = {key: (round(value, 4) if isinstance(value, float) else value) for key, value in row.items()
+                 if key.startswith(("same_as", "exact_", "exhaustive_", "stock_rank", "syncs"))}
+        print(f"{row['suite']:<12} {row['shape']:<30} {row['provider']:<11} {ms} {text}  {extra or ''}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_plaid", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="CPU: build the carried bundle")
+    prep.add_argument("--out", default="runs/plaid_bench")
+    prep.add_argument("--passages", type=int, default=BUNDLE_PASSAGES)
+    run = sub.add_parser("run", help="GPU: the benchmark")
+    run.add_argument("--bundle", default="runs/plaid_bench")
+    run.add_argument("--out", default="results/plaid")
+    run.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    run.add_argument("--num-queries", type=int, default=64, help="queries timed per (k, provider)")
+    run.add_argument("--equivalence-queries", type=int, default=BUNDLE_QUERY_COUNT)
+    run.add_argument("--synthetic-passages", type=int, default=1_000_000, help="0 skips the synthetic index")
+    run.add_argument("--synthetic-dir", default="runs/plaid_bench_synthetic/synthetic.nbits2")
+    run.add_argument("--rerank-sizes", type=int, nargs="+", default=list(RERANK_SIZES))
+    run.add_argument("--stock-rerank-max", type=int, default=RERANK_SIZES[-1],
+                     help="largest pids= list to time stock colbert-ai on")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        print(json.dumps(prepare_bundle(pathlib.Path(args.out), args.passages)))
+        return 0
+    from experiments.harness import write_results
+
+    rows = run_benchmark(args)
+    path = write_results(rows, args.out, "plaid", meta={"argv": sys.argv if argv is None else argv})
+    print(f"wrote {path}")
+    _print_summary(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

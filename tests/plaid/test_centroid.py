@@ -1,0 +1,89 @@
+"""The fused centroid-interaction op (PLAID stages 2-3) against its float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tolerances import assert_close
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops.centroid import centroid_interaction
+
+
+def _packed_index(doc_lengths, num_centroids, device):
+    lengths = torch.tensor(doc_lengths, dtype=torch.int64)
+    offsets = torch.zeros(len(doc_lengths) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    # Trailing rows past offsets[-1], like colbert-ai's 512 padding rows: never read.
+    codes = torch.randint(0, num_centroids, (int(offsets[-1]) + 5,), dtype=torch.int32)
+    return codes.to(device), offsets.to(device)
+
+
+CASES = [
+    pytest.param(dict(C=64, Lq=32, lengths=[70, 1, 0, 33, 129], pids=None, keep=None), id="stage3-all-docs"),
+    pytest.param(dict(C=64, Lq=31, lengths=[70, 1, 0, 33, 129], pids=None, keep=0.5), id="stage2-pruned-Lq31"),
+    pytest.param(dict(C=17, Lq=1, lengths=[5, 64, 65], pids=[2, 0, 2, 1], keep=0.3), id="Lq1-duplicate-pids"),
+    pytest.param(dict(C=40, Lq=130, lengths=[3, 90], pids=[1, 0], keep=None), id="Lq130-two-launches"),
+    pytest.param(dict(C=40, Lq=0, lengths=[3, 0], pids=None, keep=None), id="no-query-tokens"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_matches_reference(case, dtype, device):
+    codes, offsets = _packed_index(case["lengths"], case["C"], device)
+    centroid_scores = torch.randn(case["C"], case["Lq"], device=device).to(dtype)
+    pids = None if case["pids"] is None else torch.tensor(case["pids"], device=device)
+    keep = None if case["keep"] is None else torch.rand(case["C"], device=device) < case["keep"]
+    actual = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep)
+    expected = reference.centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep)
+    assert torch.equal(torch.isneginf(actual), torch.isneginf(expected))
+    finite = torch.isfinite(expected)
+    assert_close(actual[finite], expected[finite], "centroid_interaction", dtype)
+
+
+def test_invalid_slots_score_minus_inf_and_are_not_read(device):
+    codes, offsets = _packed_index([4, 9, 2], 8, device)
+    centroid_scores = torch.randn(8, 32, device=device)
+    # Slot 1 points at a pid past the end: only safe because it is never read.
+    pids = torch.tensor([0, 1000, 2, 1], device=device)
+    valid = torch.tensor([True, False, True, True], device=device)
+    actual = centroid_interaction(centroid_scores, codes, offsets, pids, valid=valid, validate=False)
+    safe = torch.where(valid, pids, torch.zeros_like(pids))
+    expected = reference.centroid_interaction(centroid_scores, codes, offsets, safe, valid=valid)
+    assert torch.isneginf(actual[1])
+    assert_close(actual[valid], expected[valid], "centroid_interaction", torch.float32)
+
+
+def test_matches_colbert_filter_semantics_on_a_real_pruning_mask(device):
+    # Stage 2 exactly as PLAID builds it: keep the centroids whose best query token passes 0.45.
+    codes, offsets = _packed_index([30, 45, 12, 80], 256, device)
+    centroid_scores = torch.rand(256, 32, device=device) * 0.9
+    keep = centroid_scores.max(-1).values >= 0.45
+    actual = centroid_interaction(centroid_scores, codes, offsets, keep=keep)
+    rows = [codes[int(offsets[n]):int(offsets[n + 1])].long() for n in range(4)]
+    by_loop = torch.stack([
+        centroid_scores[r[keep[r]]].double().max(0).values.sum() if keep[r].any() else torch.tensor(float("-inf"))
+        for r in rows
+    ])
+    assert_close(actual, by_loop.to(actual.device), "centroid_interaction", torch.float32)
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        pytest.param(lambda a: a.update(centroid_scores=a["centroid_scores"][None]), ValueError, "centroid_scores", id="3d-scores"),
+        pytest.param(lambda a: a.update(codes=a["codes"].float()), TypeError, "codes", id="float-codes"),
+        pytest.param(lambda a: a.update(pids=torch.tensor([0, 3])), ValueError, "pids", id="pid-out-of-range"),
+        pytest.param(lambda a: a.update(keep=torch.ones(7, dtype=torch.bool)), ValueError, "keep", id="keep-wrong-length"),
+        pytest.param(lambda a: a.update(offsets=a["offsets"].int()), TypeError, "offsets", id="int32-offsets"),
+        pytest.param(lambda a: a.update(codes=a["codes"] + 100), ValueError, "codes", id="code-out-of-range"),
+        pytest.param(lambda a: a.update(valid=torch.ones(5, dtype=torch.bool)), ValueError, "valid", id="valid-wrong-length"),
+    ],
+)
+def test_bad_inputs_name_the_argument(mutate, error, match):
+    codes, offsets = _packed_index([4, 2, 6], 8, "cpu")
+    args = dict(centroid_scores=torch.randn(8, 32), codes=codes, offsets=offsets, pids=None, keep=None, valid=None)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        centroid_interaction(args.pop("centroid_scores"), args.pop("codes"), args.pop("offsets"), **args)

@@ -1,0 +1,221 @@
+"""The patched PLAID search on a real tiny colbert-ai index, against stock colbert-ai (CPU)
+and against exact MaxSim over PLAID's decompressed embeddings.
+
+What "equal to stock" means on the CPU: stock colbert-ai's CPU MaxSim (segmented_maxsim.cpp)
+starts every per-token maximum at 0, so a query token whose best match is negative adds 0
+instead of its (negative) maximum. The plugin computes exact MaxSim. So the tests assert that
+both score the same candidate set (stages 2-3 have the same semantics), that the plugin's
+scores are the exact ones, that stock's scores are the exact ones with negative maxima floored
+at 0, and that the plugin's order is the exact order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("colbert", reason="colbert-ai is not installed (pip install .[colbert])")
+
+from tests.plaid.conftest import patch_state, stock_colbert  # noqa: E402
+from tests.tolerances import TOLERANCES  # noqa: E402
+from tilemaxsim_plaid import reference  # noqa: E402
+from tilemaxsim_plaid.plaid import backends  # noqa: E402
+from tilemaxsim_plaid.plaid.device_index import device_index  # noqa: E402
+
+pytestmark = pytest.mark.colbert
+
+# (k, ncells, centroid_score_threshold, ndocs) as Searcher.dense_search fills them in.
+KNOBS = {10: (1, 0.5, 256), 100: (2, 0.45, 1024)}
+ALL_GROUPS = ("compat", "scoring")
+
+
+def _configure(searcher, k):
+    ncells, threshold, ndocs = KNOBS[k]
+    searcher.configure(ncells=ncells, centroid_score_threshold=threshold, ndocs=ndocs)
+    return searcher.config
+
+
+def _token_maxima(searcher, Q, pids):
+    """[M, Lq] float64 per-token maxima over PLAID's decompressed embeddings, decompressed by
+    colbert-ai's own codec (so the reference shares no code with the plugin)."""
+    with patch_state(("compat",)):
+        D_packed, lengths = searcher.ranker.embeddings_strided.lookup_pids(torch.tensor(pids))
+    offsets = torch.zeros(len(pids) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    sim = D_packed.double() @ Q.double().T
+    return torch.stack([sim[offsets[i]:offsets[i + 1]].max(0).values for i in range(len(pids))])
+
+
+def _assert_exact(scores, maxima):
+    rtol, atol = TOLERANCES[("plaid_exact", torch.float32)]
+    torch.testing.assert_close(torch.tensor(scores, dtype=torch.float64), maxima.sum(1), rtol=rtol, atol=atol)
+
+
+def _assert_sorted_by(pids, exact, tie=1e-4):
+    values = exact.tolist()
+    assert all(a >= b - tie for a, b in zip(values, values[1:])), "not in exact descending order"
+
+
+@pytest.mark.parametrize("k", [10, 100])
+def test_rankings_equal_stock_colbert_on_cpu(tiny_searcher, tiny_query_embeddings, k):
+    config = _configure(tiny_searcher, k)
+    ranker = tiny_searcher.ranker
+    queries = tiny_query_embeddings[:12]
+    with stock_colbert():
+        stock = [ranker.rank(config, Q[None]) for Q in queries]
+    with patch_state(ALL_GROUPS):
+        ours = [ranker.rank(config, Q[None]) for Q in queries]
+    for Q, (stock_pids, stock_scores), (our_pids, our_scores) in zip(queries, stock, ours):
+        assert set(our_pids) == set(stock_pids)
+        assert len(our_pids) == len(set(our_pids)) <= config.ndocs // 4
+        maxima = _token_maxima(tiny_searcher, Q, our_pids)
+        _assert_exact(our_scores, maxima)
+        _assert_sorted_by(our_pids, maxima.sum(1))
+        stock_maxima = _token_maxima(tiny_searcher, Q, stock_pids)
+        _assert_exact(stock_scores, stock_maxima.clamp(min=0))
+        if (stock_maxima >= 0).all():
+            # No floor was applied: stock's order is the exact order too (up to ties).
+            exact = dict(zip(our_pids, maxima.sum(1).tolist()))
+            assert all(abs(exact[a] - exact[b]) < 1e-4 for a, b in zip(our_pids, stock_pids) if a != b)
+
+
+def test_filter_fn_keeps_stock_semantics(tiny_searcher, tiny_query_embeddings):
+    config = _configure(tiny_searcher, 10)
+    Q = tiny_query_embeddings[1][None]
+
+    def even_only(pids):
+        return pids[pids % 2 == 0]
+
+    with stock_colbert():
+        stock_pids, _ = tiny_searcher.ranker.rank(config, Q, filter_fn=even_only)
+    with patch_state(ALL_GROUPS):
+        our_pids, _ = tiny_searcher.ranker.rank(config, Q, filter_fn=even_only)
+        nothing = tiny_searcher.ranker.rank(config, Q, filter_fn=lambda p: p[:0])
+    assert our_pids and all(p % 2 == 0 for p in our_pids)
+    assert set(our_pids) == set(stock_pids)
+    assert nothing == ([], [])
+
+
+def test_triton_path_equals_torch_path(tiny_searcher, tiny_query_embeddings, monkeypatch):
+    # The GPU path's logic (fixed-size candidates, fused kernels), run under TRITON_INTERPRET.
+    config = _configure(tiny_searcher, 10)
+    queries = tiny_query_embeddings[:2]
+    with patch_state(ALL_GROUPS):
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, "torch")
+        expected = [tiny_searcher.ranker.rank(config, Q[None]) for Q in queries]
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
+        actual = [tiny_searcher.ranker.rank(config, Q[None]) for Q in queries]
+        assert device_index(tiny_searcher.ranker).inv_norms is not None
+    for (pids_a, scores_a), (pids_e, scores_e) in zip(actual, expected):
+        assert set(pids_a) == set(pids_e)
+        torch.testing.assert_close(torch.tensor(sorted(scores_a)), torch.tensor(sorted(scores_e)),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_search_end_to_end_and_search_all(tiny_searcher, tiny_plaid_index):
+    queries = tiny_plaid_index.queries[:6]
+    with patch_state(ALL_GROUPS):
+        tiny_searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
+        one_by_one = [tiny_searcher.search(q, k=10) for q in queries]
+        ranking = tiny_searcher.search_all({i: q for i, q in enumerate(queries)}, k=10)
+    for qid, (pids, ranks, scores) in enumerate(one_by_one):
+        assert len(pids) == 10 and ranks == list(range(1, 11))
+        batched = ranking.data[qid]
+        assert [p for p, _, _ in batched] == pids
+        torch.testing.assert_close(torch.tensor([s for _, _, s in batched]), torch.tensor(scores))
+    # The descriptions are written for their own article: most should find it.
+    assert sum(i in pids for i, (pids, _, _) in enumerate(one_by_one)) >= 4
+
+
+def test_rerank_path_scores_every_given_pid(tiny_searcher, tiny_query_embeddings):
+    config = _configure(tiny_searcher, 10)
+    Q = tiny_query_embeddings[3]
+    given = torch.randperm(300)[:41].tolist() + [7, 7]  # duplicates are scored twice, as upstream
+    with stock_colbert():
+        stock_pids, stock_scores = tiny_searcher.ranker.rank(config, Q[None], pids=given)
+    with patch_state(ALL_GROUPS):
+        our_pids, our_scores = tiny_searcher.ranker.rank(config, Q[None], pids=given)
+        via_search = tiny_searcher.search("a film", k=43, pids=given)
+    assert sorted(our_pids) == sorted(given) == sorted(stock_pids)
+    maxima = _token_maxima(tiny_searcher, Q, our_pids)
+    _assert_exact(our_scores, maxima)
+    _assert_sorted_by(our_pids, maxima.sum(1))
+    _assert_exact(stock_scores, _token_maxima(tiny_searcher, Q, stock_pids).clamp(min=0))
+    assert sorted(via_search[0]) == sorted(given)
+
+
+def test_rerank_is_chunked_without_changing_scores(tiny_searcher, tiny_query_embeddings, monkeypatch):
+    config = _configure(tiny_searcher, 10)
+    Q = tiny_query_embeddings[4][None]
+    given = list(range(300))
+    with patch_state(ALL_GROUPS):
+        whole = tiny_searcher.ranker.rank(config, Q, pids=given)
+        # Chunks of one or two documents: ~150 launches instead of one.
+        monkeypatch.setattr(backends, "TOKENS_PER_CHUNK", 200)
+        chunked = tiny_searcher.ranker.rank(config, Q, pids=given)
+    assert chunked[0] == whole[0]
+    torch.testing.assert_close(torch.tensor(chunked[1]), torch.tensor(whole[1]))
+
+
+@pytest.mark.parametrize(
+    "pids, match",
+    [
+        pytest.param([0, 300], r"pids must lie in \[0, 300\)", id="past-the-end"),
+        pytest.param([-1, 4], r"pids must lie in \[0, 300\)", id="negative"),
+        pytest.param([[1, 2]], "flat", id="nested"),
+    ],
+)
+def test_bad_pids_raise(tiny_searcher, tiny_query_embeddings, pids, match):
+    config = _configure(tiny_searcher, 10)
+    with patch_state(ALL_GROUPS), pytest.raises(ValueError, match=match):
+        tiny_searcher.ranker.rank(config, tiny_query_embeddings[0][None], pids=pids)
+
+
+def test_empty_pid_list_returns_nothing(tiny_searcher, tiny_query_embeddings):
+    config = _configure(tiny_searcher, 10)
+    with patch_state(ALL_GROUPS):
+        assert tiny_searcher.ranker.rank(config, tiny_query_embeddings[0][None], pids=[]) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [pytest.param((1, 32, 64), id="wrong-dim"), pytest.param((32,), id="1d"), pytest.param((1, 0, 128), id="no-tokens")],
+)
+def test_query_of_wrong_shape_raises(tiny_searcher, shape):
+    config = _configure(tiny_searcher, 10)
+    with patch_state(ALL_GROUPS), pytest.raises(ValueError, match="Q must be"):
+        tiny_searcher.ranker.rank(config, torch.randn(*shape))
+
+
+def test_device_index_is_cached_and_rebuilt_when_the_index_changes(tiny_searcher):
+    ranker = tiny_searcher.ranker
+    with patch_state(ALL_GROUPS):
+        first = device_index(ranker)
+        assert device_index(ranker) is first
+        original_codes = ranker.embeddings.codes
+        try:
+            ranker.embeddings.codes = original_codes.clone()
+            rebuilt = device_index(ranker)
+        finally:
+            ranker.embeddings.codes = original_codes
+        assert rebuilt is not first
+        assert torch.equal(rebuilt.codes, first.codes)
+
+
+def test_colbert_score_packed_is_exact_where_stock_floors():
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling import colbert as modeling_colbert
+
+    Q = torch.nn.functional.normalize(torch.randn(1, 32, 64), dim=-1)
+    D = torch.nn.functional.normalize(torch.randn(40, 64), dim=-1)
+    lengths = torch.tensor([1, 2, 30, 7])
+    offsets = torch.tensor([0, 1, 3, 33, 40])
+    expected = reference.maxsim_packed(Q[0], D, offsets)
+    config = ColBERTConfig()
+    with stock_colbert():
+        stock = modeling_colbert.colbert_score_packed(Q, D, lengths, config)
+    with patch_state(ALL_GROUPS):
+        ours = modeling_colbert.colbert_score_packed(Q, D, lengths, config)
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-5)
+    # The one-token document has negative maxima: stock floors them, the exact score does not.
+    assert float(stock[0]) > float(ours[0])

@@ -1,0 +1,60 @@
+"""PLAID stages 2-3 as one kernel: centroid interaction over packed document codes."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _centroid_interaction_kernel(
+    p_centroid_scores,  # [C, Lq] fp16/fp32
+    stride_cs_c,
+    stride_cs_q,
+    p_codes,  # [T] int32/int64 centroid id per packed token
+    p_offsets,  # [N+1] int64
+    p_pids,  # [M] int64 (unused when not HAS_PIDS)
+    p_keep,  # [C] int8 (unused when not HAS_KEEP)
+    p_valid,  # [M] int8 (unused when not HAS_VALID)
+    p_out,  # [M] fp32
+    Lq,
+    HAS_PIDS: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """out[m] = Σ_i max_{t ∈ doc(m), keep[code_t]} centroid_scores[code_t, i]
+
+    One program per candidate slot m; it walks the document's tokens BLOCK_T at a time,
+    gathers the BLOCK_Q-wide row of centroid scores of each token's code and keeps a running
+    max per query token. Query columns >= Lq are masked out of the sum. A slot with no kept
+    token, or whose valid flag is 0, gets -inf (every running max stays -inf); Lq = 0 gives 0.
+    """
+    pid_m = tl.program_id(0)
+    if HAS_PIDS:
+        doc = tl.load(p_pids + pid_m).to(tl.int64)
+    else:
+        doc = pid_m.to(tl.int64)
+    start = tl.load(p_offsets + doc)
+    end = tl.load(p_offsets + doc + 1)
+    if HAS_VALID:
+        # An unused slot walks an empty range instead of returning early: one exit path.
+        end = tl.where(tl.load(p_valid + pid_m) != 0, end, start)
+
+    offs_q = tl.arange(0, BLOCK_Q)
+    mask_q = offs_q < Lq
+    b_max = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < end
+        b_codes = tl.load(p_codes + offs_t, mask=mask_t, other=0).to(tl.int64)  # [BLOCK_T]
+        if HAS_KEEP:
+            b_keep = tl.load(p_keep + b_codes, mask=mask_t, other=0)  # [BLOCK_T]
+            mask_t = mask_t & (b_keep != 0)
+        p_rows = p_centroid_scores + b_codes[:, None] * stride_cs_c + offs_q[None, :] * stride_cs_q
+        b_scores = tl.load(
+            p_rows, mask=mask_t[:, None] & mask_q[None, :], other=float("-inf")
+        ).to(tl.float32)  # [BLOCK_T, BLOCK_Q]
+        b_max = tl.maximum(b_max, tl.max(b_scores, axis=0))  # [BLOCK_Q]
+    # where(), not a masked max: padded query columns must add 0, and 0 * -inf would be NaN.
+    b_total = tl.sum(tl.where(mask_q, b_max, 0.0), axis=0)
+    tl.store(p_out + pid_m, b_total)

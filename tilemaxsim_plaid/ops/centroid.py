@@ -1,0 +1,107 @@
+"""Host side of PLAID's centroid interaction (stages 2-3): check, allocate, launch."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kernel
+from tilemaxsim_plaid.ops import checks
+
+__all__ = ["centroid_interaction"]
+
+# Tokens per step: a [64, 32] fp32 tile of gathered centroid scores is 8 KB of registers
+# across 4 warps, and 64 covers most passages (PLAID doclens ~ 30-180) in one or two steps.
+BLOCK_T = 64
+NUM_WARPS = 4
+# Query columns per launch; longer queries (full_length_search) are split and summed, which
+# is exact because the score is a sum over query tokens.
+MAX_LQ_PER_LAUNCH = 128
+
+
+def _check(centroid_scores, codes, offsets, pids, keep, valid, validate):
+    checks.check_tensor("centroid_scores", centroid_scores, dims=(2,), dtypes=checks.FLOAT_DTYPES)
+    device = centroid_scores.device
+    checks.check_tensor("codes", codes, dims=(1,), dtypes=checks.INDEX_DTYPES, device=device)
+    num_centroids = centroid_scores.shape[0]
+    if keep is not None:
+        checks.check_tensor("keep", keep, dims=(1,), dtypes=(torch.bool,), device=device)
+        if keep.numel() != num_centroids:
+            raise ValueError(
+                f"keep must have one entry per centroid ({num_centroids}), got {checks.describe(keep)}"
+            )
+    if not validate:
+        checks.check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=device)
+        if pids is not None:
+            checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=device)
+    else:
+        checks.check_offsets(offsets, codes.numel(), device)
+        pids = checks.check_pids(pids, offsets.numel() - 1, device)
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= num_centroids):
+            raise ValueError(f"codes must lie in [0, {num_centroids}) (one row of centroid_scores each)")
+    num_slots = offsets.numel() - 1 if pids is None else pids.numel()
+    if valid is not None:
+        checks.check_tensor("valid", valid, dims=(1,), dtypes=(torch.bool,), device=device)
+        if valid.numel() != num_slots:
+            raise ValueError(f"valid must have {num_slots} entries (one per pid), got {checks.describe(valid)}")
+    return pids
+
+
+def centroid_interaction(
+    centroid_scores: torch.Tensor,
+    codes: torch.Tensor,
+    offsets: torch.Tensor,
+    pids: torch.Tensor | None = None,
+    *,
+    keep: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """PLAID's centroid interaction, stages 2-3, fused into one launch.
+
+        score[m] = Σ_i max_{t ∈ doc pids[m], keep[codes[t]]} centroid_scores[codes[t], i]
+
+    Semantics are those of :func:`tilemaxsim_plaid.reference.centroid_interaction`: a document
+    with no kept token scores -inf, a slot with ``valid[m] == False`` scores -inf without
+    reading its document.
+
+    Args:
+        centroid_scores: [C, Lq] fp16/fp32, ``centroids @ Q.T`` for one query.
+        codes: [T] int32/int64 centroid id per packed token (rows past offsets[-1] are never read).
+        offsets: [N+1] int64 document boundaries.
+        pids: optional [M] int32/int64 documents to score (default: all N).
+        keep: optional [C] bool pruning mask (stage 2); None keeps every centroid (stage 3).
+        valid: optional [M] bool; False marks an unused slot of a fixed-size candidate list.
+        validate: False skips the checks that read device values (pid and code ranges,
+            monotonic offsets), so the call does not synchronise with the host.
+
+    Returns:
+        [M] fp32 on ``centroid_scores.device``.
+    """
+    pids = _check(centroid_scores, codes, offsets, pids, keep, valid, validate)
+    num_slots = offsets.numel() - 1 if pids is None else pids.numel()
+    out = torch.empty(num_slots, dtype=torch.float32, device=centroid_scores.device)
+    if num_slots == 0:
+        return out
+    Lq = centroid_scores.shape[1]
+    # Dummy pointers for the disabled inputs: the constexpr flags keep them unread.
+    pids_arg = pids if pids is not None else offsets
+    keep_arg = keep.view(torch.int8) if keep is not None else offsets
+    valid_arg = valid.view(torch.int8) if valid is not None else offsets
+    total = None
+    for q0 in range(0, max(Lq, 1), MAX_LQ_PER_LAUNCH):
+        columns = centroid_scores[:, q0 : q0 + MAX_LQ_PER_LAUNCH]
+        width = columns.shape[1]
+        target = out if total is None else torch.empty_like(out)
+        _centroid_interaction_kernel[(num_slots,)](
+            columns, columns.stride(0), columns.stride(1),
+            codes, offsets, pids_arg, keep_arg, valid_arg, target, width,
+            HAS_PIDS=pids is not None,
+            HAS_KEEP=keep is not None,
+            HAS_VALID=valid is not None,
+            BLOCK_T=BLOCK_T,
+            BLOCK_Q=max(16, triton.next_power_of_2(max(width, 1))),
+            num_warps=NUM_WARPS,
+        )
+        total = target if total is None else total.add_(target)
+    return total

@@ -1,0 +1,167 @@
+"""The two ways the plugin computes PLAID's stages 2-4: Triton kernels or plain torch.
+
+* ``"triton"`` (default on CUDA): the fused centroid-interaction kernel for stages 2-3 and the
+  residual MaxSim kernel (decompression fused into the score) for stage 4. Every size is fixed
+  on the host beforehand, so no call here synchronises with the device.
+* ``"torch"`` (default on CPU): the same math in vectorised fp32 torch. Triton kernels need a
+  GPU (the CPU interpreter is for tests), and colbert-ai's own CPU path floors negative maxima
+  at 0 and needs a C++ compiler, so a correct torch implementation is the CPU path: it gives
+  the exact fp32 MaxSim rankings the GPU path gives, only slower.
+
+``TILEMAXSIM_PLAID_BACKEND=triton|torch`` overrides the choice (tests run the Triton path on
+CPU tensors under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from tilemaxsim_plaid.plaid.device_index import DeviceIndex
+from tilemaxsim_plaid.plaid.extensions import packed_token_rows
+
+__all__ = [
+    "BACKEND_ENV_VAR",
+    "backend_for",
+    "centroid_interaction",
+    "exact_scores",
+    "decompress_tokens",
+    "segment_maxsim",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_ENV_VAR = "TILEMAXSIM_PLAID_BACKEND"
+# Decompressed tokens per stage-4 chunk: 2**18 x 128 dims x 4 B = 128 MiB of fp32 at most,
+# so a rerank of 1M candidates streams through a bounded buffer instead of running out of memory.
+TOKENS_PER_CHUNK = 1 << 18
+
+
+def backend_for(device: torch.device) -> str:
+    """``"triton"`` or ``"torch"`` for tensors on ``device`` (see the module docstring)."""
+    choice = os.environ.get(BACKEND_ENV_VAR, "").strip().lower()
+    if choice in ("triton", "torch"):
+        return choice
+    if choice:
+        raise ValueError(f"{BACKEND_ENV_VAR} must be 'triton' or 'torch', got {choice!r}")
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
+    """PLAID's decompressed embeddings of the given token rows, in fp32.
+
+    ``normalize(centroids[code] + bucket_weights[bucket])``: exactly colbert-ai's CPU
+    decompression (fp32 add, then L2 normalisation).
+
+    Args:
+        index: the device index.
+        rows: int64 token rows of any shape S.
+
+    Returns:
+        [*S, dim] fp32.
+    """
+    buckets = index.bucket_table[index.residuals[rows].long()]  # [*S, packed, 8 / nbits]
+    buckets = buckets.reshape(*rows.shape, index.dim).long()
+    embeddings = index.centroids[index.codes[rows].long()] + index.bucket_weights[buckets]
+    return torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+
+
+def segment_maxsim(sim: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Exact MaxSim reduction of packed token similarities (an empty document scores -inf).
+
+    Args:
+        sim: [T, Lq] similarities, documents packed in order.
+        lengths: [N] int64 tokens per document, summing to T.
+
+    Returns:
+        [N] in ``sim.dtype``.
+    """
+    Lq = sim.shape[1]
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=sim.device), lengths)
+    maxima = torch.full((lengths.numel(), Lq), float("-inf"), dtype=sim.dtype, device=sim.device)
+    maxima.scatter_reduce_(0, segment[:, None].expand(-1, Lq), sim, "amax")
+    return maxima.sum(dim=1)
+
+
+def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None) -> torch.Tensor:
+    """Stages 2-3 on the index's backend. Shapes as in :func:`tilemaxsim_plaid.ops.centroid.centroid_interaction`."""
+    if backend_for(index.device) == "triton":
+        from tilemaxsim_plaid.ops.centroid import centroid_interaction as fused
+
+        return fused(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
+                     validate=False)
+    from tilemaxsim_plaid.reference import centroid_interaction as vectorised
+
+    return vectorised(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
+                      dtype=torch.float32)
+
+
+@functools.cache
+def _residual_kernel():
+    """``tilemaxsim_plaid.ops.residual.maxsim_residual`` when it is available, else None."""
+    try:
+        from tilemaxsim_plaid.ops.residual import maxsim_residual
+    except ImportError as error:
+        logger.warning("stage 4 decompresses before scoring (fused residual kernel unavailable: %s)", error)
+        return None
+    return maxsim_residual
+
+
+def _exact_scores_triton(index, Q, pids, valid):
+    residual_kernel = _residual_kernel()
+    if residual_kernel is not None:
+        scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,
+                                 index.centroids, index.bucket_weights, index.nbits, pids,
+                                 inv_norms=index.inv_norms, validate=False)[0]
+    else:
+        from tilemaxsim_plaid.ops.dense import maxsim_padded
+
+        # Padded to the longest document (a host constant), so the buffer size needs no sync.
+        width = max(index.max_doclen, 1)
+        lengths = index.doclens[pids]
+        if valid is not None:
+            lengths = torch.where(valid, lengths, torch.zeros_like(lengths))
+        positions = torch.arange(width, device=Q.device)
+        rows = (index.offsets[pids][:, None] + positions[None, :]).clamp_(max=max(index.num_tokens - 1, 0))
+        D = decompress_tokens(index, rows)  # [M, width, dim]
+        scores = maxsim_padded(Q[None], D, lengths, validate=False)[0]
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
+    return scores
+
+
+def _exact_scores_torch(index, Q, pids, valid):
+    lengths = index.doclens[pids]
+    if valid is not None:
+        lengths = torch.where(valid, lengths, torch.zeros_like(lengths))
+    rows = packed_token_rows(index.offsets[pids], lengths)
+    sim = decompress_tokens(index, rows) @ Q.T  # [T', dim] @ [dim, Lq] -> [T', Lq]
+    return segment_maxsim(sim, lengths)
+
+
+def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
+                 valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Stage 4: exact fp32 MaxSim of one query against PLAID's decompressed documents.
+
+    Chunked so that at most ~TOKENS_PER_CHUNK decompressed tokens exist at once; the chunk
+    size in documents comes from the longest document, a host constant (no sync).
+
+    Args:
+        index: the device index.
+        Q: [Lq, dim] fp32 on the index's device.
+        pids: [M] int64 documents (in range; unchecked here).
+        valid: optional [M] bool; False slots score -inf.
+
+    Returns:
+        [M] fp32.
+    """
+    out = torch.empty(pids.numel(), dtype=torch.float32, device=Q.device)
+    docs_per_chunk = max(1, TOKENS_PER_CHUNK // max(index.max_doclen, 1))
+    score_chunk = _exact_scores_triton if backend_for(index.device) == "triton" else _exact_scores_torch
+    for start in range(0, pids.numel(), docs_per_chunk):
+        chunk = slice(start, start + docs_per_chunk)
+        out[chunk] = score_chunk(index, Q, pids[chunk], None if valid is None else valid[chunk])
+    return out

@@ -1,0 +1,266 @@
+"""One patch mechanism and the list of colbert-ai bindings it changes.
+
+A :class:`PatchTarget` names an attribute of a module or class (``owner``), the replacement
+for it, and every other module that copied the name by value with ``from owner import name``
+(patching only the owner would leave those copies pointing at the original). :func:`enable`
+swaps each binding and remembers what was there; :func:`disable` puts back exactly that,
+deleting attributes that did not exist before. Both are idempotent and act per target group:
+
+* ``"compat"``: what colbert-ai needs to run at all here: torch equivalents of its six
+  JIT-compiled C++/CUDA extensions (no compiler, no nvcc) and the transformers-5 fix. These
+  keep upstream semantics, so a "stock" run with only this group is still stock colbert-ai.
+* ``"scoring"``: PLAID's candidate scoring (stages 2-4) and reranking on our kernels.
+
+The targets themselves are listed in :mod:`tilemaxsim_plaid.plaid.targets`; this module
+knows nothing about what they do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+__all__ = [
+    "PatchTarget",
+    "SUPPORTED_COLBERT_VERSIONS",
+    "GROUPS",
+    "DISABLE_ENV_VAR",
+    "enable",
+    "disable",
+    "enabled",
+    "is_enabled",
+    "auto_enable",
+    "colbert_version",
+    "active_bindings",
+]
+
+logger = logging.getLogger(__name__)
+
+# The targets read private structure of these releases (IndexScorer fields, the extension
+# flags, class_factory); another version may have moved them, so it is refused, not guessed.
+SUPPORTED_COLBERT_VERSIONS = ("0.2.22",)
+GROUPS = ("compat", "scoring")
+# Set to 1/true/yes to stop `import tilemaxsim_plaid` from patching colbert-ai.
+DISABLE_ENV_VAR = "TILEMAXSIM_PLAID_DISABLE"
+
+# Marks an attribute that did not exist before enable(): disable() deletes it again.
+_ABSENT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchTarget:
+    """One attribute to replace.
+
+    Attributes:
+        owner: ``"package.module"`` or ``"package.module:Class"``: where the name is defined.
+        attribute: the attribute name on the owner.
+        make_replacement: called once with the original value (or None when absent); returns
+            the replacement. Functions get ``__wrapped__`` = original.
+        group: one of :data:`GROUPS`.
+        also_bound_in: modules that did ``from <owner module> import <attribute>``.
+        why: one line for patches/README.md and for error messages.
+    """
+
+    owner: str
+    attribute: str
+    make_replacement: Callable[[Any], Any]
+    group: str
+    also_bound_in: tuple[str, ...] = ()
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.owner}.{self.attribute}"
+
+
+@dataclasses.dataclass
+class _Applied:
+    replacement: Any
+    # (namespace object, value before enable or _ABSENT) for the owner and each copy.
+    previous: list[tuple[Any, Any]]
+
+
+_lock = threading.RLock()
+_applied: dict[str, _Applied] = {}
+
+
+def _resolve(owner: str) -> Any:
+    module_name, _, class_name = owner.partition(":")
+    obj = importlib.import_module(module_name)
+    return getattr(obj, class_name) if class_name else obj
+
+
+def _raw(namespace: Any, attribute: str) -> Any:
+    # vars(), not getattr(): a classmethod/staticmethod must be restored as the descriptor
+    # itself, and an inherited attribute must not be copied onto the subclass.
+    return vars(namespace).get(attribute, _ABSENT)
+
+
+def _put(namespace: Any, attribute: str, value: Any) -> None:
+    if value is _ABSENT:
+        if attribute in vars(namespace):
+            delattr(namespace, attribute)
+    else:
+        setattr(namespace, attribute, value)
+
+
+def colbert_version() -> str | None:
+    """Installed colbert-ai version, or None when it is not installed."""
+    try:
+        return importlib.metadata.version("colbert-ai")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version_guard() -> bool:
+    version = colbert_version()
+    if version is None:
+        logger.info("colbert-ai is not installed: nothing to patch")
+        return False
+    if version not in SUPPORTED_COLBERT_VERSIONS:
+        warnings.warn(
+            f"tilemaxsim_plaid supports colbert-ai {', '.join(SUPPORTED_COLBERT_VERSIONS)}, "
+            f"found colbert-ai {version}: leaving colbert-ai unpatched",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+@functools.cache
+def _all_targets() -> tuple[PatchTarget, ...]:
+    from tilemaxsim_plaid.plaid.targets import TARGETS
+
+    return TARGETS
+
+
+def _select(groups: Iterable[str] | None) -> list[PatchTarget]:
+    chosen = GROUPS if groups is None else tuple(groups)
+    unknown = set(chosen) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"groups must be drawn from {GROUPS}, got {sorted(unknown)}")
+    return [t for t in _all_targets() if t.group in chosen]
+
+
+def _apply(target: PatchTarget) -> None:
+    owner = _resolve(target.owner)
+    original = _raw(owner, target.attribute)
+    replacement = target.make_replacement(None if original is _ABSENT else original)
+    previous = [(owner, original)]
+    for module_name in target.also_bound_in:
+        module = importlib.import_module(module_name)
+        previous.append((module, _raw(module, target.attribute)))
+    for namespace, _ in previous:
+        setattr(namespace, target.attribute, replacement)
+    _applied[target.name] = _Applied(replacement, previous)
+
+
+def _revert(target: PatchTarget) -> None:
+    applied = _applied.pop(target.name)
+    # Reverse order: when the owner is also listed as a copy, its first value wins.
+    for namespace, value in reversed(applied.previous):
+        _put(namespace, target.attribute, value)
+
+
+def enable(groups: Iterable[str] | None = None) -> bool:
+    """Patch colbert-ai so PLAID scores with tilemaxsim_plaid's kernels.
+
+    Safe to call repeatedly: targets already patched are left as they are.
+
+    Args:
+        groups: target groups to patch (default: all of :data:`GROUPS`).
+
+    Returns:
+        True when the targets are patched; False when colbert-ai is missing or its version
+        is unsupported (a RuntimeWarning names it), in which case nothing changed.
+    """
+    targets = _select(groups)
+    if not _version_guard():
+        return False
+    with _lock:
+        done = []
+        try:
+            for target in targets:
+                if target.name not in _applied:
+                    _apply(target)
+                    done.append(target)
+        except BaseException:
+            for target in reversed(done):
+                _revert(target)
+            raise
+    logger.debug("tilemaxsim_plaid patched %d colbert-ai bindings", len(_applied))
+    return True
+
+
+def disable(groups: Iterable[str] | None = None) -> None:
+    """Restore colbert-ai exactly as it was before :func:`enable` (idempotent).
+
+    Args:
+        groups: target groups to restore (default: all).
+    """
+    targets = _select(groups)
+    with _lock:
+        for target in reversed(targets):
+            if target.name in _applied:
+                _revert(target)
+
+
+def is_enabled(groups: Iterable[str] | None = ("scoring",)) -> bool:
+    """True when every target of ``groups`` (default: the scoring group) is patched."""
+    targets = _select(groups)
+    with _lock:
+        return bool(targets) and all(t.name in _applied for t in targets)
+
+
+@contextlib.contextmanager
+def enabled(groups: Iterable[str] | None = None) -> Iterator[bool]:
+    """Patch for the duration of a ``with`` block, then restore only what the block patched.
+
+    Yields:
+        Whether the targets are patched inside the block (see :func:`enable`).
+    """
+    targets = _select(groups)
+    with _lock:
+        before = {t.name for t in targets if t.name in _applied}
+    ok = enable(groups)
+    try:
+        yield ok
+    finally:
+        with _lock:
+            for target in reversed(targets):
+                if target.name in _applied and target.name not in before:
+                    _revert(target)
+
+
+def active_bindings() -> dict[str, Any]:
+    """``{"owner.attribute": replacement}`` for every binding patched now (for tests, logs)."""
+    with _lock:
+        return {name: applied.replacement for name, applied in _applied.items()}
+
+
+def auto_enable() -> bool:
+    """What ``import tilemaxsim_plaid`` calls: enable everything unless the environment says no.
+
+    Importing colbert-ai here is deliberate: patching lazily on first use would miss code that
+    already holds colbert's functions. It reads the visible GPUs at import, so set
+    ``CUDA_VISIBLE_DEVICES`` before importing tilemaxsim_plaid, as before importing colbert.
+
+    Returns:
+        True when colbert-ai was patched.
+    """
+    if os.environ.get(DISABLE_ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+        logger.info("%s is set: colbert-ai left unpatched", DISABLE_ENV_VAR)
+        return False
+    if colbert_version() is None:
+        return False
+    return enable()

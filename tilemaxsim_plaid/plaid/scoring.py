@@ -1,0 +1,320 @@
+"""The replacement PLAID scorer: colbert-ai's IndexScorer.rank / score_pids on our kernels.
+
+Per query (stage numbers as in the PLAID paper):
+
+1. candidate generation: ``centroid_scores = centroids @ Q.T`` (first ``query_maxlen`` query
+   tokens), the ``ncells`` best centroids of each query token, the union of their inverted
+   lists. The union is a fixed-capacity list (``torch.nonzero_static`` over a bitmap), with a
+   validity mask instead of a data-dependent length.
+2. centroid interaction over the codes that pass ``centroid_score_threshold``; top ``ndocs``.
+3. centroid interaction over all codes; top ``ndocs // 4``.
+4. exact fp32 MaxSim over PLAID's decompressed embeddings; sort.
+
+The candidate semantics are upstream's: the same knobs, the same ``-9999`` per query token for
+a document none of whose codes passes the threshold, truncation only when there are more
+candidates than ``ndocs`` (resp. ``ndocs // 4``). What differs on purpose: every score is fp32
+(upstream GPU: fp16), and a negative per-token maximum is kept (upstream CPU floors it at 0).
+Nothing before the final transfer of the ranked list synchronises with the device, unless a
+``filter_fn`` is given (it receives a compacted pid tensor, which needs the candidate count).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from tilemaxsim_plaid.plaid import backends
+from tilemaxsim_plaid.plaid.device_index import DeviceIndex, device_index
+
+__all__ = [
+    "RankedCandidates",
+    "rank",
+    "score_pids",
+    "search_all_Q",
+    "colbert_score_packed_exact",
+    "rank_on_device",
+]
+
+logger = logging.getLogger(__name__)
+
+# colbert-ai starts every per-token maximum of the centroid interaction at -9999, so a
+# document with no code above the threshold scores -9999 * Lq: still a candidate, ranked last.
+UNMATCHED_TOKEN_SCORE = -9999.0
+
+
+class RankedCandidates:
+    """A query's ranked list, still on the device: ``pids[valid]`` in descending ``scores``.
+
+    Attributes:
+        pids: [K] int64; scores: [K] fp32, descending; valid: [K] bool (False slots are last).
+    """
+
+    __slots__ = ("pids", "scores", "valid")
+
+    def __init__(self, pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor | None):
+        self.pids, self.scores = pids, scores
+        self.valid = torch.ones_like(pids, dtype=torch.bool) if valid is None else valid
+
+    def to_lists(self) -> tuple[list[int], list[float]]:
+        """The one host transfer of a query: ``(pids, scores)`` as Python lists."""
+        pids, scores, valid = self.pids.cpu(), self.scores.cpu(), self.valid.cpu()
+        return pids[valid].tolist(), scores[valid].tolist()
+
+
+def _check_query(Q, index: DeviceIndex) -> torch.Tensor:
+    """Q as [Lq, dim] fp32 on the index's device; raises ValueError/TypeError naming Q."""
+    if not isinstance(Q, torch.Tensor):
+        raise TypeError(f"Q must be a torch.Tensor, got {type(Q).__name__}")
+    if Q.dim() == 3 and Q.shape[0] == 1:
+        Q = Q[0]
+    if Q.dim() != 2 or Q.shape[-1] != index.dim or Q.shape[0] == 0:
+        raise ValueError(
+            f"Q must be [1, Lq, {index.dim}] or [Lq, {index.dim}] with Lq >= 1 (one query, the "
+            f"index's dimension {index.dim}), got shape {tuple(Q.shape)}"
+        )
+    if not Q.is_floating_point():
+        raise TypeError(f"Q must be a floating-point tensor, got dtype {Q.dtype}")
+    return Q.to(device=index.device, dtype=torch.float32)
+
+
+def _as_pid_tensor(pids, index: DeviceIndex) -> torch.Tensor:
+    """User-supplied pids (list, array or tensor) as int64 on the device, range-checked on the host."""
+    if isinstance(pids, torch.Tensor):
+        host = pids.detach().to("cpu")
+    else:
+        host = torch.as_tensor(list(pids) if not hasattr(pids, "__array__") else pids)
+    if host.dim() != 1:
+        raise ValueError(f"pids must be a flat sequence of document ids, got shape {tuple(host.shape)}")
+    if host.numel() and (host.is_floating_point() or host.is_complex() or host.dtype == torch.bool):
+        raise TypeError(f"pids must be integers, got dtype {host.dtype}")
+    host = host.to(torch.int64)
+    if host.numel() and (int(host.min()) < 0 or int(host.max()) >= index.num_docs):
+        raise ValueError(
+            f"pids must lie in [0, {index.num_docs}) (the index has {index.num_docs} passages), "
+            f"got values in [{int(host.min())}, {int(host.max())}]"
+        )
+    return host.to(index.device)
+
+
+def _floor_unmatched(scores: torch.Tensor, valid: torch.Tensor | None, num_query_tokens: int):
+    """Map -inf of a real candidate to upstream's -9999 * Lq; unused slots stay -inf."""
+    unmatched = torch.isneginf(scores)
+    if valid is not None:
+        unmatched &= valid
+    return scores.masked_fill(unmatched, UNMATCHED_TOKEN_SCORE * num_query_tokens)
+
+
+def _keep_top(pids, valid, scores, count: int):
+    """Top ``count`` slots by score when there are more slots than that (upstream: more candidates)."""
+    if count >= pids.numel():
+        return pids, valid
+    top = torch.topk(scores, k=count).indices
+    return pids[top], (None if valid is None else valid[top])
+
+
+def _stages_2_and_3(index, config, centroid_scores, pids, valid):
+    keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
+    Lq = centroid_scores.shape[1]
+    pruned = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid)
+    pruned = _floor_unmatched(pruned, valid, Lq)
+    pids, valid = _keep_top(pids, valid, pruned, config.ndocs)
+    full = backends.centroid_interaction(index, centroid_scores, pids, valid=valid)
+    full = _floor_unmatched(full, valid, Lq)
+    return _keep_top(pids, valid, full, config.ndocs // 4)
+
+
+def _stage_4(index, Q, pids, valid) -> RankedCandidates:
+    scores = backends.exact_scores(index, Q, pids, valid)
+    order = torch.sort(scores, descending=True).indices
+    return RankedCandidates(pids[order], scores[order], None if valid is None else valid[order])
+
+
+def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tensor:
+    # Candidate generation reads only the first query_maxlen tokens, as upstream's retrieve().
+    return index.centroids @ Q[: config.query_maxlen].T  # [C, dim] @ [dim, Lq] -> [C, Lq]
+
+
+def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
+    """Stage 1 without a host sync: (pids [cap] int64 ascending, valid [cap] bool)."""
+    ncells = min(int(config.ncells), centroid_scores.shape[0])
+    if ncells == 1:
+        cells = centroid_scores.argmax(dim=0)
+    else:
+        cells = centroid_scores.topk(ncells, dim=0, sorted=False).indices.flatten()
+    # Every probed list padded to the longest list (a host constant): fixed shape.
+    width = max(index.max_ivf_length, 1)
+    positions = torch.arange(width, device=index.device)
+    in_list = positions[None, :] < index.ivf_lengths[cells][:, None]
+    entries = (index.ivf_offsets[cells][:, None] + positions[None, :]).clamp_(max=max(index.ivf_pids.numel() - 1, 0))
+    members = torch.where(in_list, index.ivf_pids[entries].long(), index.num_docs)
+    bitmap = torch.zeros(index.num_docs + 1, dtype=torch.bool, device=index.device)
+    bitmap[members.flatten()] = True  # slot num_docs collects the padding
+    capacity = index.candidate_capacity(cells.numel())
+    pids = torch.nonzero_static(bitmap[: index.num_docs], size=capacity, fill_value=-1).flatten()
+    valid = pids >= 0
+    return pids.clamp_(min=0), valid
+
+
+def _apply_filter(filter_fn, pids, valid, device):
+    """Upstream's filter_fn contract: an int32 tensor of candidates in, a subset out."""
+    compact = pids[valid].to(torch.int32) if valid is not None else pids.to(torch.int32)
+    filtered = filter_fn(compact)
+    if not isinstance(filtered, torch.Tensor):
+        raise TypeError(f"filter_fn must return a torch.Tensor, got {type(filtered).__name__}")
+    if filtered.dtype != compact.dtype or filtered.device != compact.device:
+        raise ValueError(
+            f"filter_fn must return {compact.dtype} on {compact.device} like its input, "
+            f"got {filtered.dtype} on {filtered.device}"
+        )
+    return filtered.to(device=device, dtype=torch.int64)
+
+
+def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandidates | None:
+    """All of PLAID for one query, leaving the ranked list on the device.
+
+    Args:
+        scorer: a colbert-ai IndexScorer.
+        config: the Searcher's ColBERTConfig (ncells, centroid_score_threshold, ndocs, query_maxlen).
+        Q: [1, Lq, dim] or [Lq, dim] query embeddings (any device, any float dtype).
+        filter_fn: optional upstream filter on the candidate pids.
+        pids: optional documents to rerank (skips stages 1-3, as upstream).
+
+    Returns:
+        The ranked candidates, or None when no candidate is left (empty ``pids`` or filter).
+    """
+    index = device_index(scorer)
+    Q = _check_query(Q, index)
+    if pids is not None:
+        candidates, valid = _as_pid_tensor(pids, index), None
+        if filter_fn is not None:
+            candidates = _apply_filter(filter_fn, candidates, None, index.device)
+        if candidates.numel() == 0:
+            return None
+        return _stage_4(index, Q, candidates, None)
+
+    centroid_scores = _centroid_scores(index, config, Q)
+    candidates, valid = _generate_candidates(index, config, centroid_scores)
+    if filter_fn is not None:
+        candidates, valid = _apply_filter(filter_fn, candidates, valid, index.device), None
+        if candidates.numel() == 0:
+            return None
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
+    return _stage_4(index, Q, candidates, valid)
+
+
+def rank(original, self, config, Q, filter_fn=None, pids=None):
+    """Replacement for ``IndexScorer.rank``: same arguments, same ``(pids, scores)`` lists."""
+    if Q.dim() == 3 and Q.shape[0] != 1:
+        # Several aligned queries: upstream's own contract (one query per passage); not ours.
+        return original(self, config, Q, filter_fn=filter_fn, pids=pids)
+    with torch.inference_mode():
+        ranked = rank_on_device(self, config, Q, filter_fn=filter_fn, pids=pids)
+        return ([], []) if ranked is None else ranked.to_lists()
+
+
+def score_pids(original, self, config, Q, pids, centroid_scores):
+    """Replacement for ``IndexScorer.score_pids``: ``(scores, pids)`` on the scoring device.
+
+    With ``centroid_scores`` the candidates go through stages 2-3 first (upstream's search
+    path); without, every pid is scored exactly (the rerank path). A Q with several queries
+    (upstream's aligned query/passage mode) is left to colbert-ai.
+    """
+    if Q.dim() == 3 and Q.shape[0] != 1:
+        return original(self, config, Q, pids, centroid_scores)
+    index = device_index(self)
+    Q = _check_query(Q, index)
+    candidates = _as_pid_tensor(pids, index) if not (
+        isinstance(pids, torch.Tensor) and pids.device == index.device
+    ) else pids.to(torch.int64)
+    valid = None
+    if centroid_scores is not None and candidates.numel():
+        centroid_scores = centroid_scores.to(device=index.device, dtype=torch.float32)
+        candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, None)
+    scores = backends.exact_scores(index, Q, candidates, valid)
+    return scores, candidates.to(torch.int32)
+
+
+def _fill_search_knobs(searcher, k: int) -> None:
+    """The defaults Searcher.dense_search fills in for k (only knobs still None; they then stick)."""
+    if k <= 10:
+        defaults = dict(ncells=1, centroid_score_threshold=0.5, ndocs=256)
+    elif k <= 100:
+        defaults = dict(ncells=2, centroid_score_threshold=0.45, ndocs=1024)
+    else:
+        defaults = dict(ncells=4, centroid_score_threshold=0.4, ndocs=max(k * 4, 4096))
+    for knob, value in defaults.items():
+        if getattr(searcher.config, knob) is None:
+            searcher.configure(**{knob: value})
+
+
+# Queries whose ranked lists stay on the device before one transfer: bounds device memory
+# (a few candidate lists each) while keeping host syncs to one per batch.
+QUERIES_PER_TRANSFER = 256
+
+
+def search_all_Q(original, self, queries, Q, k, filter_fn=None, qid_to_pids=None):
+    """Replacement for ``Searcher._search_all_Q``: the same Ranking, with one host sync per
+    QUERIES_PER_TRANSFER queries instead of several per query.
+
+    Each query still launches its own kernels (candidate lists differ per query), but the
+    launches are queued back to back with no sync in between.
+    """
+    from colbert.data import Ranking
+    from colbert.infra.provenance import Provenance
+
+    qids = list(queries.keys())
+    if qid_to_pids is None:
+        qid_to_pids = {qid: None for qid in qids}
+    _fill_search_knobs(self, k)
+    results = {}
+    with torch.inference_mode():
+        for first in range(0, len(qids), QUERIES_PER_TRANSFER):
+            batch = qids[first : first + QUERIES_PER_TRANSFER]
+            pending = [
+                rank_on_device(self.ranker, self.config, Q[first + offset : first + offset + 1],
+                               filter_fn=filter_fn, pids=qid_to_pids[qid])
+                for offset, qid in enumerate(batch)
+            ]
+            for qid, ranked in zip(batch, pending):
+                pids, scores = ([], []) if ranked is None else ranked.to_lists()
+                results[qid] = list(zip(pids[:k], range(1, k + 1), scores[:k]))
+
+    provenance = Provenance()
+    provenance.source = "Searcher::search_all"
+    provenance.queries = queries.provenance()
+    provenance.config = self.config.export()
+    provenance.k = k
+    return Ranking(data=results, provenance=provenance)
+
+
+def colbert_score_packed_exact(original):
+    """Replacement factory for ``colbert.modeling.colbert.colbert_score_packed``.
+
+    Exact fp32 MaxSim with -inf masking for the ``colbert`` interaction; ``flipr`` goes to
+    the original.
+    """
+    from colbert.infra.config import ColBERTConfig
+
+    def colbert_score_packed(Q, D_packed, D_lengths, config=ColBERTConfig()):
+        if config.interaction != "colbert":
+            return original(Q, D_packed, D_lengths, config)
+        device = torch.device("cuda") if config.total_visible_gpus > 0 else D_packed.device
+        Q2 = Q.squeeze(0).to(device=device, dtype=torch.float32)
+        D = D_packed.to(device=device, dtype=torch.float32)
+        lengths = D_lengths.to(device=device, dtype=torch.int64)
+        if Q2.dim() != 2 or D.dim() != 2:
+            raise ValueError(
+                f"colbert_score_packed scores one query: Q [1, Lq, d], D_packed [T, d]; got "
+                f"Q {tuple(Q.shape)}, D_packed {tuple(D_packed.shape)}"
+            )
+        if backends.backend_for(device) == "triton":
+            from tilemaxsim_plaid.ops.dense import maxsim_packed
+
+            offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+            return maxsim_packed(Q2, D, offsets)
+        return backends.segment_maxsim(D @ Q2.T, lengths)
+
+    return colbert_score_packed
