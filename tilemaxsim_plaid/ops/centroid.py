@@ -7,6 +7,9 @@ import triton
 
 from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kernel
 from tilemaxsim_plaid.ops import checks
+# Query columns per launch; longer queries (full_length_search) are split and summed, which
+# is exact because the score is a sum over query tokens.
+from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
 
 __all__ = ["centroid_interaction"]
 
@@ -14,9 +17,6 @@ __all__ = ["centroid_interaction"]
 # across 4 warps, and 64 covers most passages (PLAID doclens ~ 30-180) in one or two steps.
 BLOCK_T = 64
 NUM_WARPS = 4
-# Query columns per launch; longer queries (full_length_search) are split and summed, which
-# is exact because the score is a sum over query tokens.
-MAX_LQ_PER_LAUNCH = 128
 
 
 def _check(centroid_scores, codes, offsets, pids, keep, valid, validate):

@@ -9,14 +9,10 @@ import triton
 
 from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
 
 __all__ = ["MaxSimConfig", "default_config", "maxsim_padded", "maxsim_packed"]
 
-# Query tokens per block are padded to a power of two in registers (tl.arange needs one).
-# Queries longer than this are scored in chunks of this many tokens and the chunk scores summed:
-# a [128, BLOCK_T] fp32 block of maxima is as much as registers hold comfortably.
-MAX_LQ_PER_LAUNCH = 128
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
 MAX_BLOCK_D = 128
@@ -98,26 +94,19 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
             padded_doc_len, max_doc_len, config):
+    def launch(Q_chunk, chunk_lengths):
+        return _launch_kernel(Q_chunk, D, packed=packed, offsets=offsets, doc_lengths=doc_lengths,
+                              pids=pids, query_lengths=chunk_lengths, num_out_docs=num_out_docs,
+                              padded_doc_len=padded_doc_len, max_doc_len=max_doc_len,
+                              config=config)
+
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+
+
+def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
+                   padded_doc_len, max_doc_len, config):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    if num_out_docs == 0 or B == 0:
-        return out
-    if Lq == 0:
-        return out.zero_()  # the empty sum
-    if Lq > MAX_LQ_PER_LAUNCH:
-        # Long queries: score chunks of query tokens and add them up (each chunk is exact MaxSim
-        # over its own tokens, and the sum over tokens is associative).
-        out.zero_()
-        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
-            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
-            chunk_lengths = None
-            if query_lengths is not None:
-                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
-            out += _launch(chunk, D, packed=packed, offsets=offsets, doc_lengths=doc_lengths,
-                           pids=pids, query_lengths=chunk_lengths, num_out_docs=num_out_docs,
-                           padded_doc_len=padded_doc_len, max_doc_len=max_doc_len, config=config)
-        return out
-
     cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)

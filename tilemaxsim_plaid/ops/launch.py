@@ -14,3 +14,40 @@ def dot_precision(dtype: torch.dtype) -> str:
 def interpreter_upcast(dtype: torch.dtype) -> bool:
     """True when tile_dot must multiply in fp32 (bf16 under TRITON_INTERPRET=1, see tile_dot)."""
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# Query tokens per launch are padded to a power of two in registers (tl.arange needs one); longer
+# queries are scored in chunks of this many tokens and the chunk scores summed: a [128, BLOCK_T]
+# fp32 block of running maxima is as much as registers hold comfortably.
+MAX_LQ_PER_LAUNCH = 128
+
+
+def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch):
+    """Shared outer layer of every MaxSim host function.
+
+    Handles the empty cases (no documents or no queries: an empty [B, M]; no query tokens: zeros,
+    the empty sum) and splits queries longer than MAX_LQ_PER_LAUNCH into chunks of query tokens.
+    Each chunk is exact MaxSim over its own tokens and the sum over tokens is associative, so the
+    chunk scores add up to the whole.
+
+    Args:
+        Q3: [B, Lq, d] queries.
+        query_lengths: optional [B] lengths.
+        num_out_docs: M, documents scored.
+        launch: ``launch(Q_chunk, chunk_lengths) -> fp32 [B, M]`` for Lq <= MAX_LQ_PER_LAUNCH.
+    """
+    B, Lq, _ = Q3.shape
+    if num_out_docs == 0 or B == 0:
+        return torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    if Lq == 0:
+        return torch.zeros(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    if Lq <= MAX_LQ_PER_LAUNCH:
+        return launch(Q3, query_lengths)
+    out = torch.zeros(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
+        chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
+        chunk_lengths = None
+        if query_lengths is not None:
+            chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
+        out += launch(chunk, chunk_lengths)
+    return out

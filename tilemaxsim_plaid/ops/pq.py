@@ -9,12 +9,11 @@ import triton
 
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
 from tilemaxsim_plaid.ops.residual import query_centroid_scores
 
 __all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
 
-MAX_LQ_PER_LAUNCH = 128
 # Decoded columns per tensor-core product: 128 (M_BLOCK sub-quantizers of DSUB_PAD elements).
 MAX_BLOCK_D = 128
 MIN_DOT_DIM = 16
@@ -63,23 +62,17 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, in
 
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
             query_lengths, num_out_docs, config):
+    def launch(Q_chunk, chunk_lengths):
+        return _launch_kernel(Q_chunk, pq_codes, offsets, codebooks, pids, centroid_codes,
+                              centroids, inv_norms, chunk_lengths, num_out_docs, config)
+
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+
+
+def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
+                   query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    if num_out_docs == 0 or B == 0:
-        return out
-    if Lq == 0:
-        return out.zero_()
-    if Lq > MAX_LQ_PER_LAUNCH:
-        out.zero_()
-        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
-            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
-            chunk_lengths = None
-            if query_lengths is not None:
-                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
-            out += _launch(chunk, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
-                           inv_norms, chunk_lengths, num_out_docs, config)
-        return out
-
     cfg = config or default_pq_config(B, Lq)
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs, in two parts that each fit one 10-minute device call:
+#
+#   bash experiments/gpu_suite.sh kernels   # GPU kernel tests, dense + compressed benchmarks
+#   bash experiments/gpu_suite.sh plaid     # synthetic 1M index, end-to-end PLAID, multi-GPU scaling
+#
+# Raw logs and result files land in $OUT/w (OUT defaults to results/gpu) and are bundled into
+# $OUT/results-<part>.tar.gz, one file, because the device tool returns at most 8 files. Wheels for packages the GPU image lacks
+# (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
+# from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
+set -uo pipefail
+part=${1:?usage: gpu_suite.sh kernels|plaid}
+BUNDLE_DIR=${OUT:-results/gpu}
+OUT=$BUNDLE_DIR/w
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GIT_PYTHON_REFRESH=quiet
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, note the exit code
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc (${limit}s limit, $((SECONDS - start))s)" | tee -a "$OUT/steps.txt"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+case "$part" in
+  kernels)
+    step gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py tests/kernels/test_maxsim_pq.py
+    step bench_dense 210 python3 -m experiments.bench --out "$OUT/bench"
+    step bench_compressed 150 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
+    ;;
+  plaid)
+    step synthesize 150 python3 -m experiments.synthesize runs/plaid_bench_synthetic/synthetic.nbits2 --passages 1000000
+    step bench_plaid 270 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+      --synthetic-dir runs/plaid_bench_synthetic/synthetic.nbits2
+    if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+      step bench_distributed 150 torchrun --nproc_per_node=2 experiments/bench_distributed.py \
+        --residual-size 8GiB --out "$OUT/distributed"
+    fi
+    ;;
+esac
+tar -czf "$BUNDLE_DIR/results-$part.tar.gz" -C "$OUT" .
+cat "$OUT/steps.txt"
+for f in "$OUT"/*.log; do echo "=== tail $f"; tail -n 25 "$f"; done
