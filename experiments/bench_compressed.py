@@ -29,6 +29,7 @@ kernel must read from HBM: per-token streams, plus per-call tables amortised ove
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -40,7 +41,10 @@ from experiments import harness
 from experiments.bench import msmarco_like_lengths
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.pq import PQCodec
-from tilemaxsim_plaid.codecs.residual import decompress_residuals, residual_inverse_norms
+from tilemaxsim_plaid.codecs.residual import (
+    decompress_residuals,
+    residual_inverse_norms,
+)
 from tilemaxsim_plaid.ops.dense import maxsim_packed
 from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
 from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
@@ -260,33 +264,52 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     return rows, checks
 
 
+def residual_sweep_configs() -> list[ResidualConfig]:
+    """Each decoder x num_warps {2, 4} x main tile {32, 64} x num_stages {1, 3} (16 configs),
+    plus, around the default, several documents per program and a 32-token tail (4 more)."""
+    configs = [ResidualConfig(decode=decode, num_warps=warps, block_t=block_t, num_stages=stages)
+               for decode in ("pairs", "select") for warps in (2, 4) for block_t in (32, 64)
+               for stages in (1, 3)]
+    default = ResidualConfig()
+    configs += [dataclasses.replace(default, docs_per_program=4),
+                dataclasses.replace(default, docs_per_program=4, num_stages=1),
+                dataclasses.replace(default, block_t_tail=32),
+                dataclasses.replace(default, block_t=64, block_t_tail=32, num_warps=4)]
+    return configs
+
+
+# PQ around its best configs of the third H200 run (32-token tiles, 16 documents per program).
+PQ_SWEEP = [PQConfig(block_t=block_t, block_t_tail=16, docs_per_program=docs, num_warps=warps)
+            for block_t in (32, 64) for docs in (4, 16) for warps in (2, 4)]
+
+
+def _config_label(cfg, fields) -> str:
+    return " ".join(f"{name}={getattr(cfg, name)}" for name in fields)
+
+
 def sweep_rows(shape, Q2, index, pq_data, bytes_of, flops, num_docs, ceilings, time_ms) -> list[dict]:
     """Time a grid of launch configs of the residual and PQ kernels (to pick the defaults)."""
     rows = []
     residual_args = (Q2, index["codes"], index["residuals"], index["offsets"], index["centroids"],
                      index["bucket_weights"], NBITS)
-    for block_t in (32, 64, 128):
-        for tail in (16, 32):
-            for docs in (1, 4, 16):
-                for warps in (4, 8):
-                    if tail > block_t:
-                        continue
-                    knobs = dict(block_t=block_t, block_t_tail=tail, docs_per_program=docs,
-                                 num_warps=warps)
-                    label = " ".join(f"{k}={v}" for k, v in knobs.items())
-                    cfg = ResidualConfig(**knobs)
-                    fn = (lambda c=cfg: maxsim_residual(*residual_args, inv_norms=index["inv_norms"],
-                                                        config=c, validate=False))
-                    rows.append(harness.make_row(
-                        SUITE + "-sweep", shape, f"residual {label}", time_ms(fn),
-                        num_docs=num_docs, nbytes=bytes_of[OURS], flops=flops, ceilings=ceilings))
-                    for M, (codes, books) in pq_data.items():
-                        fn = (lambda c=PQConfig(**knobs), codes=codes, books=books:
-                              maxsim_pq(Q2, codes, index["offsets"], books, config=c, validate=False))
-                        rows.append(harness.make_row(
-                            SUITE + "-sweep", shape, f"pq{M} {label}", time_ms(fn),
-                            num_docs=num_docs, nbytes=bytes_of[f"tilemaxsim_pq_M{M}"], flops=flops,
-                            ceilings=ceilings))
+    residual_fields = ("decode", "block_t", "block_t_tail", "docs_per_program", "num_warps",
+                       "num_stages")
+    for cfg in residual_sweep_configs():
+        fn = (lambda c=cfg: maxsim_residual(*residual_args, inv_norms=index["inv_norms"],
+                                            config=c, validate=False))
+        rows.append(harness.make_row(
+            SUITE + "-sweep", shape, f"residual {_config_label(cfg, residual_fields)}",
+            time_ms(fn), num_docs=num_docs, nbytes=bytes_of[OURS], flops=flops,
+            ceilings=ceilings))
+    pq_fields = ("block_t", "block_t_tail", "docs_per_program", "num_warps")
+    for M, (codes, books) in pq_data.items():
+        for cfg in PQ_SWEEP:
+            fn = (lambda c=cfg, codes=codes, books=books:
+                  maxsim_pq(Q2, codes, index["offsets"], books, config=c, validate=False))
+            rows.append(harness.make_row(
+                SUITE + "-sweep", shape, f"pq{M} {_config_label(cfg, pq_fields)}", time_ms(fn),
+                num_docs=num_docs, nbytes=bytes_of[f"tilemaxsim_pq_M{M}"], flops=flops,
+                ceilings=ceilings))
     best = {}
     for row in rows:
         kind = row["provider"].split()[0]

@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from tests.conftest import poison
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
-from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
+from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
+from tilemaxsim_plaid.ops.residual import ResidualConfig, decode_table, maxsim_residual
 
 # Lengths on purpose: empty, one token, odd, one longer than a main tile plus a tail.
 DOC_LENGTHS = [0, 1, 17, 40, 83, 5]
 NUM_CENTROIDS = 37
+DECODERS = [pytest.param("pairs", id="pairs"), pytest.param("select", id="select")]
 
 
 @pytest.fixture
@@ -72,13 +73,14 @@ def norms_of(index, nbits):
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
 @pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
                                             pytest.param(False, id="gather")])
-def test_random_codes_fp16(device, poisoned_outputs, nbits, dim, centroid_table):
+@pytest.mark.parametrize("decode", DECODERS)
+def test_random_codes_fp16(device, poisoned_outputs, nbits, dim, centroid_table, decode):
     index = random_index(device, dim, nbits)
     Q = unit_queries(2, 31, dim, torch.float16, device)
     query_lengths = torch.tensor([31, 6], device=device)
     inv_norms = norms_of(index, nbits) if centroid_table else None
     out = score(Q, index, nbits, inv_norms=inv_norms, query_lengths=query_lengths,
-                config=ResidualConfig(centroid_table=centroid_table, block_t=32, block_t_tail=16))
+                config=ResidualConfig(centroid_table=centroid_table, decode=decode))
     assert out.shape == (2, len(DOC_LENGTHS))
     assert_close(out, expected(Q, index, nbits, query_lengths=query_lengths),
                  "maxsim_residual", torch.float16)
@@ -89,12 +91,54 @@ def test_random_codes_fp16(device, poisoned_outputs, nbits, dim, centroid_table)
                                    pytest.param(torch.float32, id="fp32")])
 @pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
                                             pytest.param(False, id="gather")])
-def test_other_dtypes(device, poisoned_outputs, dtype, centroid_table):
+@pytest.mark.parametrize("decode", DECODERS)
+def test_other_dtypes(device, poisoned_outputs, dtype, centroid_table, decode):
+    """bf16 pairs are 32-bit table entries like fp16; fp32 pairs are 64-bit entries."""
     index = random_index(device, 128, 2)
     Q = unit_queries(1, 32, 128, dtype, device)
     inv_norms = norms_of(index, 2) if centroid_table else None
-    out = score(Q, index, 2, inv_norms=inv_norms)
+    out = score(Q, index, 2, inv_norms=inv_norms, config=ResidualConfig(decode=decode))
     assert_close(out, expected(Q, index, 2), "maxsim_residual", dtype)
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("decode", DECODERS)
+def test_byte_loads_for_unaligned_rows(device, poisoned_outputs, nbits, decode):
+    """Rows that are not 4-byte aligned (a view one byte into a wider buffer) are read as bytes;
+    so is a 16-column chunk at nbits = 1 (half a word). Also: 64-token main tiles and several
+    documents per program, the last program holding fewer than that."""
+    dim = 96
+    index = random_index(device, dim, nbits)
+    row_bytes = dim * nbits // 8
+    wide = torch.randint(0, 256, (index["residuals"].shape[0], row_bytes + 1), dtype=torch.uint8,
+                         device=device)
+    wide[:, 1:] = index["residuals"]
+    index["residuals"] = wide[:, 1:]
+    assert index["residuals"].data_ptr() % 4 != 0
+    Q = unit_queries(1, 31, dim, torch.float16, device)
+    inv_norms = norms_of(index, nbits)
+    cfg = ResidualConfig(decode=decode, block_t=64, block_t_tail=32, docs_per_program=4,
+                         block_d=16 if nbits == 1 else None)
+    out = score(Q, index, nbits, inv_norms=inv_norms, config=cfg)
+    assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.float32, id="fp32")])
+def test_pair_table_matches_the_codec_layout(nbits, dtype):
+    """Entry (byte >> shift) & (2**(2*nbits) - 1) of the pair table holds the weights of the two
+    dimensions of that byte in dimension order, as the codec's own bucket table decodes them."""
+    weights = torch.sort(torch.randn(1 << nbits)).values
+    table = decode_table(weights, nbits, dtype, pairs=True)
+    pairs = table.view(dtype).reshape(-1, 2)  # little-endian: first dimension in the low half
+    buckets = bucket_table(nbits)  # [256, slots]
+    slots = 8 // nbits
+    for byte in range(256):
+        for slot in range(0, slots, 2):
+            entry = (byte >> (8 - nbits * (slot + 2))) & ((1 << (2 * nbits)) - 1)
+            want = weights[buckets[byte, slot:slot + 2]].to(dtype)
+            assert torch.equal(pairs[entry], want), (byte, slot)
 
 
 def test_pids_in_place_and_2d_query(device, poisoned_outputs):
@@ -136,6 +180,8 @@ def test_bad_inputs_name_the_argument(device):
                         index["centroids"], index["bucket_weights"], 2)
     with pytest.raises(ValueError, match="inv_norms"):
         score(Q, index, 2, config=ResidualConfig(centroid_table=True))
+    with pytest.raises(ValueError, match="decode"):
+        score(Q, index, 2, config=ResidualConfig(decode="lookup"))
     with pytest.raises(ValueError, match="codes"):
         bad = dict(index, codes=index["codes"] + NUM_CENTROIDS)
         score(Q, bad, 2)

@@ -6,8 +6,8 @@ for the tokens t of document n (packed rows ``offsets[n]:offsets[n+1]``).
 
 Where the time goes. At nbits = 2, d = 128 a token is 4 B of code + 32 B of residual bits (+4 B of
 precomputed inverse norm): a 100k-document candidate set is ~0.3 GB, a few tens of microseconds
-of HBM. What costs is turning bits into tensor-core operands, so the kernel is built to spend as
-few instructions per embedding element as it can:
+of HBM. What costs is turning bits into tensor-core operands (128 weights per token), so the
+kernel is built around the instructions per embedding element:
 
 * Centroid part by table (CENTROID_TABLE). <q, c + r> / ||c + r|| = (<q, c> + <q, r>) * inv_norm.
   The host builds S = centroids @ Q^T once per query batch ([C, B*Lq] fp32, 8 MB for C = 65,536
@@ -19,20 +19,31 @@ few instructions per embedding element as it can:
   added to the decoded residual in fp32 and rounded once to Q's dtype (the value colbert-ai's
   GPU path computes in fp16); the norm is accumulated from the same tile when no precomputed
   inverse norms are given. Used when S would not fit in L2 (many queries) or without norms.
-* Bits to weights: a residual byte is loaded once and broadcast over its 8/nbits slots as a
-  [BLOCK_T, BYTES, SLOTS] tensor, which reshapes to [BLOCK_T, BLOCK_D] in natural dimension
-  order (dimension = byte * SLOTS + slot). For nbits <= 2 the weight is picked by a select tree
-  on the field's bits, tested in place (``byte & (1 << shift)``) so no shift-and-mask is needed;
-  the bit reversal of colbert-ai's layout is folded into the order of the 2**nbits weights on the
-  host (codecs/residual.field_order_weights). nbits = 4 (a 15-select tree) gathers from the
-  16-entry table instead: 64 bytes, one L1 line for the whole warp.
+* Bits to weights. Residual rows are read whole with vector loads, as 32-bit little-endian
+  words when the host finds them 4-byte aligned (a quarter of the load instructions of bytes),
+  else as bytes (UNIT_BYTES). Each unit is broadcast over its fields in registers
+  ([BLOCK_T, UNITS, PER_UNIT] with a compile-time shift per field, flattened in dimension
+  order), so a field is one shift and one mask; the bit reversal of colbert-ai's fields is folded
+  into host-built weight tables (ops/residual.decode_table). Two decoders (DECODE_PAIRS):
+    - pairs: the 2 * nbits bits of dimensions (2p, 2p+1) index a table of 2**(2 * nbits) weight
+      pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16: one L1
+      line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
+      tensor-core operands per lookup.
+    - select: one field per dimension, the weight picked by a select tree on the field's bits
+      (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU.
+  Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,
+  32-token tiles), warp instructions per token: ~100 for the former byte-wise select through a
+  [tokens, bytes, slots] tensor; ~42 select (2 warps); ~23 pairs (2 warps, 3 stages).
 * Tiles: documents are walked in tiles of BLOCK_T tokens, then the remainder in tiles of
-  BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128; d is walked in chunks of
-  BLOCK_D (d = 384 is 3 x 128, d = 96 one masked 128 chunk or 3 x 32), never padded in memory.
+  BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128. Main tiles are full by
+  construction: their loads are unmasked and their scores go into an elementwise running max,
+  reduced over tokens (cross-lane shuffles) once per document. d is walked in chunks of BLOCK_D
+  (d = 384 is 3 x 128 in a dynamic loop, d = 96 one masked 128 chunk), never padded in memory;
+  with one chunk the query tile stays in registers / shared memory for the whole program.
 
 Masking: a token past its document's end is -inf (never wins a max); a query row past its
-query's length contributes 0. An empty document scores -inf, an empty query 0. Offsets and
-token indices are int64.
+query's length contributes 0. An empty document scores -inf, an empty query 0. Token indices are
+int64; offsets into the centroid table and S are int32 (the host checks they fit).
 """
 
 import triton
@@ -80,84 +91,143 @@ def _query_centroid_scores_kernel(
 
 
 @triton.jit
-def _residual_weights(b_bytes, p_weights, w0, w1, w2, w3,
-                      NBITS: tl.constexpr, SLOTS: tl.constexpr):
-    """[BLOCK_T, BYTES] residual bytes (int32) -> [BLOCK_T, BYTES, SLOTS] bucket weights.
+def _unit_shifts(NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, WIDTH: tl.constexpr):
+    """[UNIT_BYTES * 8 // (NBITS * WIDTH)] bit shift of each column group within a unit.
 
-    Slot s of a byte is the field at bit ``8 - NBITS * (s + 1)``; w0..w3 (and p_weights) are the
-    weights in field order, already in the dot dtype.
+    A group is WIDTH adjacent dimensions (1, or 2 for a pair, whose first dimension is the higher
+    field). Dimension k of a unit sits in byte k // SLOTS at bit 8 - NBITS * (k % SLOTS + 1)
+    (colbert-ai's packbits order); the unit (word or byte) is little-endian.
     """
-    offs_s = tl.arange(0, SLOTS)
-    shift = 8 - NBITS * (offs_s + 1)  # [SLOTS]
-    b_bytes = b_bytes[:, :, None]  # [BLOCK_T, BYTES, 1]
-    if NBITS == 1:
-        bit0 = (b_bytes & (1 << shift)[None, None, :]) != 0
-        return tl.where(bit0, w1, w0)
-    elif NBITS == 2:
-        bit0 = (b_bytes & (1 << shift)[None, None, :]) != 0
-        bit1 = (b_bytes & (2 << shift)[None, None, :]) != 0
-        return tl.where(bit1, tl.where(bit0, w3, w2), tl.where(bit0, w1, w0))
+    SLOTS: tl.constexpr = 8 // NBITS
+    offs_k = WIDTH * tl.arange(0, UNIT_BYTES * 8 // (NBITS * WIDTH))  # first dimension
+    return 8 * (offs_k // SLOTS) + 8 - NBITS * (offs_k % SLOTS + WIDTH)
+
+
+@triton.jit
+def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
+                  NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+                  ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
+
+    Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
+    flattened in dimension order), so rows are read with vector loads, once.
+    """
+    if DECODE_PAIRS:
+        # Two dimensions per lookup: the 2 * NBITS bits of a pair index the pair table, whose
+        # entries pack both weights into one integer (first dimension in the low half).
+        shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
+        idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (2 * NBITS)) - 1)
+        # [BLOCK_T, BLOCK_D // 2]: 2**(2 * NBITS) entries (64 B at nbits = 2), L1-resident.
+        entry = tl.load(p_table + tl.reshape(idx, [BLOCK_T, BLOCK_D // 2]),
+                        eviction_policy="evict_last")
+        if ELEM_BITS == 16:
+            lo = entry.to(tl.int16)
+            hi = (entry >> 16).to(tl.int16)
+        else:
+            lo = entry.to(tl.int32)
+            hi = (entry >> 32).to(tl.int32)
+        pairs = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+        return tl.reshape(pairs, [BLOCK_T, BLOCK_D])
     else:
-        field = (b_bytes >> shift[None, None, :]) & ((1 << NBITS) - 1)
-        return tl.load(p_weights + field).to(w0.dtype)
+        shift = _unit_shifts(NBITS, UNIT_BYTES, 1)
+        field = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << NBITS) - 1)
+        if NBITS == 1:
+            weights = tl.where(field != 0, w1, w0)
+        elif NBITS == 2:
+            bit0 = (field & 1) != 0
+            weights = tl.where(field >= 2, tl.where(bit0, w3, w2), tl.where(bit0, w1, w0))
+        else:
+            # A 15-select tree would cost more than one L1 load from the 16-entry table.
+            weights = tl.load(p_table + field, eviction_policy="evict_last")
+        return tl.reshape(weights, [BLOCK_T, BLOCK_D])
+
+
+@triton.jit
+def _chunk_product(kd, b_q, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
+                   p_centroids, dim, units_per_row, stride_cc, stride_cd,
+                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+                   ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                   CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
+                   INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms)."""
+    UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
+    offs_u = kd * UNITS + tl.arange(0, UNITS)
+    # [BLOCK_T, UNITS]: whole rows, streamed once.
+    b_units = tl.load(p_rows[:, None] + offs_u[None, :],
+                      mask=mask_t[:, None] & (offs_u < units_per_row)[None, :], other=0,
+                      eviction_policy="evict_first").to(tl.int32)
+    b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
+                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D)
+    if not CENTROID_TABLE:
+        offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
+        mask_d = offs_d < dim
+        # [BLOCK_T, BLOCK_D], centroid rows from L2
+        b_c = tl.load(p_centroids + (codes * stride_cc)[:, None] + offs_d[None, :] * stride_cd,
+                      mask=mask_t[:, None] & mask_d[None, :], other=0.0,
+                      eviction_policy="evict_last")
+        b_sum = b_c.to(tl.float32) + b_emb.to(tl.float32)
+        if not PRECOMPUTED_NORMS:
+            b_sum = tl.where(mask_d[None, :], b_sum, 0.0)
+            sum_sq += tl.sum(b_sum * b_sum, axis=1)
+        b_emb = b_sum.to(b_q.dtype)
+    # [BLOCK_T, BLOCK_D] @ [BLOCK_D, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
+    acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+    return acc, sum_sq
 
 
 @triton.jit
 def _residual_tile_scores(
     t0, t_end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-    p_q, p_codes, p_residuals, p_centroids, p_weights, p_inv_norms, p_centroid_scores,
+    p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
     w0, w1, w2, w3,
-    dim, stride_qb, stride_qt, stride_qd, stride_rt, stride_cc, stride_cd, stride_sc,
-    NBITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
+    stride_sc,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    ELEM_BITS: tl.constexpr, FULL: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf)."""
-    SLOTS: tl.constexpr = 8 // NBITS
-    BYTES: tl.constexpr = BLOCK_D // SLOTS
+    """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
+    FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
-    mask_t = offs_t < t_end
+    if FULL:
+        # A constant-true mask folds away: unpredicated loads, no -inf select.
+        mask_t = tl.full([BLOCK_T], 1, tl.int1)
+    else:
+        mask_t = offs_t < t_end
     # [BLOCK_T]: streamed once, so keep them from evicting the L2-resident tables.
     codes = tl.load(p_codes + offs_t, mask=mask_t, other=0, eviction_policy="evict_first")
-    codes = codes.to(tl.int64)
+    codes = codes.to(tl.int32)
     if CENTROID_TABLE:
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S, the <q, centroid> of every query row.
-        acc = tl.load(p_centroid_scores + codes[:, None] * stride_sc + offs_col[None, :],
+        acc = tl.load(p_centroid_scores + (codes * stride_sc)[:, None] + offs_col[None, :],
                       mask=mask_t[:, None] & mask_col[None, :], other=0.0,
                       eviction_policy="evict_last")
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
+    p_rows = p_units + offs_t * stride_ut  # [BLOCK_T] row starts
     sum_sq = tl.zeros([BLOCK_T], tl.float32)
-    for kd in tl.static_range(NUM_D_BLOCKS):
-        offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
-        mask_d = offs_d < dim
-        offs_byte = kd * BYTES + tl.arange(0, BYTES)
-        # [BLOCK_T, BYTES]
-        b_bytes = tl.load(p_residuals + offs_t[:, None] * stride_rt + offs_byte[None, :],
-                          mask=mask_t[:, None] & (offs_byte[None, :] < dim // SLOTS), other=0,
-                          eviction_policy="evict_first").to(tl.int32)
-        # [BLOCK_T, BYTES, SLOTS] -> [BLOCK_T, BLOCK_D], dimension = byte * SLOTS + slot
-        b_emb = tl.reshape(_residual_weights(b_bytes, p_weights, w0, w1, w2, w3, NBITS, SLOTS),
-                           [BLOCK_T, BLOCK_D])
-        if not CENTROID_TABLE:
-            # [BLOCK_T, BLOCK_D], centroid rows from L2
-            b_c = tl.load(p_centroids + codes[:, None] * stride_cc + offs_d[None, :] * stride_cd,
-                          mask=mask_t[:, None] & mask_d[None, :], other=0.0,
-                          eviction_policy="evict_last")
-            b_sum = b_c.to(tl.float32) + b_emb.to(tl.float32)
-            if not PRECOMPUTED_NORMS:
-                b_sum = tl.where(mask_d[None, :], b_sum, 0.0)
-                sum_sq += tl.sum(b_sum * b_sum, axis=1)
-            b_emb = b_sum.to(b_q0.dtype)
-        if NUM_D_BLOCKS == 1:
-            b_q = b_q0
-        else:
-            # [BLOCK_Q, BLOCK_D]; masked dimensions are 0 here, which cancels any weight there.
+    if NUM_D_BLOCKS == 1:
+        acc, sum_sq = _chunk_product(
+            0, b_q0, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
+            p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
+            DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
+            INPUT_PRECISION, UPCAST)
+    else:
+        # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
+        for kd in range(NUM_D_BLOCKS):
+            offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
+            # [BLOCK_Q, BLOCK_D] (L1/L2 hits); masked dimensions are 0 here, which cancels any
+            # weight there.
             b_q = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                           + offs_d[None, :] * stride_qd,
-                          mask=mask_r[:, None] & mask_d[None, :], other=0.0)
-        # [BLOCK_T, BLOCK_D] @ [BLOCK_D, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
-        acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+                          mask=mask_r[:, None] & (offs_d < dim)[None, :], other=0.0)
+            acc, sum_sq = _chunk_product(
+                kd, b_q, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
+                p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
+                DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
+                INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -170,22 +240,25 @@ def _residual_tile_scores(
 
 @triton.jit
 def _maxsim_residual_kernel(
-    p_q, p_codes, p_residuals, p_offsets, p_pids, p_centroids, p_weights, p_inv_norms,
+    p_q, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
     p_centroid_scores, p_query_lengths, p_out,
-    num_out_docs, num_queries, Lq, dim, num_qblocks,
-    stride_qb, stride_qt, stride_qd, stride_rt, stride_cc, stride_cd, stride_sc,
+    num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks,
+    stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
     stride_ob, stride_on,
-    NBITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, DOCS_PER_PROGRAM: tl.constexpr,
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Q: [B, Lq, d] (strides q*); codes: [T] int32/int64; residuals: [T, d*NBITS/8] uint8 (row
-    stride stride_rt, bytes contiguous); offsets: int64 [N+1]; pids: [M] (else 0..M-1);
-    centroids: [C, d]; weights: [2**NBITS] fp32 in field order; inv_norms: [T] float (when
-    PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32, row stride stride_sc (when
+    """Q: [B, Lq, d] (strides q*); codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
+    read as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
+    stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d];
+    table: the pair table (DECODE_PAIRS: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit
+    weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
+    float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32, row stride stride_sc (when
     CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]."""
     # Query blocks vary fastest: programs reading the same documents run side by side, so every
     # document byte after the first read comes from L2.
@@ -205,11 +278,19 @@ def _maxsim_residual_kernel(
     b_q0 = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d0[None, :] * stride_qd,
                    mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
-    dot_dtype = b_q0.dtype
-    w0 = tl.load(p_weights).to(dot_dtype)
-    w1 = tl.load(p_weights + 1).to(dot_dtype)
-    w2 = tl.load(p_weights + 2 % (1 << NBITS)).to(dot_dtype)
-    w3 = tl.load(p_weights + 3 % (1 << NBITS)).to(dot_dtype)
+    if DECODE_PAIRS:
+        # The pair table holds the weights.
+        w0 = 0.0
+        w1 = 0.0
+        w2 = 0.0
+        w3 = 0.0
+    else:
+        w0 = tl.load(p_table)
+        w1 = tl.load(p_table + 1)
+        w2 = tl.load(p_table + 2 % (1 << NBITS))
+        w3 = tl.load(p_table + 3 % (1 << NBITS))
+    if UNIT_BYTES == 4:
+        p_units = p_units.to(tl.pointer_type(tl.int32))
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
@@ -223,24 +304,28 @@ def _maxsim_residual_kernel(
         end = tl.where(valid_doc, end, start)
         full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
-        row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        # Main tiles are full: an elementwise running max, reduced over tokens once per document.
+        tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
         for t0 in range(start, full_end, BLOCK_T):
             scores = _residual_tile_scores(
                 t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_codes, p_residuals, p_centroids, p_weights, p_inv_norms,
+                p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms,
                 p_centroid_scores, w0, w1, w2, w3,
-                dim, stride_qb, stride_qt, stride_qd, stride_rt, stride_cc, stride_cd, stride_sc,
-                NBITS, BLOCK_T, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, CENTROID_TABLE,
-                PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
-            row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+                dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
+                stride_cd, stride_sc,
+                NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
+            tile_max = tl.maximum(tile_max, scores)
+        row_max = tl.max(tile_max, axis=0)
         for t0 in range(full_end, end, BLOCK_T_TAIL):
             scores = _residual_tile_scores(
                 t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_codes, p_residuals, p_centroids, p_weights, p_inv_norms,
+                p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms,
                 p_centroid_scores, w0, w1, w2, w3,
-                dim, stride_qb, stride_qt, stride_qd, stride_rt, stride_cc, stride_cd, stride_sc,
-                NBITS, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, CENTROID_TABLE,
-                PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
+                dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
+                stride_cd, stride_sc,
+                NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
             row_max = tl.maximum(row_max, tl.max(scores, axis=0))
         _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                             valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)

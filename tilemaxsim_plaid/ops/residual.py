@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -13,13 +14,13 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
     _query_centroid_scores_kernel,
 )
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast
+from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
 
-__all__ = ["ResidualConfig", "default_residual_config", "maxsim_residual", "query_centroid_scores"]
+__all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_residual",
+           "query_centroid_scores"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
 # comfortably; longer queries are scored in chunks and the chunk scores summed.
-MAX_LQ_PER_LAUNCH = 128
 # One 128-wide chunk of the embedding per tensor-core product: d = 384 is 3 chunks.
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
@@ -30,11 +31,24 @@ MIN_DOT_DIM = 16
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 # Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
 TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
+# The kernel addresses the centroid table and S with int32 offsets (code * row stride).
+MAX_INT32_OFFSET = 2**31 - 1
+# Residual rows are read as 32-bit words when rows, row stride and base are 4-byte aligned.
+WORD_BYTES = 4
+# How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
+# a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
+DECODERS = ("pairs", "select")
 
 
 @dataclasses.dataclass(frozen=True)
 class ResidualConfig:
     """One fixed launch configuration for :func:`maxsim_residual` (no heuristics).
+
+    The defaults are the dense packed kernel's best one-query shape on the H200 (per-document
+    programs of 32-token tiles, 2 warps, 3 stages: many small programs resident per SM hide one
+    another's dependent codes -> S-row loads) with the pair decoder, the fewest sm_90
+    instructions per token of the variants (kernels/maxsim_residual.py). ``--sweep`` of
+    experiments/bench_compressed.py times the alternatives on the GPU.
 
     Attributes:
         block_t: tokens per main tile (the tensor-core M dimension).
@@ -45,17 +59,19 @@ class ResidualConfig:
         docs_per_program: documents one program walks (amortises its query block and weights).
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
+        decode: "pairs" (two weights per table load) or "select" (a select tree per dimension).
         num_warps, num_stages: Triton launch parameters.
     """
 
-    block_t: int = 64
+    block_t: int = 32
     block_t_tail: int = 16
     block_d: int | None = None
     queries_per_block: int = 1
-    docs_per_program: int = 4
+    docs_per_program: int = 1
     centroid_table: bool | None = None
-    num_warps: int = 4
-    num_stages: int = 2
+    decode: str = "pairs"
+    num_warps: int = 2
+    num_stages: int = 3
 
 
 def _pow2(x: int) -> int:
@@ -76,14 +92,55 @@ def default_block_d(dim: int) -> int:
 def default_residual_config(num_queries: int, Lq: int) -> ResidualConfig:
     """Deterministic heuristic, no autotuning at call time.
 
-    One query block of up to 64 rows (two 32-token queries) fills the tensor-core N dimension
-    without spilling the [64, 64] score block; 64-token tiles keep M at the wgmma minimum with a
-    16-token tail for the remainder of a document.
+    One query: the ResidualConfig defaults. Several: a query block of up to 64 rows (two
+    32-token queries) fills the tensor-core N dimension without spilling the [BLOCK_T, 64] score
+    block, with 4 warps to share it.
     """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
-    return ResidualConfig(queries_per_block=queries_per_block,
-                          docs_per_program=4 if num_queries * lq <= 64 else 2)
+    if queries_per_block * lq <= 32:
+        return ResidualConfig(queries_per_block=queries_per_block)
+    return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
+
+
+@functools.cache
+def _decode_table_index(nbits: int, pairs: bool, device: torch.device) -> torch.Tensor:
+    """Bucket index of each entry of the decode table (see :func:`decode_table`)."""
+    # field -> bucket (colbert-ai's bits are reversed within a field), from the codec's own rule.
+    bucket_of_field = field_order_weights(torch.arange(1 << nbits, dtype=torch.float32),
+                                          nbits).long()
+    if not pairs:
+        return bucket_of_field.to(device)
+    fields = torch.arange(1 << (2 * nbits))
+    # A pair's first dimension is the higher field (packbits is big-endian within a byte).
+    first, second = fields >> nbits, fields & ((1 << nbits) - 1)
+    return torch.stack([bucket_of_field[first], bucket_of_field[second]], dim=1).to(device)
+
+
+def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
+                 pairs: bool) -> torch.Tensor:
+    """The weight table the kernel decodes with, in the dot dtype's bits.
+
+    pairs=False: [2**nbits] weights in ``dtype`` indexed by the raw field.
+    pairs=True: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of
+    the fields ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load
+    gives two adjacent dimensions.
+    """
+    weights = bucket_weights.reshape(-1).to(dtype)
+    index = _decode_table_index(nbits, pairs, weights.device)
+    if not pairs:
+        return weights[index]
+    bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
+    return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
+
+
+def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
+    """4 (read rows as int32 words: a quarter of the load instructions) when every row starts
+    4-byte aligned and is whole words, and a d-chunk is whole words; else 1 (bytes)."""
+    aligned = (residuals.shape[1] % WORD_BYTES == 0 and residuals.stride(0) % WORD_BYTES == 0
+               and residuals.data_ptr() % WORD_BYTES == 0
+               and block_d * nbits % (8 * WORD_BYTES) == 0)
+    return WORD_BYTES if aligned else 1
 
 
 def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -121,26 +178,19 @@ def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int
     return cfg.centroid_table
 
 
-def _launch(Q3, codes, residuals, offsets, centroids, weights, nbits, pids, inv_norms,
+def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, config):
+    def launch(Q_chunk, chunk_lengths):
+        return _launch_kernel(Q_chunk, codes, residuals, offsets, centroids, bucket_weights, nbits,
+                              pids, inv_norms, chunk_lengths, num_out_docs, config)
+
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+
+
+def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
+                   inv_norms, query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    if num_out_docs == 0 or B == 0:
-        return out
-    if Lq == 0:
-        return out.zero_()  # the empty sum
-    if Lq > MAX_LQ_PER_LAUNCH:
-        # Each chunk of query tokens is exact MaxSim over its tokens; the sum over tokens adds up.
-        out.zero_()
-        for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
-            chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
-            chunk_lengths = None
-            if query_lengths is not None:
-                chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
-            out += _launch(chunk, codes, residuals, offsets, centroids, weights, nbits, pids,
-                           inv_norms, chunk_lengths, num_out_docs, config)
-        return out
-
     cfg = config or default_residual_config(B, Lq)
     block_d = cfg.block_d or default_block_d(dim)
     if block_d < MIN_DOT_DIM or block_d & (block_d - 1):
@@ -149,27 +199,38 @@ def _launch(Q3, codes, residuals, offsets, centroids, weights, nbits, pids, inv_
         value = getattr(cfg, name)
         if value < MIN_DOT_DIM or value & (value - 1):
             raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
+    if cfg.decode not in DECODERS:
+        raise ValueError(f"config.decode must be one of {DECODERS}, got {cfg.decode!r}")
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    for name, rows in (("centroids", centroids), ("centroid score table", scores_table)):
+        if rows is not None and sum((n - 1) * st for n, st in zip(rows.shape, rows.stride())
+                                    if n) > MAX_INT32_OFFSET:
+            raise ValueError(f"{name} {checks.describe(rows)}: too large for the kernel's int32 "
+                             f"element offsets (code * row stride + column)")
+    pairs = cfg.decode == "pairs"
+    table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
+    unit_bytes = _unit_bytes(residuals, block_d, nbits)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     _maxsim_residual_kernel[(num_doc_programs * num_qblocks,)](
         Q3, codes, residuals, offsets,
         pids if pids is not None else dummy,
-        centroids, weights,
+        centroids, table,
         inv_norms if inv_norms is not None else dummy,
         scores_table if use_table else dummy,
         query_lengths if query_lengths is not None else dummy,
         out,
-        num_out_docs, B, Lq, dim, num_qblocks,
-        Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0),
+        num_out_docs, B, Lq, dim, residuals.shape[1] // unit_bytes, num_qblocks,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0) // unit_bytes,
         centroids.stride(0), centroids.stride(1),
         scores_table.stride(0) if use_table else 0,
         out.stride(0), out.stride(1),
-        NBITS=nbits, LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
+        NBITS=nbits, UNIT_BYTES=unit_bytes, DECODE_PAIRS=pairs,
+        ELEM_BITS=8 * Q3.element_size(), LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
         BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail, BLOCK_D=block_d,
         NUM_D_BLOCKS=triton.cdiv(dim, block_d), DOCS_PER_PROGRAM=cfg.docs_per_program,
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
@@ -275,9 +336,8 @@ def maxsim_residual(
         pids = checks.check_pids(pids, num_docs, Q.device)
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
             raise ValueError(f"codes must lie in [0, C={centroids.shape[0]})")
-    weights = field_order_weights(bucket_weights, nbits)
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
-    out = _launch(Q3, codes, residuals, offsets, centroids, weights, nbits, pids, inv_norms,
+    out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config)
     return out[0] if Q.dim() == 2 else out
