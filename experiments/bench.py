@@ -371,13 +371,14 @@ def main(argv=None) -> None:
         sweep_rows = run_sweep([c for c in main_cases(args.quick) if c.name in args.sweep_shapes.split(";")]
                                if args.sweep_shapes else main_cases(args.quick), ceilings)
         harness.write_results(sweep_rows, args.out, "dense_config_sweep", ceilings=ceilings)
-    for case in main_cases(args.quick):
-        rows += run_case(case, ceilings, providers)
+    cases = [(case, providers) for case in main_cases(args.quick)]
     if not args.no_sweeps:
-        for case in sweep_cases(args.quick):
-            rows += run_case(case, ceilings, [OURS, "flash_maxsim"])
-    harness.add_speedups(rows, OURS)
-    path = harness.write_results(rows, args.out, "dense", ceilings=ceilings)
+        cases += [(case, [OURS, "flash_maxsim"]) for case in sweep_cases(args.quick)]
+    for case, case_providers in cases:
+        rows += run_case(case, ceilings, case_providers)
+        # Written after every shape, so a run stopped at its time limit keeps what it measured.
+        harness.add_speedups(rows, OURS)
+        path = harness.write_results(rows, args.out, "dense", ceilings=ceilings)
     print(f"wrote {path}")
     print()
     print(f"GPU {prov.get('gpu')} | torch {prov['torch']} | triton {prov['triton']} | "

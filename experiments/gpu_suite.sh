@@ -33,17 +33,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 case "$part" in
   kernels)
-    step gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py tests/kernels/test_maxsim_pq.py
-    step bench_dense 210 python3 -m experiments.bench --out "$OUT/bench"
-    step bench_compressed 150 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
+    step gpu_tests 75 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
+    step bench_compressed 130 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
+    step bench_dense 190 python3 -m experiments.bench --out "$OUT/bench"
     ;;
   plaid)
-    step synthesize 150 python3 -m experiments.synthesize runs/plaid_bench_synthetic/synthetic.nbits2 --passages 1000000
-    step bench_plaid 270 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+    step synthesize 120 python3 -m experiments.synthesize runs/plaid_bench_synthetic/synthetic.nbits2 --passages 1000000
+    step bench_plaid 220 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
       --synthetic-dir runs/plaid_bench_synthetic/synthetic.nbits2
     if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-      step bench_distributed 150 torchrun --nproc_per_node=2 experiments/bench_distributed.py \
+      step bench_distributed 120 torchrun --nproc_per_node=2 experiments/bench_distributed.py \
         --residual-size 8GiB --out "$OUT/distributed"
     fi
     ;;
