@@ -7,7 +7,7 @@
     tilemaxsim reproduce CONFIG   a reproduction table from configs/*.yaml
     tilemaxsim synthesize         a synthetic PLAID index in colbert-ai's on-disk format
     tilemaxsim pq-agreement       PQ ranking agreement vs exact MaxSim
-    tilemaxsim plots              plots from result files
+    tilemaxsim plots FILE         plots of a dense benchmark result file
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ COMMANDS = {
     "reproduce": "experiments.reproduce",
     "synthesize": "experiments.synthesize",
     "pq-agreement": "experiments.pq_agreement",
-    "plots": "experiments.plots",
+    "plots": "experiments.plots_bench",
 }
 
 
