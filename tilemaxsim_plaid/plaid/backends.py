@@ -146,8 +146,9 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
                  valid: torch.Tensor | None = None) -> torch.Tensor:
     """Stage 4: exact fp32 MaxSim of one query against PLAID's decompressed documents.
 
-    Chunked so that at most ~TOKENS_PER_CHUNK decompressed tokens exist at once; the chunk
-    size in documents comes from the longest document, a host constant (no sync).
+    Paths that decompress are chunked so that at most ~TOKENS_PER_CHUNK decompressed tokens exist
+    at once (the chunk size in documents comes from the longest document, a host constant, so no
+    sync); the fused residual kernel needs no chunking and runs as one launch.
 
     Args:
         index: the device index.
@@ -158,9 +159,14 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
     Returns:
         [M] fp32.
     """
+    triton_backend = backend_for(index.device) == "triton"
+    if triton_backend and _residual_kernel() is not None:
+        # The fused kernel decodes in registers and reads the candidates in place: nothing grows
+        # with the number of candidates but the [M] output, so one launch scores them all.
+        return _exact_scores_triton(index, Q, pids, valid)
     out = torch.empty(pids.numel(), dtype=torch.float32, device=Q.device)
     docs_per_chunk = max(1, TOKENS_PER_CHUNK // max(index.max_doclen, 1))
-    score_chunk = _exact_scores_triton if backend_for(index.device) == "triton" else _exact_scores_torch
+    score_chunk = _exact_scores_triton if triton_backend else _exact_scores_torch
     for start in range(0, pids.numel(), docs_per_chunk):
         chunk = slice(start, start + docs_per_chunk)
         out[chunk] = score_chunk(index, Q, pids[chunk], None if valid is None else valid[chunk])
