@@ -12,6 +12,11 @@ from tilemaxsim_plaid.distributed.plaid_index import (
     plaid_pid_ranges,
     read_plaid_layout,
 )
+from tilemaxsim_plaid.distributed.plaid_search import (
+    shard_index_scorer,
+    shard_searcher,
+    unshard_index_scorer,
+)
 from tilemaxsim_plaid.distributed.scorers import default_scorer
 from tilemaxsim_plaid.distributed.sharded_index import (
     ShardedDenseIndex,
@@ -35,4 +40,7 @@ __all__ = [
     "partition_pid_ranges",
     "plaid_pid_ranges",
     "read_plaid_layout",
+    "shard_index_scorer",
+    "shard_searcher",
+    "unshard_index_scorer",
 ]

@@ -125,10 +125,26 @@ def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     return _keep_top(pids, valid, full, config.ndocs // 4)
 
 
-def _stage_4(index, Q, pids, valid) -> RankedCandidates:
+# An IndexScorer carrying a sharded index under this attribute scores stage 4 through it (see
+# tilemaxsim_plaid.distributed.plaid_search.shard_index_scorer): every rank of the process group
+# runs stages 1-3 on its replicated centroids, IVF and codes, scores the candidates in its own pid
+# range, and all ranks get the same merged list.
+SHARDED_INDEX_ATTRIBUTE = "_tilemaxsim_sharded_index"
+
+
+def _stage_4(index, Q, pids, valid, sharded=None) -> RankedCandidates:
+    if sharded is not None:
+        return _stage_4_sharded(sharded, Q, pids, valid)
     scores = backends.exact_scores(index, Q, pids, valid)
     order = torch.sort(scores, descending=True).indices
     return RankedCandidates(pids[order], scores[order], None if valid is None else valid[order])
+
+
+def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:
+    # The collective needs the compacted candidate list: one host sync, as with filter_fn.
+    candidates = pids if valid is None else pids[valid]
+    scores, ranked = sharded.score(Q, max(candidates.numel(), 1), pids=candidates)
+    return RankedCandidates(ranked.to(pids.device), scores.to(pids.device), None)
 
 
 def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tensor:
@@ -186,13 +202,14 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
     """
     index = device_index(scorer)
     Q = _check_query(Q, index)
+    sharded = getattr(scorer, SHARDED_INDEX_ATTRIBUTE, None)
     if pids is not None:
         candidates, valid = _as_pid_tensor(pids, index), None
         if filter_fn is not None:
             candidates = _apply_filter(filter_fn, candidates, None, index.device)
         if candidates.numel() == 0:
             return None
-        return _stage_4(index, Q, candidates, None)
+        return _stage_4(index, Q, candidates, None, sharded)
 
     centroid_scores = _centroid_scores(index, config, Q)
     candidates, valid = _generate_candidates(index, config, centroid_scores)
@@ -201,7 +218,7 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
         if candidates.numel() == 0:
             return None
     candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
-    return _stage_4(index, Q, candidates, valid)
+    return _stage_4(index, Q, candidates, valid, sharded)
 
 
 def rank(original, self, config, Q, filter_fn=None, pids=None):
