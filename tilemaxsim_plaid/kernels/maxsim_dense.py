@@ -22,7 +22,7 @@ scores -inf, and a query of length 0 scores 0.
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import tile_dot
+from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
 
 
 @triton.jit
@@ -99,25 +99,20 @@ def _maxsim_dense_kernel(
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
-        valid_doc = out_idx < num_out_docs
-        # Branch-free on purpose: a program past the end scores an empty document and stores
-        # nothing, which keeps this loop software-pipelinable.
-        if HAS_PIDS:
-            doc = tl.load(p_pids + out_idx, mask=valid_doc, other=0).to(tl.int64)
-        else:
-            doc = out_idx
         if PACKED:
-            start = tl.load(p_offsets + doc, mask=valid_doc, other=0)
-            end = tl.load(p_offsets + doc + 1, mask=valid_doc, other=0)
+            valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs,
+                                                      HAS_PIDS)
             doc_len = end - start
             p_doc = p_d + start * stride_dt
         else:
+            # Padded documents are scored in order; a slot past the end is an empty document
+            # whose score is never stored (branch-free, as packed_doc_bounds).
+            valid_doc = out_idx < num_out_docs
             if HAS_DOC_LENGTHS:
-                doc_len = tl.load(p_doc_lengths + doc, mask=valid_doc, other=0).to(tl.int64)
+                doc_len = tl.load(p_doc_lengths + out_idx, mask=valid_doc, other=0).to(tl.int64)
             else:
                 doc_len = tl.where(valid_doc, padded_doc_len, 0).to(tl.int64)
-            p_doc = p_d + doc * stride_dn
-        doc_len = tl.where(valid_doc, doc_len, 0)
+            p_doc = p_d + out_idx * stride_dn
 
         if SINGLE_TILE:
             # [BLOCK_T, BLOCK_D]: read from HBM once, reused by every query block below.

@@ -49,7 +49,7 @@ int64; offsets into the centroid table and S are int32 (the host checks they fit
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import tile_dot
+from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 
 
@@ -294,14 +294,8 @@ def _maxsim_residual_kernel(
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
-        valid_doc = out_idx < num_out_docs
-        if HAS_PIDS:
-            doc = tl.load(p_pids + out_idx, mask=valid_doc, other=0).to(tl.int64)
-        else:
-            doc = out_idx
-        start = tl.load(p_offsets + doc, mask=valid_doc, other=0)
-        end = tl.load(p_offsets + doc + 1, mask=valid_doc, other=0)
-        end = tl.where(valid_doc, end, start)
+        valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs,
+                                                  HAS_PIDS)
         full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
         # Main tiles are full: an elementwise running max, reduced over tokens once per document.
