@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["maxsim_padded", "maxsim_packed", "maxsim_from_token_scores"]
+__all__ = [
+    "centroid_interaction",
+    "maxsim_from_token_scores",
+    "maxsim_packed",
+    "maxsim_padded",
+    "maxsim_pq",
+    "maxsim_residual",
+]
 
 
 def _query_mask(Q: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
@@ -176,10 +183,6 @@ def centroid_interaction(
     return maxima.sum(dim=1)
 
 
-__all__ += ["centroid_interaction"]
-
-
-__all__ += ["maxsim_residual", "maxsim_pq"]
 
 
 def maxsim_residual(
