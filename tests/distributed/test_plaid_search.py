@@ -52,6 +52,9 @@ def _sharded_scenario(index_path, inputs_path):
     sharded.score = lambda *args, **kwargs: calls.append(1) or score(*args, **kwargs)
     searches, rerank = _rank_all(scorer, data["Q"], data["rerank_pids"])
     assert len(calls) == len(searches) + 1  # every exact stage went through the shards
+    from tilemaxsim_plaid.plaid.device_index import device_index
+
+    assert device_index(scorer).residuals.shape[0] == 0  # residuals only in the shards
     for got, expected in zip(searches, data["searches"]):
         _assert_same_ranking(got, expected)
     _assert_same_ranking(rerank, data["rerank"])

@@ -108,9 +108,10 @@ def test_unknown_group_is_rejected():
 
 
 def test_version_guard_warns_and_leaves_originals(monkeypatch):
-    with patch_state(()):
+    # The fake version is undone before patch_state re-enables what was on before the test.
+    with patch_state(()), monkeypatch.context() as patched:
         before = _snapshot()
-        monkeypatch.setattr(registry, "colbert_version", lambda: "0.2.19")
+        patched.setattr(registry, "colbert_version", lambda: "0.2.19")
         with pytest.warns(RuntimeWarning, match="0.2.19"):
             assert registry.enable() is False
         assert _snapshot() == before
@@ -118,8 +119,8 @@ def test_version_guard_warns_and_leaves_originals(monkeypatch):
 
 
 def test_missing_colbert_is_a_quiet_no_op(monkeypatch):
-    with patch_state(()):
-        monkeypatch.setattr(registry, "colbert_version", lambda: None)
+    with patch_state(()), monkeypatch.context() as patched:
+        patched.setattr(registry, "colbert_version", lambda: None)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert registry.enable() is False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from tilemaxsim_plaid.distributed.sharded_index import ShardedResidualIndex
-from tilemaxsim_plaid.plaid.scoring import SHARDED_INDEX_ATTRIBUTE
+from tilemaxsim_plaid.plaid.device_index import SHARDED_INDEX_ATTRIBUTE
 
 __all__ = ["shard_index_scorer", "shard_searcher", "unshard_index_scorer"]
 

@@ -13,9 +13,13 @@ import dataclasses
 
 import torch
 
-__all__ = ["DeviceIndex", "device_index", "scoring_device"]
+__all__ = ["DeviceIndex", "SHARDED_INDEX_ATTRIBUTE", "device_index", "scoring_device"]
 
 _CACHE_ATTRIBUTE = "_tilemaxsim_device_index"
+# An IndexScorer carrying a sharded index under this attribute scores stage 4 through it (see
+# tilemaxsim_plaid.distributed.plaid_search): its residuals live in the shards, so the device copy
+# here keeps only what stages 1-3 read (codes, IVF, centroids), not every rank's full residuals.
+SHARDED_INDEX_ATTRIBUTE = "_tilemaxsim_sharded_index"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +29,8 @@ class DeviceIndex:
     Attributes:
         device: where every tensor lives.
         codes: [T] int32 centroid id per token (colbert-ai's 512 padding rows dropped).
-        residuals: [T, dim * nbits / 8] uint8 packed residual buckets.
+        residuals: [T, dim * nbits / 8] uint8 packed residual buckets ([0, ...] when the scorer
+            is sharded: stage 4 then reads each rank's own shard).
         offsets: [N+1] int64, document n owns tokens ``offsets[n]:offsets[n+1]``.
         doclens: [N] int64 tokens per document.
         centroids: [C, dim] fp32 (colbert-ai stores fp16; the fp32 copy is exact).
@@ -90,6 +95,7 @@ def _source_key(scorer, device: torch.device) -> tuple:
     return (
         str(device),
         backend_for(device),  # the Triton backend also keeps per-token inverse norms
+        hasattr(scorer, SHARDED_INDEX_ATTRIBUTE),  # sharded: no residuals in this copy
         ident(embeddings.codes),
         ident(embeddings.residuals),
         ident(scorer.doclens),
@@ -110,12 +116,14 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
     ivf_offsets = torch.zeros(ivf_lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(ivf_lengths, 0, out=ivf_offsets[1:])
     num_entries = int(ivf_offsets[-1])
+    sharded = hasattr(scorer, SHARDED_INDEX_ATTRIBUTE)
+    residuals = embeddings.residuals[: 0 if sharded else num_tokens]
     reversed_bit_map = codec.reversed_bit_map.cpu().long()
     bucket_table = codec.decompression_lookup_table.cpu()[reversed_bit_map]
     return DeviceIndex(
         device=device,
         codes=embeddings.codes[:num_tokens].to(device=device, dtype=torch.int32).contiguous(),
-        residuals=embeddings.residuals[:num_tokens].to(device).contiguous(),
+        residuals=residuals.to(device).contiguous(),
         offsets=offsets.to(device),
         doclens=doclens.to(device),
         centroids=codec.centroids.to(device=device, dtype=torch.float32).contiguous(),
@@ -138,8 +146,8 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
 def _with_inverse_norms(index: DeviceIndex) -> DeviceIndex:
     from tilemaxsim_plaid.plaid.backends import backend_for
 
-    if backend_for(index.device) != "triton":
-        return index
+    if backend_for(index.device) != "triton" or index.residuals.shape[0] != index.num_tokens:
+        return index  # the torch backend normalises as it decodes; a sharded copy has no residuals
     from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
 
     inv_norms = residual_inverse_norms(index.codes, index.residuals, index.centroids,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from tilemaxsim_plaid.plaid import backends
-from tilemaxsim_plaid.plaid.device_index import DeviceIndex, device_index
+from tilemaxsim_plaid.plaid.device_index import SHARDED_INDEX_ATTRIBUTE, DeviceIndex, device_index
 
 __all__ = [
     "RankedCandidates",
@@ -125,13 +125,6 @@ def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     return _keep_top(pids, valid, full, config.ndocs // 4)
 
 
-# An IndexScorer carrying a sharded index under this attribute scores stage 4 through it (see
-# tilemaxsim_plaid.distributed.plaid_search.shard_index_scorer): every rank of the process group
-# runs stages 1-3 on its replicated centroids, IVF and codes, scores the candidates in its own pid
-# range, and all ranks get the same merged list.
-SHARDED_INDEX_ATTRIBUTE = "_tilemaxsim_sharded_index"
-
-
 def _stage_4(index, Q, pids, valid, sharded=None) -> RankedCandidates:
     if sharded is not None:
         return _stage_4_sharded(sharded, Q, pids, valid)
@@ -141,6 +134,8 @@ def _stage_4(index, Q, pids, valid, sharded=None) -> RankedCandidates:
 
 
 def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:
+    # Every rank of the process group ran stages 1-3 on its replicated centroids, IVF and codes;
+    # each scores the candidates in its own pid range and all get the same merged list.
     # The collective needs the compacted candidate list: one host sync, as with filter_fn.
     candidates = pids if valid is None else pids[valid]
     scores, ranked = sharded.score(Q, max(candidates.numel(), 1), pids=candidates)
@@ -249,6 +244,10 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     if centroid_scores is not None and candidates.numel():
         centroid_scores = centroid_scores.to(device=index.device, dtype=torch.float32)
         candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, None)
+    sharded = getattr(self, SHARDED_INDEX_ATTRIBUTE, None)
+    if sharded is not None:
+        ranked = _stage_4_sharded(sharded, Q, candidates, valid)
+        return ranked.scores, ranked.pids.to(torch.int32)
     scores = backends.exact_scores(index, Q, candidates, valid)
     return scores, candidates.to(torch.int32)
 
