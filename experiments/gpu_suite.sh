@@ -2,7 +2,7 @@
 # Everything the GPU machine runs, in two parts that each fit one 10-minute device call:
 #
 #   bash experiments/gpu_suite.sh kernels   # GPU kernel tests, dense + compressed benchmarks
-#   bash experiments/gpu_suite.sh plaid     # synthetic 1M index, end-to-end PLAID, multi-GPU scaling
+#   bash experiments/gpu_suite.sh plaid     # end-to-end PLAID (with a synthetic 1M index), multi-GPU scaling
 #
 # Raw logs and result files land in $OUT/w (OUT defaults to results/gpu) and are bundled into
 # $OUT/results-<part>.tar.gz, one file, because the device tool returns at most 8 files. Wheels for packages the GPU image lacks
@@ -39,9 +39,11 @@ case "$part" in
     step bench_dense 190 python3 -m experiments.bench --out "$OUT/bench"
     ;;
   plaid)
-    step synthesize 120 python3 -m experiments.synthesize runs/plaid_bench_synthetic/synthetic.nbits2 --passages 1000000
-    step bench_plaid 220 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
-      --synthetic-dir runs/plaid_bench_synthetic/synthetic.nbits2
+    # bench_plaid writes (or reuses) its own 1M-passage synthetic index: its spec records the
+    # bundle's encoder, so an index from `tilemaxsim synthesize` would not match it.
+    step bench_plaid 280 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+      --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
+      --rerank-sizes 100000 1000000 --stock-rerank-max 100000
     if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
       step bench_distributed 120 torchrun --nproc_per_node=2 experiments/bench_distributed.py \
         --residual-size 8GiB --out "$OUT/distributed"
