@@ -4,6 +4,8 @@
 #   bash experiments/gpu_suite.sh kernels   # GPU kernel tests, dense + compressed benchmarks
 #   bash experiments/gpu_suite.sh plaid     # end-to-end PLAID (with a synthetic 1M index), multi-GPU scaling
 #
+# The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
+# machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
 # Raw logs and result files land in $OUT/w (OUT defaults to results/gpu) and are bundled into
 # $OUT/results-<part>.tar.gz, one file, because the device tool returns at most 8 files. Wheels for packages the GPU image lacks
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
