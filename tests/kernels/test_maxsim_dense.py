@@ -161,6 +161,20 @@ def test_every_config_path_is_exact(config, d, device):
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
 
 
+@pytest.mark.parametrize("config", [
+    pytest.param(MaxSimConfig(block_t=48), id="block_t-not-pow2"),
+    pytest.param(MaxSimConfig(queries_per_block=3), id="queries-not-pow2"),
+    pytest.param(MaxSimConfig(docs_per_program=0), id="no-docs"),
+    pytest.param(MaxSimConfig(block_t=4, docs_per_program=2, slots=True), id="slot-tile-too-small"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
+])
+def test_bad_config_is_rejected_before_launch(config, device):
+    D, offsets = _packed_from_lengths([5, 7], 64, torch.float16, device)
+    Q = _rand(1, 8, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="config"):
+        maxsim_packed(Q, D, offsets, config=config)
+
+
 def test_single_tile_config_rejects_long_documents(device):
     D, offsets = _packed_from_lengths([100], 128, torch.float16, device)
     Q = _rand(1, 8, 128, dtype=torch.float16, device=device)

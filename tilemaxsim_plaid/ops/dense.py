@@ -92,6 +92,20 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     return MaxSimConfig(block_t=64, queries_per_block=queries_per_block, num_warps=4, num_stages=2)
 
 
+def _check_config(cfg: MaxSimConfig) -> None:
+    """Tile sizes are tl.arange extents: powers of two (a slot tile also needs >= 16 rows)."""
+    for name in ("block_t", "queries_per_block", "q_blocks_per_program", "docs_per_program"):
+        value = getattr(cfg, name)
+        if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
+            raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
+    if cfg.slots and (cfg.docs_per_program & (cfg.docs_per_program - 1)
+                      or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM):
+        raise ValueError(
+            f"config.slots needs docs_per_program a power of two and block_t * docs_per_program >= "
+            f"{MIN_DOT_DIM}; got block_t={cfg.block_t}, docs_per_program={cfg.docs_per_program}"
+        )
+
+
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
             padded_doc_len, max_doc_len, config):
     def launch(Q_chunk, chunk_lengths):
@@ -108,6 +122,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed)
+    _check_config(cfg)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
@@ -125,7 +140,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     if cfg.slots:
         if not packed:
             raise ValueError("config.slots is for the packed layout (maxsim_packed)")
-        _maxsim_packed_slots_kernel[(triton.cdiv(num_out_docs, cfg.docs_per_program) * num_qgroups,)](
+        _maxsim_packed_slots_kernel[(num_doc_programs * num_qgroups,)](
             Q3, D, offsets, pids if pids is not None else dummy,
             query_lengths if query_lengths is not None else dummy, out,
             num_out_docs, B, Lq, dim,
