@@ -39,6 +39,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, figure, out_dir, name: str) -> pathlib.Path:
+    figure.tight_layout()
+    path = pathlib.Path(out_dir) / name
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def load_latency(folders) -> list[dict]:
     """``latency.json`` of each folder that has one, in the given order."""
     loaded = []
@@ -99,11 +107,7 @@ def plot_latency_per_stage(folders, out_dir) -> pathlib.Path | None:
     axis.set_xlabel(f"median latency per query, ms ({_timer_label(results)})")
     axis.set_title("Latency per stage")
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    figure.tight_layout()
-    path = pathlib.Path(out_dir) / "latency_per_stage.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, out_dir, "latency_per_stage.png")
 
 
 def plot_latency_vs_candidates(folders, out_dir) -> pathlib.Path | None:
@@ -134,11 +138,7 @@ def plot_latency_vs_candidates(folders, out_dir) -> pathlib.Path | None:
     axis.set_title("Latency vs candidates")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize="small")
-    figure.tight_layout()
-    path = pathlib.Path(out_dir) / "latency_vs_candidates.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, out_dir, "latency_vs_candidates.png")
 
 
 def plot_throughput_per_length(folders, out_dir) -> pathlib.Path | None:
@@ -166,11 +166,7 @@ def plot_throughput_per_length(folders, out_dir) -> pathlib.Path | None:
     axis.set_title(f"Throughput per document length ({_timer_label(results)})")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize="small")
-    figure.tight_layout()
-    path = pathlib.Path(out_dir) / "throughput_per_length.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, out_dir, "throughput_per_length.png")
 
 
 def plot_roofline(folders, out_dir) -> pathlib.Path | None:
@@ -210,11 +206,7 @@ def plot_roofline(folders, out_dir) -> pathlib.Path | None:
     axis.set_title("Roofline of exact scoring")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize="small")
-    figure.tight_layout()
-    path = pathlib.Path(out_dir) / "roofline.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, out_dir, "roofline.png")
 
 
 def plot_all(folders, out_dir) -> dict[str, pathlib.Path | None]:

@@ -785,16 +785,21 @@ def _select_device(requested: str) -> str:
 
 @contextlib.contextmanager
 def _system(groups: list[str]) -> Iterator[None]:
-    """Exactly the plugin groups ``groups`` patched inside the block (others undone)."""
+    """Exactly the plugin groups ``groups`` patched inside the block (others undone); the
+    caller's patch state is put back afterwards."""
     from tilemaxsim_plaid import plaid
+    from tilemaxsim_plaid.plaid.registry import enabled_groups
 
+    before = enabled_groups()
     plaid.disable()
-    if groups and not plaid.enable(groups=groups):
-        raise RuntimeError(f"could not patch colbert-ai with groups {groups} (see the warning)")
     try:
+        if groups and not plaid.enable(groups=groups):
+            raise RuntimeError(f"could not patch colbert-ai with groups {groups} (see the warning)")
         yield
     finally:
         plaid.disable()
+        if before:
+            plaid.enable(groups=sorted(before))
 
 
 @dataclass

@@ -23,6 +23,7 @@ __all__ = [
     "maxsim_padded",
     "maxsim_pq",
     "maxsim_residual",
+    "segment_maxsim",
 ]
 
 
@@ -177,9 +178,23 @@ def centroid_interaction(
     if keep is not None:
         kept = keep.to(device)[token_codes]
         token_scores = token_scores.masked_fill(~kept[:, None], float("-inf"))
-    Lq = centroid_scores.shape[1]
-    maxima = torch.full((ids.numel(), Lq), float("-inf"), dtype=dtype, device=device)
-    maxima.scatter_reduce_(0, segment[:, None].expand(-1, Lq), token_scores, "amax")
+    return segment_maxsim(token_scores, lengths)
+
+
+def segment_maxsim(sim: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Exact MaxSim reduction of packed token similarities (an empty document scores -inf).
+
+    Args:
+        sim: [T, Lq] similarities (-inf for a dropped token), documents packed in order.
+        lengths: [N] int64 tokens per document, summing to T.
+
+    Returns:
+        [N] in ``sim.dtype``.
+    """
+    Lq = sim.shape[1]
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=sim.device), lengths)
+    maxima = torch.full((lengths.numel(), Lq), float("-inf"), dtype=sim.dtype, device=sim.device)
+    maxima.scatter_reduce_(0, segment[:, None].expand(-1, Lq), sim, "amax")
     return maxima.sum(dim=1)
 
 

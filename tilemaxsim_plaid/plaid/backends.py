@@ -22,6 +22,7 @@ import torch
 
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex
 from tilemaxsim_plaid.plaid.extensions import packed_token_rows
+from tilemaxsim_plaid.reference import segment_maxsim
 
 __all__ = [
     "BACKEND_ENV_VAR",
@@ -67,23 +68,6 @@ def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
     buckets = buckets.reshape(*rows.shape, index.dim).long()
     embeddings = index.centroids[index.codes[rows].long()] + index.bucket_weights[buckets]
     return torch.nn.functional.normalize(embeddings, p=2, dim=-1)
-
-
-def segment_maxsim(sim: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Exact MaxSim reduction of packed token similarities (an empty document scores -inf).
-
-    Args:
-        sim: [T, Lq] similarities, documents packed in order.
-        lengths: [N] int64 tokens per document, summing to T.
-
-    Returns:
-        [N] in ``sim.dtype``.
-    """
-    Lq = sim.shape[1]
-    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=sim.device), lengths)
-    maxima = torch.full((lengths.numel(), Lq), float("-inf"), dtype=sim.dtype, device=sim.device)
-    maxima.scatter_reduce_(0, segment[:, None].expand(-1, Lq), sim, "amax")
-    return maxima.sum(dim=1)
 
 
 def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None) -> torch.Tensor:

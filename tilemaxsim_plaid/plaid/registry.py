@@ -242,6 +242,12 @@ def enabled(groups: Iterable[str] | None = None) -> Iterator[bool]:
                     _revert(target)
 
 
+def enabled_groups() -> set[str]:
+    """The groups with at least one binding patched now (to put a state back after changing it)."""
+    with _lock:
+        return {t.group for t in _select(None) if t.name in _applied}
+
+
 def active_bindings() -> dict[str, Any]:
     """``{"owner.attribute": replacement}`` for every binding patched now (for tests, logs)."""
     with _lock:
