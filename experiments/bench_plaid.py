@@ -54,7 +54,9 @@ BUNDLE_QUERY_COUNT = 2000
 KS = (10, 100, 1000)
 RERANK_SIZES = (100_000, 1_000_000)
 TIE_TOLERANCE = 1e-4
-STOCK, PATCHED = "colbert-ai", "tilemaxsim"
+# The plugin is timed twice: as users run it (each query one CUDA graph replay, so its stages
+# cannot be told apart) and eagerly, where each stage is timed with CUDA events.
+STOCK, PATCHED, PATCHED_EAGER = "colbert-ai", "tilemaxsim", "tilemaxsim-eager"
 
 
 # --------------------------------------------------------------------------- prepare (CPU)
@@ -180,18 +182,22 @@ def _median(values):
 
 
 def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
-    """Per-query wall time of encode + dense_search, and the median of each stage."""
-    from tilemaxsim_plaid.plaid import registry
+    """Per-query wall time of encode + dense_search, and the median of each stage (None for the
+    plugin's graph path, whose stages run inside one replay)."""
+    from tilemaxsim_plaid.plaid import graphs, registry
 
     registry.disable()
     registry.enable(["compat"] if provider == STOCK else None)
     searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
     clock = StageClock(cuda)
-    for i in range(min(warmup, len(texts))):
-        searcher.encode(texts[i])
-        searcher.dense_search(Qs[i : i + 1], k)
+    staged = provider != PATCHED
+    mode = graphs.disabled() if provider == PATCHED_EAGER else contextlib.nullcontext()
+    with mode:
+        for i in range(min(warmup, len(texts))):
+            searcher.encode(texts[i])
+            searcher.dense_search(Qs[i : i + 1], k)
     rows = []
-    with _instrumented(clock, provider):
+    with mode, (_instrumented(clock, provider) if staged else contextlib.nullcontext()):
         for text, Q in zip(texts, Qs):
             if cuda:
                 torch.cuda.synchronize()
@@ -205,12 +211,14 @@ def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
             if provider == STOCK:
                 # score_pids holds stages 2-3 and stage 4; stage 4 starts at lookup_pids.
                 spans["stages_2_3"] = spans.pop("score_pids", 0.0) - spans.get("stage_4", 0.0)
-            spans["sort"] = spans["dense_search"] - sum(
-                spans.get(s, 0.0) for s in ("candidates", "stages_2_3", "stage_4"))
+            if staged:
+                spans["sort"] = spans["dense_search"] - sum(
+                    spans.get(s, 0.0) for s in ("candidates", "stages_2_3", "stage_4"))
             spans["search"] = wall
             rows.append(spans)
     keys = ("search", "encode", "dense_search", "candidates", "stages_2_3", "stage_4", "sort")
-    return {key: _median([r.get(key, 0.0) for r in rows]) for key in keys}
+    return {key: (_median([r.get(key, 0.0) for r in rows]) if staged or key in rows[0] else None)
+            for key in keys}
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -222,13 +230,16 @@ def _equivalence(searcher, Qs, k, cuda):
     from tilemaxsim_plaid.plaid.backends import decompress_tokens, segment_maxsim
     from tilemaxsim_plaid.plaid.device_index import device_index
 
+    from tilemaxsim_plaid.plaid import graphs
+
     def ranked(provider):
         registry.disable()
         registry.enable(["compat"] if provider == STOCK else None)
         searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
-        return [searcher.dense_search(Q[None], k) for Q in Qs]
+        with graphs.disabled() if provider == PATCHED_EAGER else contextlib.nullcontext():
+            return [searcher.dense_search(Q[None], k) for Q in Qs]
 
-    stock, ours = ranked(STOCK), ranked(PATCHED)
+    stock, ours, eager = ranked(STOCK), ranked(PATCHED), ranked(PATCHED_EAGER)
     index = device_index(searcher.ranker)
     everything = torch.arange(index.num_docs, device=index.device)
     rows = torch.arange(index.num_tokens, device=index.device)
@@ -251,6 +262,8 @@ def _equivalence(searcher, Qs, k, cuda):
             key = "same_as_stock" if name == "stock" else f"same_as_{name}"
             counts[key] += same
             counts["same_as_stock_up_to_ties" if name == "stock" else f"{name}_ties"] += tie
+    # The graph replays must give the eager path's lists and scores exactly (same kernels).
+    counts["graph_equals_eager"] = sum(a == b for a, b in zip(ours, eager))
     registry.disable()
     registry.enable()
     return {key: value / len(Qs) for key, value in counts.items()} | {"queries": len(Qs), "k": k}
@@ -387,7 +400,7 @@ def run_benchmark(args) -> list[dict]:
     texts, Qs = carried["texts"], carried["Q"].float()
     n = min(args.num_queries, len(texts))
     for k in args.ks:
-        for provider in (STOCK, PATCHED):
+        for provider in (STOCK, PATCHED, PATCHED_EAGER):
             stages = _search_latency(wiki, texts[:n], Qs[:n], k, provider, cuda)
             rows.append({"suite": "search", "shape": f"wiki{wiki.ranker.doclens.numel()} k={k}",
                          "provider": provider, "ms": stages["search"], **stages})
@@ -411,7 +424,7 @@ def run_benchmark(args) -> list[dict]:
         m = min(args.num_queries, synthetic_Q.shape[0])
         synthetic_texts = [texts[i % len(texts)] for i in range(m)]
         for k in args.ks:
-            for provider in (STOCK, PATCHED):
+            for provider in (STOCK, PATCHED, PATCHED_EAGER):
                 stages = _search_latency(synthetic, synthetic_texts, synthetic_Q[:m], k, provider, cuda)
                 rows.append({"suite": "search", "shape": f"synthetic{args.synthetic_passages} k={k}",
                              "provider": provider, "ms": stages["search"], **stages})
@@ -422,15 +435,15 @@ def run_benchmark(args) -> list[dict]:
 
 
 def _print_summary(rows: list[dict]) -> None:
-    print(f"{'suite':<12} {'shape':<30} {'provider':<11} {'ms':>9} {'enc':>7} {'cand':>7} "
+    print(f"{'suite':<12} {'shape':<30} {'provider':<16} {'ms':>9} {'enc':>7} {'cand':>7} "
           f"{'st2-3':>7} {'st4':>7} {'sort':>7}  extra")
     for row in rows:
         cells = [row.get(key) for key in ("ms", "encode", "candidates", "stages_2_3", "stage_4", "sort")]
         text = " ".join(f"{c:>7.3f}" if isinstance(c, float) else f"{'-':>7}" for c in cells[1:])
         ms = f"{cells[0]:>9.3f}" if isinstance(cells[0], float) else f"{'-':>9}"
         extra = {key: (round(value, 4) if isinstance(value, float) else value) for key, value in row.items()
-                 if key.startswith(("same_as", "exact_", "exhaustive_", "stock_rank", "syncs"))}
-        print(f"{row['suite']:<12} {row['shape']:<30} {row['provider']:<11} {ms} {text}  {extra or ''}")
+                 if key.startswith(("same_as", "exact_", "exhaustive_", "stock_rank", "syncs", "graph_"))}
+        print(f"{row['suite']:<12} {row['shape']:<30} {row['provider']:<16} {ms} {text}  {extra or ''}")
 
 
 def main(argv=None) -> int:

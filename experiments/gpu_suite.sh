@@ -3,6 +3,11 @@
 #
 #   bash experiments/gpu_suite.sh kernels   # GPU kernel tests, dense + compressed benchmarks
 #   bash experiments/gpu_suite.sh plaid     # end-to-end PLAID (with a synthetic 1M index), multi-GPU scaling
+#   bash experiments/gpu_suite.sh recheck   # kernel tests, main shapes only, end-to-end PLAID: one
+#                                           # call that re-measures after a change
+#   bash experiments/gpu_suite.sh reproduce # the runner: wiki-vital-h200 (carry runs/wvgpu, made by
+#                                           # `--steps prepare --out runs/wvgpu` on CPU) and the
+#                                           # synthetic-scale table (its indexes are written here)
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -39,6 +44,26 @@ case "$part" in
       tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
     step bench_compressed 130 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
     step bench_dense 190 python3 -m experiments.bench --out "$OUT/bench"
+    ;;
+  recheck)
+    step gpu_tests 75 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
+    step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    step bench_dense 90 python3 -m experiments.bench --no-sweeps --out "$OUT/bench"
+    step bench_plaid 290 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+      --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
+      --rerank-sizes 100000 1000000 --stock-rerank-max 100000
+    ;;
+  reproduce)
+    # Search only here; ranx (evaluate, report) runs on the CPU machine from the returned runs.
+    step reproduce_wiki 230 python3 -m experiments.reproduce configs/wiki-vital-h200.yaml \
+      --steps search --out runs/wvgpu
+    step reproduce_synthetic 300 python3 -m experiments.reproduce configs/synthetic-scale.yaml \
+      --steps prepare,search --out runs/syngpu
+    for name in wiki-vital-h200:runs/wvgpu synthetic-scale:runs/syngpu; do
+      experiment=${name%%:*} root=${name#*:}
+      [ -d "$root/$experiment/results" ] && tar -cJf "$BUNDLE_DIR/runs-$experiment.tar.xz" -C "$root/$experiment" results
+    done
     ;;
   plaid)
     # bench_plaid writes (or reuses) its own 1M-passage synthetic index: its spec records the

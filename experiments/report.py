@@ -146,8 +146,8 @@ def write_report(*, title: str, config_path, config_name: str, result_folders, o
             docs = entry["scored_docs"]
             latency_rows.append([latency["condition"], system,
                                  str(sorted(docs)[len(docs) // 2]) if docs else "—", *cells, ""])
-        if totals.get("patched"):
-            latency_rows[-1][-1] = f"{totals['stock'] / totals['patched']:.2f}x"
+            if system != "stock" and totals.get(system) and "stock" in totals:
+                latency_rows[-1][-1] = f"{totals['stock'] / totals[system]:.2f}x"
     if latency_rows:
         lines += ["## Latency per query, median / p95 ms over warm queries", ""]
         lines.append("Timer: " + "; ".join(sorted(timers)) + ". CPU numbers are wall clock and "
@@ -156,6 +156,12 @@ def write_report(*, title: str, config_path, config_name: str, result_folders, o
         lines += _table(["condition", "system", "docs scored", *plots.STAGES, "total",
                          "speedup (total)"], latency_rows)
         lines.append("")
+        timing_notes = sorted({f"{system}: {entry['timing']}" for latency in latencies.values()
+                               if latency for system, entry in latency["systems"].items()
+                               if entry.get("timing")})
+        if timing_notes:
+            lines.append("How each system was timed: " + "; ".join(timing_notes) + ".")
+            lines.append("")
         missing = sorted({hook for latency in latencies.values() if latency
                           for entry in latency["systems"].values()
                           for hook in entry.get("missing_hooks", [])})

@@ -170,6 +170,26 @@ def test_fp32_centroids_with_fp16_query(device, poisoned_outputs):
     assert_close(out, expected(Q, index, 2), "maxsim_residual", torch.float16)
 
 
+def test_caller_supplied_centroid_scores(device, poisoned_outputs):
+    """PLAID's stage 1 already holds centroids @ Q^T: given as centroid_scores, the kernel uses it
+    (a table of zeros proves it is read) and a correct one gives the exact scores; a chunked long
+    query builds its own tables instead."""
+    index = random_index(device, 128, 2, centroid_dtype=torch.float32)
+    Q = unit_queries(2, 16, 128, torch.float32, device)
+    norms = norms_of(index, 2)
+    table = (index["centroids"].float() @ Q.reshape(-1, 128).T).contiguous()
+    out = score(Q, index, 2, inv_norms=norms, centroid_scores=table)
+    assert_close(out, expected(Q, index, 2), "maxsim_residual", torch.float32)
+    zeros = score(Q, index, 2, inv_norms=norms, centroid_scores=torch.zeros_like(table))
+    assert not torch.allclose(zeros.nan_to_num(0.0), out.nan_to_num(0.0)), "the given table was not used"
+    with pytest.raises(ValueError, match="centroid_scores"):
+        score(Q, index, 2, inv_norms=norms, centroid_scores=table[:, :16])
+    long_Q = unit_queries(1, 130, 128, torch.float32, device)
+    long_table = (index["centroids"].float() @ long_Q[0].T).contiguous()
+    out = score(long_Q, index, 2, inv_norms=norms, centroid_scores=long_table)
+    assert_close(out, expected(long_Q, index, 2), "maxsim_residual", torch.float32)
+
+
 def test_bad_inputs_name_the_argument(device):
     index = random_index(device, 128, 2)
     Q = unit_queries(1, 8, 128, torch.float16, device)

@@ -14,7 +14,12 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
     _query_centroid_scores_kernel,
 )
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
+from tilemaxsim_plaid.ops.launch import (
+    MAX_LQ_PER_LAUNCH,
+    dot_precision,
+    interpreter_upcast,
+    launch_in_query_chunks,
+)
 
 __all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_residual",
            "query_centroid_scores"]
@@ -163,7 +168,7 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Te
         centroids, rows, out, C, rows.shape[0], dim,
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, _pow2(dim))),
-        INPUT_PRECISION="ieee" if mixed else dot_precision(Q3.dtype),
+        INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
         UPCAST=mixed or interpreter_upcast(Q3.dtype),
     )
     return out
@@ -181,16 +186,20 @@ def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int
 
 
 def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
-            query_lengths, num_out_docs, config):
+            query_lengths, num_out_docs, config, centroid_scores=None):
+    if Q3.shape[1] > MAX_LQ_PER_LAUNCH:
+        centroid_scores = None  # each chunk of query tokens builds its own table
+
     def launch(Q_chunk, chunk_lengths):
         return _launch_kernel(Q_chunk, codes, residuals, offsets, centroids, bucket_weights, nbits,
-                              pids, inv_norms, chunk_lengths, num_out_docs, config)
+                              pids, inv_norms, chunk_lengths, num_out_docs, config,
+                              centroid_scores)
 
     return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
 
 
 def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
-                   inv_norms, query_lengths, num_out_docs, config):
+                   inv_norms, query_lengths, num_out_docs, config, centroid_scores=None):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     cfg = config or default_residual_config(B, Lq)
@@ -207,7 +216,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)
-    scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    scores_table = None
+    if use_table:
+        scores_table = (centroid_scores if centroid_scores is not None
+                        else query_centroid_scores(Q3, centroids))
     for name, rows in (("centroids", centroids), ("centroid score table", scores_table)):
         if rows is not None and sum((n - 1) * st for n, st in zip(rows.shape, rows.stride())
                                     if n) > MAX_INT32_OFFSET:
@@ -296,6 +308,7 @@ def maxsim_residual(
     *,
     inv_norms: torch.Tensor | None = None,
     query_lengths: torch.Tensor | None = None,
+    centroid_scores: torch.Tensor | None = None,
     config: ResidualConfig | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
@@ -321,6 +334,10 @@ def maxsim_residual(
             score comes from a per-batch [C, B*Lq] table and centroid rows are never read; without
             it the kernel gathers centroid rows and takes the norm of each decoded token.
         query_lengths: optional int32/int64 [B] (3-D Q only); padded query tokens add nothing.
+        centroid_scores: optional fp32 [C, B*Lq], ``centroids @ Q_rows^T`` (what
+            :func:`query_centroid_scores` builds), when the caller already has it: PLAID's
+            candidate generation computes exactly this table, so the plugin's stage 4 reuses it
+            instead of building it again. Used only with ``inv_norms`` (the table path).
         config: a fixed :class:`ResidualConfig`.
         validate: check values (offsets, pids, codes in range); these checks sync with the device.
 
@@ -339,7 +356,16 @@ def maxsim_residual(
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
             raise ValueError(f"codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
+    if centroid_scores is not None:
+        rows = Q3.shape[0] * Q3.shape[1]
+        checks.check_tensor("centroid_scores", centroid_scores, dims=(2,),
+                            dtypes=(torch.float32,), device=Q.device)
+        if tuple(centroid_scores.shape) != (centroids.shape[0], rows) or centroid_scores.stride(1) != 1:
+            raise ValueError(
+                f"centroid_scores must be fp32 [C={centroids.shape[0]}, B*Lq={rows}] with "
+                f"contiguous rows (centroids @ Q_rows^T), got {checks.describe(centroid_scores)}"
+            )
     num_out = pids.numel() if pids is not None else num_docs
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
-                  query_lengths, num_out, config)
+                  query_lengths, num_out, config, centroid_scores)
     return out[0] if Q.dim() == 2 else out

@@ -94,12 +94,15 @@ def _residual_kernel():
     return maxsim_residual
 
 
-def _exact_scores_triton(index, Q, pids, valid):
+def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
     residual_kernel = _residual_kernel()
     if residual_kernel is not None:
+        if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
+            centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
         scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,
                                  index.centroids, index.bucket_weights, index.nbits, pids,
-                                 inv_norms=index.inv_norms, validate=False)[0]
+                                 inv_norms=index.inv_norms, centroid_scores=centroid_scores,
+                                 validate=False)[0]
     else:
         from tilemaxsim_plaid.ops.dense import maxsim_padded
 
@@ -127,7 +130,8 @@ def _exact_scores_torch(index, Q, pids, valid):
 
 
 def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
-                 valid: torch.Tensor | None = None) -> torch.Tensor:
+                 valid: torch.Tensor | None = None,
+                 centroid_scores: torch.Tensor | None = None) -> torch.Tensor:
     """Stage 4: exact fp32 MaxSim of one query against PLAID's decompressed documents.
 
     Paths that decompress are chunked so that at most ~TOKENS_PER_CHUNK decompressed tokens exist
@@ -139,6 +143,8 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
         Q: [Lq, dim] fp32 on the index's device.
         pids: [M] int64 documents (in range; unchecked here).
         valid: optional [M] bool; False slots score -inf.
+        centroid_scores: optional fp32 [C, Lq] ``centroids @ Q^T`` from candidate generation;
+            the fused kernel reuses it as its per-query centroid table instead of rebuilding it.
 
     Returns:
         [M] fp32.
@@ -147,7 +153,7 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
     if triton_backend and _residual_kernel() is not None:
         # The fused kernel decodes in registers and reads the candidates in place: nothing grows
         # with the number of candidates but the [M] output, so one launch scores them all.
-        return _exact_scores_triton(index, Q, pids, valid)
+        return _exact_scores_triton(index, Q, pids, valid, centroid_scores)
     out = torch.empty(pids.numel(), dtype=torch.float32, device=Q.device)
     docs_per_chunk = max(1, TOKENS_PER_CHUNK // max(index.max_doclen, 1))
     score_chunk = _exact_scores_triton if triton_backend else _exact_scores_torch

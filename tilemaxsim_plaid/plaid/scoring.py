@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tilemaxsim_plaid.plaid import backends
+from tilemaxsim_plaid.plaid import backends, graphs
 from tilemaxsim_plaid.plaid.device_index import SHARDED_INDEX_ATTRIBUTE, DeviceIndex, device_index
 
 __all__ = [
@@ -125,10 +125,10 @@ def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     return _keep_top(pids, valid, full, config.ndocs // 4)
 
 
-def _stage_4(index, Q, pids, valid, sharded=None) -> RankedCandidates:
+def _stage_4(index, Q, pids, valid, sharded=None, centroid_scores=None) -> RankedCandidates:
     if sharded is not None:
         return _stage_4_sharded(sharded, Q, pids, valid)
-    scores = backends.exact_scores(index, Q, pids, valid)
+    scores = backends.exact_scores(index, Q, pids, valid, centroid_scores)
     order = torch.sort(scores, descending=True).indices
     return RankedCandidates(pids[order], scores[order], None if valid is None else valid[order])
 
@@ -206,6 +206,8 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
             return None
         return _stage_4(index, Q, candidates, None, sharded)
 
+    if filter_fn is None and sharded is None and graphs.capturable(index):
+        return graphs.replay(scorer, index, config, Q, _search_pipeline)
     centroid_scores = _centroid_scores(index, config, Q)
     candidates, valid = _generate_candidates(index, config, centroid_scores)
     if filter_fn is not None:
@@ -213,7 +215,15 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
         if candidates.numel() == 0:
             return None
     candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
-    return _stage_4(index, Q, candidates, valid, sharded)
+    return _stage_4(index, Q, candidates, valid, sharded, centroid_scores)
+
+
+def _search_pipeline(index: DeviceIndex, config, Q: torch.Tensor) -> RankedCandidates:
+    """Stages 1-4 and the sort for one query, with no host sync: what a CUDA graph captures."""
+    centroid_scores = _centroid_scores(index, config, Q)
+    candidates, valid = _generate_candidates(index, config, centroid_scores)
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
+    return _stage_4(index, Q, candidates, valid, None, centroid_scores)
 
 
 def rank(original, self, config, Q, filter_fn=None, pids=None):
