@@ -191,13 +191,15 @@ def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
     searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
     clock = StageClock(cuda)
     staged = provider != PATCHED
-    mode = graphs.disabled() if provider == PATCHED_EAGER else contextlib.nullcontext()
-    with mode:
+    def mode():
+        return graphs.disabled() if provider == PATCHED_EAGER else contextlib.nullcontext()
+
+    with mode():
         for i in range(min(warmup, len(texts))):
             searcher.encode(texts[i])
             searcher.dense_search(Qs[i : i + 1], k)
     rows = []
-    with mode, (_instrumented(clock, provider) if staged else contextlib.nullcontext()):
+    with mode(), (_instrumented(clock, provider) if staged else contextlib.nullcontext()):
         for text, Q in zip(texts, Qs):
             if cuda:
                 torch.cuda.synchronize()

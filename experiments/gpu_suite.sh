@@ -16,11 +16,14 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|plaid}
+part=${1:?usage: gpu_suite.sh kernels|plaid|tests|recheck|reproduce}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GIT_PYTHON_REFRESH=quiet
+# The device's checkout may carry an older .git than the tree it runs: provenance names the
+# commit written to .device_commit before the call (git rev-parse HEAD > .device_commit).
+[ -f .device_commit ] && export TILEMAXSIM_COMMIT=$(cat .device_commit)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -37,22 +40,32 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   echo "$name rc=$rc (${limit}s limit, $((SECONDS - start))s)" | tee -a "$OUT/steps.txt"
 }
 
+gpu_tests() {  # every kernel test on the GPU (compiling each variant takes most of the time)
+  step gpu_tests 170 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+    tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
+}
+
+bench_plaid() {  # end-to-end PLAID on the carried bundle and a 1M-passage synthetic index
+  step bench_plaid 290 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+    --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
+    --rerank-sizes 100000 1000000 --stock-rerank-max 100000
+}
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 case "$part" in
   kernels)
-    step gpu_tests 75 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
+    gpu_tests
     step bench_compressed 130 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
     step bench_dense 190 python3 -m experiments.bench --out "$OUT/bench"
     ;;
+  tests)
+    gpu_tests
+    ;;
   recheck)
-    step gpu_tests 75 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
+    gpu_tests
     step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     step bench_dense 90 python3 -m experiments.bench --no-sweeps --out "$OUT/bench"
-    step bench_plaid 290 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
-      --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
-      --rerank-sizes 100000 1000000 --stock-rerank-max 100000
+    bench_plaid
     ;;
   reproduce)
     # Search only here; ranx (evaluate, report) runs on the CPU machine from the returned runs.
@@ -68,9 +81,7 @@ case "$part" in
   plaid)
     # bench_plaid writes (or reuses) its own 1M-passage synthetic index: its spec records the
     # bundle's encoder, so an index from `tilemaxsim synthesize` would not match it.
-    step bench_plaid 280 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
-      --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
-      --rerank-sizes 100000 1000000 --stock-rerank-max 100000
+    bench_plaid
     if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
       step bench_distributed 120 torchrun --nproc_per_node=2 experiments/bench_distributed.py \
         --residual-size 8GiB --out "$OUT/distributed"

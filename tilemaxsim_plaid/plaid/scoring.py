@@ -161,7 +161,9 @@ def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tens
     entries = (index.ivf_offsets[cells][:, None] + positions[None, :]).clamp_(max=max(index.ivf_pids.numel() - 1, 0))
     members = torch.where(in_list, index.ivf_pids[entries].long(), index.num_docs)
     bitmap = torch.zeros(index.num_docs + 1, dtype=torch.bool, device=index.device)
-    bitmap[members.flatten()] = True  # slot num_docs collects the padding
+    # Slot num_docs collects the padding. index_fill_ takes the value as a kernel argument;
+    # `bitmap[i] = True` would copy a host scalar, which a CUDA graph cannot capture.
+    bitmap.index_fill_(0, members.flatten(), True)
     capacity = index.candidate_capacity(cells.numel())
     pids = torch.nonzero_static(bitmap[: index.num_docs], size=capacity, fill_value=-1).flatten()
     valid = pids >= 0
