@@ -160,7 +160,7 @@ def _instrumented(clock: StageClock, provider: str):
         setattr(owner, name, wrapper)
         return owner, name, original
 
-    if provider == PATCHED:
+    if provider in (PATCHED, PATCHED_EAGER):
         patches = [timed(scoring, "_centroid_scores", "candidates"),
                    timed(scoring, "_generate_candidates", "candidates"),
                    timed(scoring, "_stages_2_and_3", "stages_2_3"),

@@ -190,6 +190,22 @@ def test_caller_supplied_centroid_scores(device, poisoned_outputs):
     assert_close(out, expected(long_Q, index, 2), "maxsim_residual", torch.float32)
 
 
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 384)])
+def test_split_query_fp32(device, poisoned_outputs, nbits, dim):
+    """fp32 queries as fp16 head + tail (two fp16 products), with pids, against float64; the
+    head and tail must both be used (the head alone is an fp16 query)."""
+    index = random_index(device, dim, nbits, centroid_dtype=torch.float32)
+    Q = unit_queries(2, 33, dim, torch.float32, device)
+    pids = torch.tensor([5, 2, 2, 0, 3], device=device)
+    out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), split_query=True)
+    assert_close(out, expected(Q, index, nbits, pids=pids), "maxsim_residual_split", torch.float32)
+    with pytest.raises(ValueError, match="split_query"):
+        score(Q.half(), index, nbits, inv_norms=norms_of(index, nbits), split_query=True)
+    with pytest.raises(ValueError, match="split_query"):
+        score(Q, index, nbits, split_query=True)
+
+
 def test_bad_inputs_name_the_argument(device):
     index = random_index(device, 128, 2)
     Q = unit_queries(1, 8, 128, torch.float16, device)

@@ -41,6 +41,13 @@ kernel is built around the instructions per embedding element:
   (d = 384 is 3 x 128 in a dynamic loop, d = 96 one masked 128 chunk), never padded in memory;
   with one chunk the query tile stays in registers / shared memory for the whole program.
 
+* fp32 queries. With tf32x3 products (the default for fp32) the decoded tile is fp32 and each
+  product is three tf32 MMAs: about 3x the fp16 time. SPLIT_Q (table path only) keeps the fp16
+  decode and multiplies it by the query's fp16 head and fp16 tail (q = head + tail to ~2**-22):
+  two fp16 MMAs, so about the fp16 time. The centroid part still comes from the fp32 table; the
+  one rounding left is each residual weight's to fp16 (2**-11 of a weight of ~0.03-0.1 in a
+  part of the score that is itself small), about 1e-5 per document score.
+
 Masking: a token past its document's end is -inf (never wins a max); a query row past its
 query's length contributes 0. An empty document scores -inf, an empty query 0. Token indices are
 int64; offsets into the centroid table and S are int32 (the host checks they fit).
@@ -143,13 +150,14 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
 
 
 @triton.jit
-def _chunk_product(kd, b_q, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
-                   p_centroids, dim, units_per_row, stride_cc, stride_cd,
+def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table,
+                   w0, w1, w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd,
                    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
-                   INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms)."""
+                   SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms).
+    SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied."""
     UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
     offs_u = kd * UNITS + tl.arange(0, UNITS)
     # [BLOCK_T, UNITS]: whole rows, streamed once.
@@ -172,13 +180,15 @@ def _chunk_product(kd, b_q, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table,
         b_emb = b_sum.to(b_q.dtype)
     # [BLOCK_T, BLOCK_D] @ [BLOCK_D, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
     acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+    if SPLIT_Q:
+        acc += tile_dot(b_emb, b_q_lo, INPUT_PRECISION, UPCAST)
     return acc, sum_sq
 
 
 @triton.jit
 def _residual_tile_scores(
-    t0, t_end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-    p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
+    t0, t_end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+    p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
     w0, w1, w2, w3,
     dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
     stride_sc,
@@ -186,7 +196,7 @@ def _residual_tile_scores(
     ELEM_BITS: tl.constexpr, FULL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
@@ -210,24 +220,28 @@ def _residual_tile_scores(
     sum_sq = tl.zeros([BLOCK_T], tl.float32)
     if NUM_D_BLOCKS == 1:
         acc, sum_sq = _chunk_product(
-            0, b_q0, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
-            p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
+            0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
+            w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
             DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            INPUT_PRECISION, UPCAST)
+            SPLIT_Q, INPUT_PRECISION, UPCAST)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
             offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
             # [BLOCK_Q, BLOCK_D] (L1/L2 hits); masked dimensions are 0 here, which cancels any
             # weight there.
-            b_q = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
-                          + offs_d[None, :] * stride_qd,
-                          mask=mask_r[:, None] & (offs_d < dim)[None, :], other=0.0)
+            q_offsets = offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt + offs_d[None, :] * stride_qd
+            q_mask = mask_r[:, None] & (offs_d < dim)[None, :]
+            b_q = tl.load(p_q + q_offsets, mask=q_mask, other=0.0)
+            if SPLIT_Q:
+                b_q_lo = tl.load(p_q_lo + q_offsets, mask=q_mask, other=0.0)
+            else:
+                b_q_lo = b_q
             acc, sum_sq = _chunk_product(
-                kd, b_q, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2, w3,
-                p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
+                kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
+                w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
                 DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                INPUT_PRECISION, UPCAST)
+                SPLIT_Q, INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -240,7 +254,7 @@ def _residual_tile_scores(
 
 @triton.jit
 def _maxsim_residual_kernel(
-    p_q, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
+    p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
     p_centroid_scores, p_query_lengths, p_out,
     num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks,
     stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
@@ -250,10 +264,11 @@ def _maxsim_residual_kernel(
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, DOCS_PER_PROGRAM: tl.constexpr,
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
-    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
+    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Q: [B, Lq, d] (strides q*); codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
+    """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
+    fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
     read as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
     stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d];
     table: the pair table (DECODE_PAIRS: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit
@@ -278,6 +293,12 @@ def _maxsim_residual_kernel(
     b_q0 = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d0[None, :] * stride_qd,
                    mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
+    if SPLIT_Q:
+        b_q0_lo = tl.load(p_q_lo + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
+                          + offs_d0[None, :] * stride_qd,
+                          mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
+    else:
+        b_q0_lo = b_q0
     if DECODE_PAIRS:
         # The pair table holds the weights.
         w0 = 0.0
@@ -302,24 +323,24 @@ def _maxsim_residual_kernel(
         tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
         for t0 in range(start, full_end, BLOCK_T):
             scores = _residual_tile_scores(
-                t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms,
+                t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+                p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
                 p_centroid_scores, w0, w1, w2, w3,
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
             tile_max = tl.maximum(tile_max, scores)
         row_max = tl.max(tile_max, axis=0)
         for t0 in range(full_end, end, BLOCK_T_TAIL):
             scores = _residual_tile_scores(
-                t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_codes, p_units, p_centroids, p_table, p_inv_norms,
+                t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+                p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
                 p_centroid_scores, w0, w1, w2, w3,
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
             row_max = tl.maximum(row_max, tl.max(scores, axis=0))
         _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                             valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
