@@ -105,8 +105,9 @@ def test_other_dtypes(device, poisoned_outputs, dtype, centroid_table, decode):
 @pytest.mark.parametrize("decode", DECODERS)
 def test_byte_loads_for_unaligned_rows(device, poisoned_outputs, nbits, decode):
     """Rows that are not 4-byte aligned (a view one byte into a wider buffer) are read as bytes;
-    so is a 16-column chunk at nbits = 1 (half a word). Also: 64-token main tiles and several
-    documents per program, the last program holding fewer than that."""
+    so is a 16-column chunk at nbits = 1 (half a word; there the host picks the select decoder,
+    the pair decoder over byte units being wrong in narrow chunks on the GPU). Also: 64-token
+    main tiles and several documents per program, the last program holding fewer than that."""
     dim = 96
     index = random_index(device, dim, nbits)
     row_bytes = dim * nbits // 8

@@ -96,13 +96,16 @@ def test_filter_fn_keeps_stock_semantics(tiny_searcher, tiny_query_embeddings):
     assert nothing == ([], [])
 
 
-def test_triton_path_equals_torch_path(tiny_searcher, tiny_query_embeddings, monkeypatch):
-    # The GPU path's logic (fixed-size candidates, fused kernels), run under TRITON_INTERPRET.
+@pytest.mark.parametrize("products", backends.PRODUCTS)
+def test_triton_path_equals_torch_path(tiny_searcher, tiny_query_embeddings, monkeypatch, products):
+    # The GPU path's logic (fixed-size candidates, fused kernels), run under TRITON_INTERPRET,
+    # with either way of multiplying the fp32 query in stage 4.
     config = _configure(tiny_searcher, 10)
     queries = tiny_query_embeddings[:2]
     with patch_state(ALL_GROUPS):
         monkeypatch.setenv(backends.BACKEND_ENV_VAR, "torch")
         expected = [tiny_searcher.ranker.rank(config, Q[None]) for Q in queries]
+        monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, products)
         monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
         actual = [tiny_searcher.ranker.rank(config, Q[None]) for Q in queries]
         assert device_index(tiny_searcher.ranker).inv_norms is not None
@@ -219,3 +222,9 @@ def test_colbert_score_packed_is_exact_where_stock_floors():
     torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-5)
     # The one-token document has negative maxima: stock floors them, the exact score does not.
     assert float(stock[0]) > float(ours[0])
+
+
+def test_unknown_stage_4_products_are_named(monkeypatch):
+    monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "fp8")
+    with pytest.raises(ValueError, match=backends.PRODUCTS_ENV_VAR):
+        backends.stage_4_products()

@@ -234,9 +234,12 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         Q_head = Q3.to(torch.float16)
         Q_lo = (Q3 - Q_head.float()).to(torch.float16)
         Q3 = Q_head
-    pairs = cfg.decode == "pairs"
-    table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
     unit_bytes = _unit_bytes(residuals, block_d, nbits)
+    # Measured on an H200 (triton 3.6): the pair decoder over byte units gives wrong scores in
+    # 16-column chunks (word units and 128-column chunks are right); byte-unit chunks narrower
+    # than MAX_BLOCK_D decode with the select tree, which is right at every width.
+    pairs = cfg.decode == "pairs" and not (unit_bytes == 1 and block_d < MAX_BLOCK_D)
+    table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     _maxsim_residual_kernel[(num_doc_programs * num_qblocks,)](

@@ -86,7 +86,8 @@ class _CapturedSearch:
 
 def _search_key(index, config, Q: torch.Tensor) -> tuple:
     return (index.source_key, int(Q.shape[0]), int(config.ncells),
-            float(config.centroid_score_threshold), int(config.ndocs), int(config.query_maxlen))
+            float(config.centroid_score_threshold), int(config.ndocs), int(config.query_maxlen),
+            backends.stage_4_products())
 
 
 def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable):
