@@ -77,7 +77,7 @@ case "$part" in
     step reproduce_wiki 200 python3 -m experiments.reproduce configs/wiki-vital-h200.yaml \
       --steps search --out runs/wvgpu
     # The length-* conditions (three more indexes to write) are left for a longer call.
-    step reproduce_synthetic 260 python3 -m experiments.reproduce configs/synthetic-scale.yaml \
+    step reproduce_synthetic 230 python3 -m experiments.reproduce configs/synthetic-scale.yaml \
       --steps prepare,search --out runs/syngpu \
       --conditions rerank-1k,rerank-10k,rerank-100k,rerank-1m,plaid-k10,plaid-k100,plaid-k1000
     for name in wiki-vital-h200:runs/wvgpu synthetic-scale:runs/syngpu; do

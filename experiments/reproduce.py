@@ -935,6 +935,10 @@ def _search_condition(experiment, condition, folder, limit_queries) -> None:
             for number in tqdm(range(count), desc=f"{condition.name} {system}", unit="q"):
                 Q = Q_all[number : number + 1]
                 pids_in = candidates_for(number)
+                if use_gpu and pids_in is not None and system == "stock":
+                    # colbert-ai's GPU rerank indexes its CPU pid list with the device order of
+                    # its scores, which works only for a query on the GPU (as its encoder gives).
+                    Q = Q.cuda().half()
                 timed = number >= warmup
                 if timed:
                     timer.start_query()
