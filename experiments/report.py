@@ -140,8 +140,11 @@ def write_report(*, title: str, config_path, config_name: str, result_folders, o
         for system, entry in latency["systems"].items():
             summary = entry["summary"]
             totals[system] = summary.get("total", {}).get("median_ms", math.nan)
+            # A graph replay is timed whole: its stages are not zero, they are unknown.
+            staged = entry.get("stages_timed", "graph" not in entry.get("timing", ""))
             cells = [f"{format_number(summary.get(stage, {}).get('median_ms'), 3)} / "
                      f"{format_number(summary.get(stage, {}).get('p95_ms'), 3)}"
+                     if staged or stage == "total" else "—"
                      for stage in (*plots.STAGES, "total")]
             docs = entry["scored_docs"]
             latency_rows.append([latency["condition"], system,

@@ -968,6 +968,7 @@ def _search_condition(experiment, condition, folder, limit_queries) -> None:
         }
         if retrieved:
             results[system]["retrieved_candidates"] = retrieved
+        results[system]["stages_timed"] = not graph_pass
         if graph_pass:
             results[system]["timing"] = "one CUDA graph replay per query (stages not separable)"
         if system == PATCHED_EAGER:
