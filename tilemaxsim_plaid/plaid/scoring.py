@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tilemaxsim_plaid.plaid import backends, graphs
@@ -58,9 +59,16 @@ class RankedCandidates:
         self.valid = torch.ones_like(pids, dtype=torch.bool) if valid is None else valid
 
     def to_lists(self) -> tuple[list[int], list[float]]:
-        """The one host transfer of a query: ``(pids, scores)`` as Python lists."""
-        pids, scores, valid = self.pids.cpu(), self.scores.cpu(), self.valid.cpu()
-        return pids[valid].tolist(), scores[valid].tolist()
+        """The one host transfer of a query: ``(pids, scores)`` as Python lists.
+
+        Through numpy: for a 100k-candidate rerank, torch's masked select and ``tolist`` cost
+        ~25 ms on the host against ~4 ms this way.
+        """
+        pids, scores = self.pids.cpu().numpy(), self.scores.cpu().numpy()
+        valid = self.valid.cpu().numpy()
+        if not valid.all():
+            pids, scores = pids[valid], scores[valid]
+        return pids.tolist(), scores.tolist()
 
 
 def _check_query(Q, index: DeviceIndex) -> torch.Tensor:
@@ -84,17 +92,22 @@ def _as_pid_tensor(pids, index: DeviceIndex) -> torch.Tensor:
     if isinstance(pids, torch.Tensor):
         host = pids.detach().to("cpu")
     else:
-        host = torch.as_tensor(list(pids) if not hasattr(pids, "__array__") else pids)
+        # numpy reads a list of Python ints ~20x faster than torch.as_tensor (1 vs 25 ms for 100k).
+        array = np.asarray(pids if hasattr(pids, "__array__") or isinstance(pids, Sequence) else list(pids))
+        host = torch.as_tensor(list(pids)) if array.dtype == object else torch.from_numpy(np.ascontiguousarray(array))
     if host.dim() != 1:
         raise ValueError(f"pids must be a flat sequence of document ids, got shape {tuple(host.shape)}")
     if host.numel() and (host.is_floating_point() or host.is_complex() or host.dtype == torch.bool):
         raise TypeError(f"pids must be integers, got dtype {host.dtype}")
     host = host.to(torch.int64)
-    if host.numel() and (int(host.min()) < 0 or int(host.max()) >= index.num_docs):
-        raise ValueError(
-            f"pids must lie in [0, {index.num_docs}) (the index has {index.num_docs} passages), "
-            f"got values in [{int(host.min())}, {int(host.max())}]"
-        )
+    if host.numel():
+        # numpy's single-threaded min/max: torch's parallel reduction stalls on a busy host.
+        low, high = int(host.numpy().min()), int(host.numpy().max())
+        if low < 0 or high >= index.num_docs:
+            raise ValueError(
+                f"pids must lie in [0, {index.num_docs}) (the index has {index.num_docs} "
+                f"passages), got values in [{low}, {high}]"
+            )
     return host.to(index.device)
 
 
