@@ -294,3 +294,23 @@ def test_synthesize_entry_point_writes_a_loadable_index(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["complete"] and summary["num_chunks"] == 1
     assert (out / "ivf.pid.pt").exists() and (out / "0.codes.pt").exists()
+
+
+@pytest.mark.colbert
+def test_equivalence_on_the_tiny_index(tiny_run, tmp_path):
+    """experiments/equivalence.py on the runner's tiny index: stock and the plugin keep the same
+    candidates, and the plugin's top k is the float64 exact order of its candidates."""
+    from experiments import equivalence
+
+    experiment, _ = tiny_run
+    out = tmp_path / "equivalence"
+    assert equivalence.main([str(experiment.path), "--condition", "k10", "--ks", "10", "100",
+                             "--runs", str(experiment.out), "--out", str(out), "--device", "cpu",
+                             "--limit-queries", "6"]) == 0
+    rows = json.loads((out / "equivalence.json").read_text())["rows"]
+    assert [row["k"] for row in rows] == [10, 100] and all(row["queries"] == 6 for row in rows)
+    for row in rows:
+        assert row["candidates_equal"] + row["candidates_ties"] == 1.0
+        assert row["topk_exact"] + row["topk_exact_ties"] == 1.0
+        assert row["ndocs"] == (256 if row["k"] == 10 else 1024)
+    assert rows[0]["topk_equal_stock"] == 1.0  # both fp32 on the CPU
