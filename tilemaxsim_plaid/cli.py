@@ -7,6 +7,7 @@
     tilemaxsim reproduce CONFIG   a reproduction table from configs/*.yaml
     tilemaxsim synthesize         a synthetic PLAID index in colbert-ai's on-disk format
     tilemaxsim pq-agreement       PQ ranking agreement vs exact MaxSim
+    tilemaxsim equivalence CONFIG candidate sets and top-k vs stock and vs exact MaxSim, per query
     tilemaxsim plots FILE         plots of a dense benchmark result file
 """
 
@@ -25,6 +26,7 @@ COMMANDS = {
     "reproduce": "experiments.reproduce",
     "synthesize": "experiments.synthesize",
     "pq-agreement": "experiments.pq_agreement",
+    "equivalence": "experiments.equivalence",
     "plots": "experiments.plots_bench",
 }
 
