@@ -3,8 +3,9 @@
 For every query and every k (with colbert-ai's own ncells / threshold / ndocs defaults for that k):
 
 1. Candidate sets after stages 2-3: the plugin's against stock colbert-ai's on the same index.
-   A difference counts as a tie when every differing passage scores within TIE_TOLERANCE of the
-   plugin's stage-3 cutoff (float64 centroid interaction).
+   A difference counts as a tie when every differing passage sits at a cutoff: its stage-2 score
+   within TIE_TOLERANCE of the ndocs-th best, or its stage-3 score within TIE_TOLERANCE of either
+   set's lowest (float64 centroid interaction).
 2. The plugin's top k against the exact order of its candidates: float64 MaxSim over PLAID's
    decompressed (fp32) embeddings. Lists that differ only between passages whose exact scores
    are within TIE_TOLERANCE count as ties.
@@ -32,6 +33,7 @@ import torch
 from experiments import reproduce
 
 TIE_TOLERANCE = 1e-4
+MAX_EXAMPLES = 20
 
 
 def _upstream_knobs(k: int) -> dict:
@@ -45,13 +47,14 @@ def _upstream_knobs(k: int) -> dict:
 
 @contextlib.contextmanager
 def _capture(owner, name: str, record, static: bool = False):
-    """Replace ``owner.name`` by a wrapper that passes its arguments to ``record`` first."""
+    """Replace ``owner.name`` by a wrapper that calls ``record(result, *args)`` after it."""
     raw = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
     function = raw.__func__ if isinstance(raw, staticmethod) else raw
 
     def wrapper(*args, **kwargs):
-        record(*args, **kwargs)
-        return function(*args, **kwargs)
+        result = function(*args, **kwargs)
+        record(result, *args)
+        return result
 
     setattr(owner, name, staticmethod(wrapper) if static else wrapper)
     try:
@@ -60,17 +63,25 @@ def _capture(owner, name: str, record, static: bool = False):
         setattr(owner, name, raw)
 
 
+def _progress(items, label):
+    from tqdm import tqdm
+
+    return tqdm(items, desc=label, unit="q", mininterval=5)
+
+
 def _stock_pass(ranker, config, Q_all, k):
-    """Stock colbert-ai: (top-k lists, stage-4 candidate sets)."""
+    """Stock colbert-ai: (top-k lists, the candidate set it scores exactly) per query."""
     from colbert.search.index_storage import IndexScorer
 
     seen: list = []
-    record_cpu = lambda pids, *rest, **kw: seen.append(torch.as_tensor(pids).tolist())  # noqa: E731
-    record_gpu = lambda pids, *rest, **kw: seen.append(torch.as_tensor(pids).tolist())  # noqa: E731
     tops, candidates = [], []
+    # Stage 4 starts with decompress_residuals (CPU) or lookup_pids (GPU) of the candidates.
     with reproduce._system(["compat"]), \
-            _capture(IndexScorer, "decompress_residuals", record_cpu, static=True), \
-            _capture(IndexScorer, "lookup_pids", lambda self, pids, *a, **kw: record_gpu(pids)):
+            _capture(IndexScorer, "decompress_residuals",
+                     lambda result, pids, *rest: seen.append(torch.as_tensor(pids).tolist()),
+                     static=True), \
+            _capture(IndexScorer, "lookup_pids",
+                     lambda result, self, pids, *rest: seen.append(torch.as_tensor(pids).tolist())):
         for Q in _progress(Q_all, f"stock k={k}"):
             seen.clear()
             Q_in = Q[None].cuda().half() if ranker.use_gpu else Q[None]
@@ -78,37 +89,6 @@ def _stock_pass(ranker, config, Q_all, k):
             tops.append(pids[:k])
             candidates.append(set(seen[-1]) if seen else set())
     return tops, candidates
-
-
-def _patched_pass(ranker, config, Q_all, k):
-    """The plugin: (top-k list, stage-4 candidate set, centroid scores) per query."""
-    from tilemaxsim_plaid.plaid import graphs, scoring
-
-    seen: dict = {}
-
-    def record_stage_1(index, config_, centroid_scores, *rest):
-        seen["centroid_scores"] = centroid_scores
-
-    def record_stage_4(index, Q, pids, valid, *rest, **kw):
-        seen["stage_4"] = (pids if valid is None else pids[valid]).tolist()
-
-    results = []
-    # Eagerly, so the stage functions are called (a CUDA graph replay would skip them).
-    with reproduce._system(["compat", "scoring"]), graphs.disabled(), \
-            _capture(scoring, "_generate_candidates", record_stage_1), \
-            _capture(scoring, "_stage_4", record_stage_4):
-        for Q in _progress(Q_all, f"patched k={k}"):
-            seen.clear()
-            pids, scores = ranker.rank(config, Q[None])
-            results.append((pids[:k], set(seen.get("stage_4", [])),
-                            seen["centroid_scores"].detach().cpu()))
-    return results
-
-
-def _progress(items, label):
-    from tqdm import tqdm
-
-    return tqdm(items, desc=label, unit="q", mininterval=5)
 
 
 def _exact_order(index, Q, pids):
@@ -131,18 +111,78 @@ def _same_up_to_ties(reference: list, actual: list, score: dict) -> bool:
         abs(score[a] - score[b]) <= TIE_TOLERANCE for a, b in zip(reference, actual))
 
 
-def _candidate_tie(index, centroid_scores, ours: set, stock: set) -> bool:
-    """True when every passage in only one of the sets scores (stage-3 centroid interaction,
-    float64) within TIE_TOLERANCE of the plugin's cutoff, its lowest kept score. A difference
-    that starts at stage 2 is not excused here: it counts as a mismatch."""
+def _candidate_tie(index, config, centroid_scores, stage_1: list, ours: set, stock: set) -> bool:
+    """True when every passage in only one of the two candidate sets sits at a cutoff: its
+    stage-2 (pruned) score within TIE_TOLERANCE of the ndocs-th best, or its stage-3 score
+    within TIE_TOLERANCE of either set's lowest (float64 centroid interaction). Summation order
+    alone moves such passages across a cutoff."""
     from tilemaxsim_plaid.reference import centroid_interaction
 
-    pool = torch.tensor(sorted(ours | stock), dtype=torch.int64)
-    full = centroid_interaction(centroid_scores.double(), index.codes.cpu(), index.offsets.cpu(), pool)
-    kept = [float(score) for pid, score in zip(pool.tolist(), full) if pid in ours]
-    cutoff = min(kept) if kept else float("inf")
-    return all(abs(float(score) - cutoff) <= TIE_TOLERANCE
-               for pid, score in zip(pool.tolist(), full) if (pid in ours) != (pid in stock))
+    cs = centroid_scores.double()
+    codes, offsets = index.codes.cpu(), index.offsets.cpu()
+    keep = cs.max(-1).values >= config.centroid_score_threshold
+    first = torch.tensor(stage_1, dtype=torch.int64)
+    pruned = centroid_interaction(cs, codes, offsets, first, keep=keep)
+    cutoff_2 = (float(torch.topk(pruned, config.ndocs).values[-1]) if len(stage_1) > config.ndocs
+                else float("-inf"))
+    pruned_of = dict(zip(stage_1, pruned.tolist()))
+    pool = sorted(ours | stock)
+    full = dict(zip(pool, centroid_interaction(cs, codes, offsets, torch.tensor(pool)).tolist()))
+    cutoffs_3 = [min(full[p] for p in side) for side in (ours, stock) if side]
+
+    def at_a_cutoff(pid):
+        near_2 = pid in pruned_of and abs(pruned_of[pid] - cutoff_2) <= TIE_TOLERANCE
+        return near_2 or any(abs(full[pid] - c) <= TIE_TOLERANCE for c in cutoffs_3)
+
+    return all(at_a_cutoff(pid) for pid in ours ^ stock)
+
+
+def _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates) -> dict:
+    """The plugin, compared query by query with stock's lists (nothing per query is kept)."""
+    from tilemaxsim_plaid.plaid import graphs, scoring
+    from tilemaxsim_plaid.plaid.device_index import device_index
+
+    seen: dict = {}
+
+    def record_stage_1(result, index, config_, centroid_scores):
+        pids, valid = result
+        seen["centroid_scores"] = centroid_scores.detach().cpu()
+        seen["stage_1"] = (pids if valid is None else pids[valid]).tolist()
+
+    def record_stage_4(result, index, Q, pids, valid, *rest):
+        seen["stage_4"] = set((pids if valid is None else pids[valid]).tolist())
+
+    counts = dict(candidates_equal=0, candidates_ties=0, topk_exact=0, topk_exact_ties=0,
+                  topk_equal_stock=0, topk_same_set_stock=0)
+    # Which queries differ beyond ties (their numbers, for a closer look), the first few.
+    examples = {"candidates_differ": [], "topk_not_exact": []}
+    # Eagerly, so the stage functions are called (a CUDA graph replay would skip them).
+    with reproduce._system(["compat", "scoring"]), graphs.disabled(), \
+            _capture(scoring, "_generate_candidates", record_stage_1), \
+            _capture(scoring, "_stage_4", record_stage_4):
+        index = device_index(ranker)
+        for number, (Q, stock_top, stock_set) in enumerate(
+                zip(_progress(Q_all, f"patched k={k}"), stock_tops, stock_candidates)):
+            seen.clear()
+            pids, _ = ranker.rank(config, Q[None])
+            top, ours = pids[:k], seen.get("stage_4", set())
+            if ours == stock_set:
+                counts["candidates_equal"] += 1
+            elif _candidate_tie(index, config, seen["centroid_scores"], seen["stage_1"], ours,
+                                stock_set):
+                counts["candidates_ties"] += 1
+            else:
+                examples["candidates_differ"].append(number)
+            score, exact = _exact_order(index, Q, ours)
+            if exact[:k] == top:
+                counts["topk_exact"] += 1
+            elif _same_up_to_ties(exact[:k], top, score):
+                counts["topk_exact_ties"] += 1
+            else:
+                examples["topk_not_exact"].append(number)
+            counts["topk_equal_stock"] += top == stock_top
+            counts["topk_same_set_stock"] += set(top) == set(stock_top)
+    return counts, {name: numbers[:MAX_EXAMPLES] for name, numbers in examples.items()}
 
 
 def run(args) -> dict:
@@ -161,8 +201,6 @@ def run(args) -> dict:
     from colbert.modeling.colbert import ColBERT
     from colbert.search.index_storage import IndexScorer
 
-    from tilemaxsim_plaid.plaid.device_index import device_index
-
     with reproduce._system(["compat"]):
         ColBERT.try_load_torch_extensions(use_gpu)
         ranker = IndexScorer(str(index_path), use_gpu=use_gpu)
@@ -172,27 +210,11 @@ def run(args) -> dict:
         config.configure(**_upstream_knobs(k))
         started = time.perf_counter()
         stock_tops, stock_candidates = _stock_pass(ranker, config, Q_all, k)
-        ours = _patched_pass(ranker, config, Q_all, k)
-        with reproduce._system(["compat", "scoring"]):
-            index = device_index(ranker)
-        counts = dict(candidates_equal=0, candidates_ties=0, topk_exact=0, topk_exact_ties=0,
-                      topk_equal_stock=0, topk_same_set_stock=0)
-        for Q, stock_top, stock_set, (top, our_set, centroid_scores) in zip(
-                Q_all, stock_tops, stock_candidates, ours):
-            if our_set == stock_set:
-                counts["candidates_equal"] += 1
-            elif _candidate_tie(index, centroid_scores, our_set, stock_set):
-                counts["candidates_ties"] += 1
-            score, exact = _exact_order(index, Q, our_set)
-            if exact[:k] == top:
-                counts["topk_exact"] += 1
-            elif _same_up_to_ties(exact[:k], top, score):
-                counts["topk_exact_ties"] += 1
-            counts["topk_equal_stock"] += top == stock_top
-            counts["topk_same_set_stock"] += set(top) == set(stock_top)
+        counts, examples = _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates)
         n = len(Q_all)
         row = {"k": k, "queries": n, **_upstream_knobs(k),
                **{name: value / n for name, value in counts.items()},
+               **{f"{name}_examples": numbers for name, numbers in examples.items()},
                "seconds": round(time.perf_counter() - started, 1)}
         print(json.dumps(row))
         rows.append(row)
