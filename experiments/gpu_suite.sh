@@ -8,6 +8,7 @@
 #   bash experiments/gpu_suite.sh reproduce # the runner: wiki-vital-h200 (carry runs/wvgpu, made by
 #                                           # `--steps prepare --out runs/wvgpu` on CPU) and the
 #                                           # synthetic-scale table (its indexes are written here)
+#   bash experiments/gpu_suite.sh reproduce-d384  # wiki-vital-h200-d384 (carry runs/wv384gpu)
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -16,7 +17,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce}
+part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -84,6 +85,14 @@ case "$part" in
       experiment=${name%%:*} root=${name#*:}
       [ -d "$root/$experiment/results" ] && tar -cJf "$BUNDLE_DIR/runs-$experiment.tar.xz" -C "$root/$experiment" results
     done
+    ;;
+  reproduce-d384)
+    # configs/wiki-vital-h200-d384.yaml: carry runs/wv384gpu (prepare's output without the
+    # checkpoint and collection text, ~34 MB).
+    step reproduce_d384 400 python3 -m experiments.reproduce configs/wiki-vital-h200-d384.yaml \
+      --steps search --out runs/wv384gpu
+    [ -d runs/wv384gpu/wiki-vital-h200-d384/results ] && tar -cJf "$BUNDLE_DIR/runs-wiki-vital-h200-d384.tar.xz" \
+      -C runs/wv384gpu/wiki-vital-h200-d384 results
     ;;
   plaid)
     # bench_plaid writes (or reuses) its own 1M-passage synthetic index: its spec records the
