@@ -3,9 +3,9 @@
 For every query and every k (with colbert-ai's own ncells / threshold / ndocs defaults for that k):
 
 1. Candidate sets after stages 2-3: the plugin's against stock colbert-ai's on the same index.
-   A difference counts as a tie when every differing passage sits at a cutoff: its stage-2 score
-   within TIE_TOLERANCE of the ndocs-th best, or its stage-3 score within TIE_TOLERANCE of either
-   set's lowest (float64 centroid interaction).
+   A difference counts as a tie when it comes from equal scores at a cutoff (see _candidate_tie:
+   colbert-ai's own tie order reproduces stock's set, or every differing passage sits within
+   TIE_TOLERANCE of a stage-2 or stage-3 cutoff).
 2. The plugin's top k against the exact order of its candidates: float64 MaxSim over PLAID's
    decompressed (fp32) embeddings. Lists that differ only between passages whose exact scores
    are within TIE_TOLERANCE count as ties.
@@ -112,20 +112,34 @@ def _same_up_to_ties(reference: list, actual: list, score: dict) -> bool:
 
 
 def _candidate_tie(index, config, centroid_scores, stage_1: list, ours: set, stock: set) -> bool:
-    """True when every passage in only one of the two candidate sets sits at a cutoff: its
-    stage-2 (pruned) score within TIE_TOLERANCE of the ndocs-th best, or its stage-3 score
-    within TIE_TOLERANCE of either set's lowest (float64 centroid interaction). Summation order
-    alone moves such passages across a cutoff."""
+    """True when the two candidate sets differ only through score ties at a cutoff.
+
+    Either (a) redoing stages 2-3 in float64 with colbert-ai's tie order (its priority queue of
+    (score, pid) pairs puts the larger pid first among equal scores) gives stock's set, or (b)
+    every passage in only one set scores within TIE_TOLERANCE of a cutoff: the ndocs-th best
+    stage-2 score, or either set's lowest stage-3 score (summation order alone moves such
+    passages across a cutoff).
+    """
     from tilemaxsim_plaid.reference import centroid_interaction
 
     cs = centroid_scores.double()
     codes, offsets = index.codes.cpu(), index.offsets.cpu()
     keep = cs.max(-1).values >= config.centroid_score_threshold
     first = torch.tensor(stage_1, dtype=torch.int64)
-    pruned = centroid_interaction(cs, codes, offsets, first, keep=keep)
-    cutoff_2 = (float(torch.topk(pruned, config.ndocs).values[-1]) if len(stage_1) > config.ndocs
-                else float("-inf"))
-    pruned_of = dict(zip(stage_1, pruned.tolist()))
+    pruned = centroid_interaction(cs, codes, offsets, first, keep=keep).tolist()
+
+    def stock_order(pids, scores, count):
+        ranked = sorted(zip(scores, pids), reverse=True)  # equal scores: larger pid first
+        return [pid for _, pid in ranked[:count]]
+
+    survivors = stock_order(stage_1, pruned, config.ndocs)
+    full_survivors = centroid_interaction(cs, codes, offsets, torch.tensor(survivors, dtype=torch.int64))
+    if set(stock_order(survivors, full_survivors.tolist(), config.ndocs // 4)) == stock:
+        return True
+
+    ranked_pruned = sorted(pruned, reverse=True)
+    cutoff_2 = ranked_pruned[config.ndocs - 1] if len(stage_1) > config.ndocs else float("-inf")
+    pruned_of = dict(zip(stage_1, pruned))
     pool = sorted(ours | stock)
     full = dict(zip(pool, centroid_interaction(cs, codes, offsets, torch.tensor(pool)).tolist()))
     cutoffs_3 = [min(full[p] for p in side) for side in (ours, stock) if side]
