@@ -16,7 +16,8 @@ For every query and every k (with colbert-ai's own ncells / threshold / ndocs de
 
 Runs where the index runs (CPU: the plugin's exact torch path against colbert-ai's C++ path;
 GPU: the fused kernels against colbert-ai's fp16 GPU path). Queries come from the runner's
-`prepare` step (all of them, encoded once and cached next to the index).
+`prepare` step, encoded once and cached next to the index: all of them, or the config's
+`search.precompute_queries` when it sets a number (configs/wiki-vital-h200.yaml: 1,000).
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ def _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates) -> dic
 
 def run(args) -> dict:
     experiment = reproduce.load_config(args.config, out=args.runs)
-    experiment.search["precompute_queries"] = True
+    if not experiment.search["precompute_queries"]:
+        experiment.search["precompute_queries"] = True  # every query, encoded once and cached
     condition = next(c for c in experiment.conditions if c.name == args.condition)
     reproduce.prepare_data(experiment, condition)
     reproduce.prepare_index(experiment, condition)

@@ -9,6 +9,7 @@
 #                                           # `--steps prepare --out runs/wvgpu` on CPU) and the
 #                                           # synthetic-scale table (its indexes are written here)
 #   bash experiments/gpu_suite.sh reproduce-d384  # wiki-vital-h200-d384 (carry runs/wv384gpu)
+#   bash experiments/gpu_suite.sh equivalence     # experiments/equivalence.py (carry runs/wvgpu)
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -17,7 +18,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384}
+part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -85,6 +86,12 @@ case "$part" in
       experiment=${name%%:*} root=${name#*:}
       [ -d "$root/$experiment/results" ] && tar -cJf "$BUNDLE_DIR/runs-$experiment.tar.xz" -C "$root/$experiment" results
     done
+    ;;
+  equivalence)
+    # Per-query candidate sets and top-k on the GPU (fused kernels vs colbert-ai's fp16 path),
+    # on the carried wiki-vital-h200 bundle (runs/wvgpu).
+    step equivalence 400 python3 -m experiments.equivalence configs/wiki-vital-h200.yaml \
+      --condition d128-k10 --ks 10 100 1000 --runs runs/wvgpu --out "$OUT/equivalence" --device cuda
     ;;
   reproduce-d384)
     # configs/wiki-vital-h200-d384.yaml: carry runs/wv384gpu (prepare's output without the
