@@ -32,8 +32,10 @@ TOLERANCES.update({
     # fp32 products as three tf32 products (tf32x3): about 1e-6 relative, like summation order.
     ("maxsim_residual", torch.float32): (1e-5, 1e-5),
     # split_query: fp32 query as fp16 head + tail against fp16 residual weights; the centroid part
-    # is exact fp32, the weights' rounding to fp16 leaves about 1e-5 per score.
-    ("maxsim_residual_split", torch.float32): (1e-4, 1e-4),
+    # is exact fp32. Rounding the weights to fp16 is one fixed error per bucket, so it adds up with
+    # the same sign over a document's tokens: about 1e-5 per query token and, over 3,000 seeded
+    # draws of the test's shapes (Lq = 33), at most 1.4e-4 * (1 + |score|) per score.
+    ("maxsim_residual_split", torch.float32): (5e-4, 5e-4),
     # Codebook entries (fp32 in the codec) are rounded to the query dtype for the tensor cores.
     ("maxsim_pq", torch.float16): (1e-3, 1e-3),
     ("maxsim_pq", torch.bfloat16): (1e-2, 2e-2),
