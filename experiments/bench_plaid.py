@@ -61,24 +61,40 @@ STOCK, PATCHED, PATCHED_EAGER = "colbert-ai", "tilemaxsim", "tilemaxsim-eager"
 
 # --------------------------------------------------------------------------- prepare (CPU)
 
-def _tiny_encoder(out_dir: pathlib.Path, work_dir: pathlib.Path, dim: int) -> str:
-    """A 2-layer, 64-wide BERT with MiniLM's tokenizer and random weights, as a colbert checkpoint."""
+# Encoder shapes timed on the GPU with random weights (encoding time does not depend on the
+# weights' values): MiniLM-L6 (the offline checkpoints) and BERT-base (colbertv2.0's shape).
+ENCODER_SHAPES = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    "minilm-l6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def _random_encoder(out: pathlib.Path, work_dir: pathlib.Path, shape: str, dim: int,
+                    tokenizer_dir: str) -> str:
+    """A BERT of one of :data:`ENCODER_SHAPES` with random weights and the given tokenizer,
+    saved as a colbert checkpoint at ``out``."""
     from colbert.infra.config import ColBERTConfig
     from colbert.modeling.base_colbert import BaseColBERT
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from tilemaxsim_plaid.plaid.checkpoint import minilm_model_dir
     from tilemaxsim_plaid.plaid.registry import enabled
 
-    raw = work_dir / "tiny_bert"  # the plain HF model, not carried
+    raw = work_dir / f"{shape}_bert"  # the plain HF model, not carried
     torch.manual_seed(0)
-    BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=128)).save_pretrained(raw)
-    AutoTokenizer.from_pretrained(minilm_model_dir()).save_pretrained(raw)
+    BertModel(BertConfig(**ENCODER_SHAPES[shape])).save_pretrained(raw)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(raw)
     with enabled(["compat"]):
         model = BaseColBERT(str(raw), colbert_config=ColBERTConfig(checkpoint=str(raw), dim=dim))
-        model.save(str(out_dir / BUNDLE_ENCODER))
-    return str(out_dir / BUNDLE_ENCODER)
+        model.save(str(out))
+    return str(out)
+
+
+def _tiny_encoder(out_dir: pathlib.Path, work_dir: pathlib.Path, dim: int) -> str:
+    """A 2-layer, 64-wide BERT with MiniLM's tokenizer and random weights, as a colbert checkpoint."""
+    from tilemaxsim_plaid.plaid.checkpoint import minilm_model_dir
+
+    return _random_encoder(out_dir / BUNDLE_ENCODER, work_dir, "tiny", dim, str(minilm_model_dir()))
 
 
 def prepare_bundle(out: pathlib.Path, passages: int = BUNDLE_PASSAGES) -> dict:
@@ -436,6 +452,8 @@ def run_benchmark(args) -> list[dict]:
             stages = _search_latency(wiki, texts[:n], Qs[:n], k, provider, cuda)
             rows.append({"suite": "search", "shape": f"wiki{wiki.ranker.doclens.numel()} k={k}",
                          "provider": provider, "ms": stages["search"], **stages})
+    if args.encoder_shapes:
+        rows += _encoder_rows(wiki, texts[:n], Qs[:n], args, encoder, pathlib.Path(args.out), cuda)
     for k in args.ks:
         equivalence = _equivalence(wiki, Qs[: args.equivalence_queries], k, cuda)
         rows.append({"suite": "equivalence", "shape": f"wiki k={k}", "provider": PATCHED, **equivalence})
@@ -466,6 +484,45 @@ def run_benchmark(args) -> list[dict]:
     return rows
 
 
+def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, out: pathlib.Path, cuda) -> list[dict]:
+    """Whole ``Searcher.search`` latency with encoders of real sizes (random weights, built
+    here), stock vs patched, and whether the patched encoder ran as a CUDA graph with output
+    bit-identical to stock's."""
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+
+    from tilemaxsim_plaid.plaid import encoder_graphs, registry
+
+    rows = []
+    original = searcher.checkpoint
+    work = out / "encoders"
+    try:
+        for shape in args.encoder_shapes:
+            path = _random_encoder(work / shape, work, shape, searcher.config.dim, tokenizer_dir)
+            checkpoint = Checkpoint(path, colbert_config=ColBERTConfig.load_from_checkpoint(path), verbose=0)
+            searcher.checkpoint = checkpoint.cuda() if cuda else checkpoint
+            probe = texts[: min(16, len(texts))]
+            registry.disable()
+            registry.enable(["compat"])
+            stock_Q = [searcher.encode(t) for t in probe]
+            registry.enable()
+            patched_Q = [searcher.encode(t) for t in probe]
+            identical = sum(torch.equal(a, b) for a, b in zip(stock_Q, patched_Q)) / len(probe)
+            graphs_made = searcher.checkpoint.__dict__.get(encoder_graphs._CACHE_ATTRIBUTE, {})
+            graphed = any(g is not None for g in graphs_made.values())
+            for k in args.ks:
+                for provider in (STOCK, PATCHED):
+                    stages = _search_latency(searcher, texts, Qs, k, provider, cuda)
+                    rows.append({"suite": "search", "shape": f"wiki k={k} encoder={shape}",
+                                 "provider": provider, "ms": stages["search"], **stages,
+                                 "encoder_graph": graphed if provider == PATCHED else False,
+                                 "encoder_same_as_stock": identical})
+    finally:
+        searcher.checkpoint = original
+        registry.enable()
+    return rows
+
+
 def _print_summary(rows: list[dict]) -> None:
     print(f"{'suite':<12} {'shape':<30} {'provider':<16} {'ms':>9} {'enc':>7} {'cand':>7} "
           f"{'st2-3':>7} {'st4':>7} {'sort':>7}  extra")
@@ -475,7 +532,7 @@ def _print_summary(rows: list[dict]) -> None:
         ms = f"{cells[0]:>9.3f}" if isinstance(cells[0], float) else f"{'-':>9}"
         extra = {key: (round(value, 4) if isinstance(value, float) else value) for key, value in row.items()
                  if key.startswith(("same_as", "exact_", "exhaustive_", "stock_rank", "syncs", "graph_",
-                                    "fp16x2", "ours_fp16x2"))}
+                                    "fp16x2", "ours_fp16x2", "encoder_"))}
         print(f"{row['suite']:<12} {row['shape']:<30} {row['provider']:<16} {ms} {text}  {extra or ''}")
 
 
@@ -493,6 +550,8 @@ def main(argv=None) -> int:
     run.add_argument("--equivalence-queries", type=int, default=BUNDLE_QUERY_COUNT)
     run.add_argument("--synthetic-passages", type=int, default=1_000_000, help="0 skips the synthetic index")
     run.add_argument("--synthetic-dir", default="runs/plaid_bench_synthetic/synthetic.nbits2")
+    run.add_argument("--encoder-shapes", nargs="*", default=["minilm-l6", "bert-base"],
+                     choices=sorted(ENCODER_SHAPES), help="also time whole searches with these encoders")
     run.add_argument("--rerank-sizes", type=int, nargs="+", default=list(RERANK_SIZES))
     run.add_argument("--stock-rerank-max", type=int, default=RERANK_SIZES[-1],
                      help="largest pids= list to time stock colbert-ai on")

@@ -10,6 +10,7 @@
 #                                           # synthetic-scale table (its indexes are written here)
 #   bash experiments/gpu_suite.sh reproduce-d384  # wiki-vital-h200-d384 (carry runs/wv384gpu)
 #   bash experiments/gpu_suite.sh equivalence     # experiments/equivalence.py (carry runs/wvgpu)
+#   bash experiments/gpu_suite.sh lengths         # synthetic-scale's length-* conditions
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -18,7 +19,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence}
+part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -96,10 +97,18 @@ case "$part" in
   reproduce-d384)
     # configs/wiki-vital-h200-d384.yaml: carry runs/wv384gpu (prepare's output without the
     # checkpoint and collection text, ~34 MB).
-    step reproduce_d384 400 python3 -m experiments.reproduce configs/wiki-vital-h200-d384.yaml \
+    step reproduce_d384 300 python3 -m experiments.reproduce configs/wiki-vital-h200-d384.yaml \
       --steps search --out runs/wv384gpu
     [ -d runs/wv384gpu/wiki-vital-h200-d384/results ] && tar -cJf "$BUNDLE_DIR/runs-wiki-vital-h200-d384.tar.xz" \
       -C runs/wv384gpu/wiki-vital-h200-d384 results
+    ;;
+  lengths)
+    # configs/synthetic-scale.yaml's length-32/64/128 conditions: three 100k-passage indexes,
+    # written here, exact-scoring throughput per passage length.
+    step reproduce_lengths 240 python3 -m experiments.reproduce configs/synthetic-scale.yaml \
+      --steps prepare,search --out runs/synlen --conditions length-32,length-64,length-128
+    [ -d runs/synlen/synthetic-scale/results ] && tar -cJf "$BUNDLE_DIR/runs-synthetic-lengths.tar.xz" \
+      -C runs/synlen/synthetic-scale results
     ;;
   plaid)
     # bench_plaid writes (or reuses) its own 1M-passage synthetic index: its spec records the

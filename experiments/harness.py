@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -57,6 +58,10 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "host": platform.node(),
     }
+    for package in ("transformers", "colbert"):  # what the end-to-end benchmarks run on
+        module = sys.modules.get(package)
+        if module is not None:
+            info[package] = getattr(module, "__version__", "unknown")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, sm_count=props.multi_processor_count,

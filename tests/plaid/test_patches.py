@@ -32,6 +32,7 @@ def test_patch_applies_to_installed_colbert(tmp_path):
     site = _site_packages()
     files = _patched_files()
     assert "colbert/search/index_storage.py" in files and "colbert/modeling/hf_colbert.py" in files
+    assert "colbert/modeling/checkpoint.py" in files
     # Apply to a copy: the installed package is never touched, and the result must compile.
     for relative in files:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -44,3 +45,19 @@ def test_patch_applies_to_installed_colbert(tmp_path):
     for relative in files:
         py_compile.compile(str(tmp_path / relative), doraise=True)
         assert "tilemaxsim_plaid" in (tmp_path / relative).read_text()
+
+
+def test_every_runtime_target_is_in_the_diff_and_the_readme():
+    """The diff and patches/README.md describe the same sites the runtime patch changes."""
+    from tilemaxsim_plaid.plaid.targets import TARGETS
+
+    files = set(_patched_files())
+    readme = (PATCH.parent / "README.md").read_text()
+    for target in TARGETS:
+        module, _, owner_class = target.owner.partition(":")
+        path = module.replace(".", "/") + ".py"
+        assert path in files, f"{target.name}: {path} has no hunk in {PATCH.name}"
+        assert f"`{path}`" in readme, f"{target.name}: {path} is not listed in patches/README.md"
+        site = f"{owner_class}.{target.attribute}" if owner_class else target.attribute
+        described = site in readme or (owner_class and f"{owner_class}.try_load_torch_extensions" in readme)
+        assert described, f"{target.name} is not described in patches/README.md"

@@ -27,7 +27,7 @@ import torch
 
 from tilemaxsim_plaid.plaid import backends
 
-__all__ = ["GRAPHS_ENV_VAR", "capturable", "disabled", "replay"]
+__all__ = ["GRAPHS_ENV_VAR", "capturable", "disabled", "enabled_for_device", "replay"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,17 @@ def disabled() -> Iterator[None]:
         _disabled_depth -= 1
 
 
-def capturable(index) -> bool:
-    """True when the search path of ``index`` runs as a CUDA graph."""
+def enabled_for_device(device: torch.device) -> bool:
+    """True when the plugin may capture and replay CUDA graphs on ``device`` now: a GPU, graphs
+    not turned off (environment variable, :func:`disabled`), no capture already under way."""
     if _disabled_depth or os.environ.get(GRAPHS_ENV_VAR, "1").strip() == "0":
         return False
-    return (index.device.type == "cuda" and backends.backend_for(index.device) == "triton"
-            and not torch.cuda.is_current_stream_capturing())
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def capturable(index) -> bool:
+    """True when the search path of ``index`` runs as a CUDA graph."""
+    return enabled_for_device(index.device) and backends.backend_for(index.device) == "triton"
 
 
 class _CapturedSearch:

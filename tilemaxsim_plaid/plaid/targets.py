@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from tilemaxsim_plaid.plaid import extensions, scoring, transformers_compat
+from tilemaxsim_plaid.plaid import encoder_graphs, extensions, scoring, transformers_compat
 from tilemaxsim_plaid.plaid.registry import PatchTarget
 
 __all__ = ["TARGETS"]
@@ -113,6 +113,9 @@ _SCORING_TARGETS = (
                 _wrap(scoring.colbert_score_packed_exact), "scoring",
                 also_bound_in=("colbert.search.index_storage",),
                 why="exact fp32 MaxSim (upstream: fp16 on GPU, negative maxima floored to 0 on CPU)"),
+    PatchTarget("colbert.modeling.checkpoint:Checkpoint", "query", _method(encoder_graphs.query),
+                "scoring", why="query encoder as a CUDA graph, bit-identical to the eager one "
+                               "(upstream: hundreds of launches and a host sync per query)"),
 )
 
 TARGETS = _EXTENSION_TARGETS + _TRANSFORMERS_TARGETS + _SCORING_TARGETS

@@ -1,0 +1,127 @@
+"""The query encoder's graph path: what it captures must be colbert-ai's ``ColBERT.query``
+exactly, and the capture / check / fallback logic. Capture itself needs a GPU: the GPU
+benchmark (experiments/bench_plaid.py) reports whether each encoder ran as a graph."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+
+from tests.plaid.conftest import patch_state
+from tilemaxsim_plaid.plaid import encoder_graphs, graphs
+
+pytestmark = pytest.mark.colbert
+
+
+@pytest.fixture(scope="module")
+def checkpoint_and_inputs(tiny_searcher, tiny_plaid_index):
+    with patch_state(("compat",)):
+        checkpoint = tiny_searcher.checkpoint
+        ids, mask = checkpoint.query_tokenizer.tensorize(tiny_plaid_index.queries[:3])
+    return checkpoint, ids, mask
+
+
+@pytest.mark.parametrize("mask_form", encoder_graphs._MASK_FORMS)
+def test_captured_computation_is_colbert_query_bit_for_bit(checkpoint_and_inputs, mask_form):
+    """Both attention-mask forms give exactly colbert-ai's eager output (same mask, same ops)."""
+    from colbert.modeling.checkpoint import Checkpoint
+
+    checkpoint, ids, mask = checkpoint_and_inputs
+    with patch_state(("compat",)):
+        expected = Checkpoint.query(checkpoint, ids, mask)
+    got = encoder_graphs._encode(checkpoint, ids, mask, mask_form)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert (mask == 0).any(), "the inputs must include padded positions for this to mean anything"
+
+
+class _FakeCapture:
+    """Stands in for _CapturedEncoder: 'fails' or returns eager output plus an offset."""
+
+    outcomes: dict = {}
+    made: list = []
+
+    def __init__(self, checkpoint, input_ids, attention_mask, form):
+        outcome = self.outcomes[form]
+        if outcome == "fail":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.offset = outcome
+        self.made.append(form)
+
+    def __call__(self, input_ids, attention_mask):
+        return eager_encoder(None, input_ids, attention_mask) + self.offset
+
+
+def eager_encoder(checkpoint, input_ids, attention_mask, to_cpu=False):
+    return torch.nn.functional.normalize(input_ids.float()[..., None].expand(-1, -1, 4), dim=-1)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(graphs, "enabled_for_device", lambda device: True)
+    monkeypatch.setattr(encoder_graphs, "_CapturedEncoder", _FakeCapture)
+    _FakeCapture.made = []
+    embeddings = types.SimpleNamespace(weight=torch.zeros(2))
+    checkpoint = types.SimpleNamespace(
+        training=False, device=torch.device("cpu"), linear=types.SimpleNamespace(weight=torch.zeros(3)),
+        bert=types.SimpleNamespace(get_input_embeddings=lambda: embeddings))
+    ids = torch.arange(1, 9).reshape(1, 8)
+    return checkpoint, ids, torch.ones_like(ids)
+
+
+def test_first_exact_form_is_kept_and_replayed(fake_gpu):
+    checkpoint, ids, mask = fake_gpu
+    _FakeCapture.outcomes = {"square": "fail", "padding": 0.0}
+    out = encoder_graphs.query(eager_encoder, checkpoint, ids, mask)
+    assert torch.equal(out, eager_encoder(None, ids, mask))
+    encoder_graphs.query(eager_encoder, checkpoint, ids, mask, to_cpu=True)
+    assert _FakeCapture.made == ["padding"], "captured once, on the second form, then replayed"
+
+
+def test_a_graph_that_is_not_bit_identical_is_never_used(fake_gpu, caplog):
+    checkpoint, ids, mask = fake_gpu
+    _FakeCapture.outcomes = {"square": 1e-7, "padding": "fail"}
+    calls = []
+
+    def counting_eager(*args, **kwargs):
+        calls.append(1)
+        return eager_encoder(*args, **kwargs)
+
+    with caplog.at_level(logging.WARNING, logger=encoder_graphs.__name__):
+        for _ in range(3):
+            out = encoder_graphs.query(counting_eager, checkpoint, ids, mask)
+            assert torch.equal(out, eager_encoder(None, ids, mask))
+    assert "differs from the eager encoder" in caplog.text and "capture failed" in caplog.text
+    assert caplog.text.count("runs eagerly") == 1, "logged once per shape"
+    assert len(calls) == 4, "one check at capture, then eager for each of the 3 calls"
+
+
+@pytest.mark.parametrize("case", ["big batch", "keyword", "training", "graphs off", "1-d"])
+def test_calls_the_graph_cannot_serve_go_to_colbert(fake_gpu, monkeypatch, case):
+    checkpoint, ids, mask = fake_gpu
+    _FakeCapture.outcomes = {"square": 0.0, "padding": 0.0}
+    args, kwargs = (ids, mask), {}
+    if case == "big batch":
+        args = (ids.expand(encoder_graphs.MAX_GRAPH_BATCH + 1, -1),) * 2
+    elif case == "keyword":
+        args, kwargs = (), {"input_ids": ids, "attention_mask": mask}
+    elif case == "training":
+        checkpoint.training = True
+    elif case == "graphs off":
+        monkeypatch.setattr(graphs, "enabled_for_device", lambda device: False)
+    elif case == "1-d":
+        args = (ids[0], mask[0])
+    seen = []
+    encoder_graphs.query(lambda *a, **k: seen.append((a, k)), checkpoint, *args, **kwargs)
+    assert len(seen) == 1 and _FakeCapture.made == []
+
+
+def test_moved_weights_get_a_new_graph(fake_gpu):
+    checkpoint, ids, mask = fake_gpu
+    _FakeCapture.outcomes = {"square": 0.0, "padding": 0.0}
+    encoder_graphs.query(eager_encoder, checkpoint, ids, mask)
+    checkpoint.linear.weight = torch.zeros(3)  # new storage, as after .to()
+    encoder_graphs.query(eager_encoder, checkpoint, ids, mask)
+    assert _FakeCapture.made == ["square", "square"]

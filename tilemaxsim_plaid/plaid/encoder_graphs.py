@@ -1,0 +1,147 @@
+"""One CUDA graph per (checkpoint, batch shape) for colbert-ai's query encoder.
+
+A ColBERT query is always ``query_maxlen`` tokens (short queries are padded with [MASK]), so
+``Checkpoint.query`` sees the same input shape for every single-query search. Eagerly, encoding
+one query is a few hundred small launches (BERT's layers, the projection, the normalisation)
+plus one host sync: ``ColBERT.query`` builds its token mask as a Python list from
+``input_ids.cpu()``. For the 32 tokens of one query that is milliseconds of Python and launch
+overhead around microseconds of GPU work, more than the plugin's whole PLAID search.
+
+Here the same computation (BERT, ``linear``, the mask computed on the device, L2
+normalisation, under the same autocast) is captured once per (checkpoint, input shape) and
+replayed. Before a graph is used its output for the capture input is compared with colbert-ai's
+own eager ``Checkpoint.query`` on that input: the graph is kept only if both are bit-identical,
+otherwise that shape runs eagerly from then on and the reason is logged once. Rankings
+therefore never depend on whether the encoder ran as a graph.
+
+Two attention-mask forms are tried. transformers 4.x's SDPA path checks ``torch.all(mask ==
+1)`` on the host for a ``[B, L]`` mask (a sync, which capture forbids); the equivalent ``[B, L,
+L]`` form goes through ``get_extended_attention_mask``, the same additive mask without the
+check. The ``[B, L]`` form is the fallback for versions that treat the two differently.
+
+Only batches of at most :data:`MAX_GRAPH_BATCH` queries are graphed: larger ones (``search_all``
+encodes 128 at a time) are bound by the GPU's work, not by launches, and run eagerly. The graph
+reads the parameters in place, so weight updates are seen; moving the model (``.to()``) makes
+new parameter storage and a new key. ``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` and
+:func:`tilemaxsim_plaid.plaid.graphs.disabled` turn these graphs off as well.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from tilemaxsim_plaid.plaid import graphs
+
+__all__ = ["MAX_GRAPH_BATCH", "query"]
+
+logger = logging.getLogger(__name__)
+
+MAX_GRAPH_BATCH = 32
+MAX_GRAPHS_PER_CHECKPOINT = 8
+_CACHE_ATTRIBUTE = "_tilemaxsim_encoder_graphs"
+_MASK_FORMS = ("square", "padding")
+
+
+def _graph_inputs(checkpoint, args, kwargs):
+    """(input_ids, attention_mask) when this call can be served by a graph, else None."""
+    if kwargs or len(args) != 2 or checkpoint.training:
+        return None
+    input_ids, attention_mask = args
+    if not (isinstance(input_ids, torch.Tensor) and isinstance(attention_mask, torch.Tensor)):
+        return None
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        return None
+    if not 0 < input_ids.shape[0] <= MAX_GRAPH_BATCH:
+        return None
+    device = checkpoint.device
+    if not graphs.enabled_for_device(device):
+        return None
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _encode(checkpoint, input_ids, attention_mask, mask_form: str):
+    """``ColBERT.query`` without host work: the token mask is computed on the device."""
+    if mask_form == "square":
+        # [B, L, L]: every query position sees the same keys as in the [B, L] form.
+        attention_mask = attention_mask[:, None, :].expand(-1, attention_mask.shape[1], -1)
+    amp = bool(getattr(getattr(checkpoint, "amp_manager", None), "activated", False))
+    # Autocast's weight-cast cache must stay off inside a graph (the casts are re-run by every
+    # replay instead of being cached outside it); the casts themselves are the same.
+    with torch.no_grad(), torch.autocast("cuda", enabled=amp and input_ids.is_cuda, cache_enabled=False):
+        Q = checkpoint.bert(input_ids, attention_mask=attention_mask)[0]
+        Q = checkpoint.linear(Q)
+        pad = checkpoint.pad_token
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if pad is None else input_ids != pad
+        Q = Q * keep.unsqueeze(2).float()
+        return F.normalize(Q, p=2, dim=2)
+
+
+class _CapturedEncoder:
+    def __init__(self, checkpoint, input_ids, attention_mask, mask_form: str):
+        self.input_ids = input_ids.clone()
+        self.attention_mask = attention_mask.clone()
+        device = input_ids.device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the graph: lazy init, kernel selection
+            _encode(checkpoint, self.input_ids, self.attention_mask, mask_form)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form)
+
+    def __call__(self, input_ids, attention_mask):
+        self.input_ids.copy_(input_ids)
+        self.attention_mask.copy_(attention_mask)
+        self.graph.replay()
+        return self.out.clone()  # the next replay overwrites self.out
+
+
+def _key(checkpoint, input_ids, attention_mask) -> tuple:
+    # Parameter storage identifies the weights the graph reads; .to() replaces it.
+    first = checkpoint.bert.get_input_embeddings().weight
+    last = checkpoint.linear.weight
+    return (tuple(input_ids.shape), input_ids.dtype, attention_mask.dtype, input_ids.device,
+            first.data_ptr(), last.data_ptr(), last.dtype)
+
+
+def _capture(original, checkpoint, input_ids, attention_mask):
+    """A graph bit-identical to colbert-ai's eager encoder on this input, or None (logged)."""
+    expected = original(checkpoint, input_ids, attention_mask)
+    reasons = []
+    for form in _MASK_FORMS:
+        try:
+            captured = _CapturedEncoder(checkpoint, input_ids, attention_mask, form)
+        except RuntimeError as error:
+            reasons.append(f"{form} mask: capture failed ({error})")
+            continue
+        got = captured(input_ids, attention_mask)
+        if got.dtype == expected.dtype and torch.equal(got, expected):
+            return captured
+        diff = (got.double() - expected.double()).abs().max().item()
+        reasons.append(f"{form} mask: differs from the eager encoder by {diff:.3g}")
+    logger.warning("query encoder runs eagerly for inputs of shape %s: %s",
+                   tuple(input_ids.shape), "; ".join(reasons))
+    return None
+
+
+def query(original, checkpoint, *args, to_cpu: bool = False, **kwargs):
+    """Stand-in for ``colbert.modeling.checkpoint.Checkpoint.query`` (``original``)."""
+    inputs = _graph_inputs(checkpoint, args, kwargs)
+    if inputs is None:
+        return original(checkpoint, *args, to_cpu=to_cpu, **kwargs)
+    input_ids, attention_mask = inputs
+    cache = checkpoint.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
+    key = _key(checkpoint, input_ids, attention_mask)
+    if key not in cache:
+        if len(cache) >= MAX_GRAPHS_PER_CHECKPOINT:
+            cache.pop(next(iter(cache)))
+        cache[key] = _capture(original, checkpoint, input_ids, attention_mask)
+    captured = cache[key]
+    if captured is None:
+        return original(checkpoint, input_ids, attention_mask, to_cpu=to_cpu)
+    Q = captured(input_ids, attention_mask)
+    return Q.cpu() if to_cpu else Q
