@@ -15,7 +15,11 @@ Two steps, because the GPU machine has no MiniLM package, no Wikipedia package a
        CUDA events. "Search" is ``Searcher.search``'s two steps, ``encode(text)`` and
        ``dense_search(Q)``, with the query's precomputed embedding passed to dense_search (the
        tiny encoder's own embeddings would make candidate generation meaningless); the
-       encode time is reported separately so it can be swapped for a real encoder's.
+       encode time is reported separately. The same searches are then timed with encoders of
+       real sizes built on the GPU host with random weights (``--encoder-shapes``: MiniLM-L6,
+       and BERT-base, the shape of colbertv2.0; encoding time does not depend on the weights),
+       stock vs patched, recording whether the patched encoder ran as a CUDA graph and whether
+       its embeddings were bit-identical to stock's.
     2. Rerank (``pids=``) of 100k and 1M candidates with 32 query tokens on the synthetic index:
        the plugin's scoring time and stock colbert-ai's time on the same input.
     3. Equivalence on the real index, every query, k = 10/100/1000: identical top-k fraction

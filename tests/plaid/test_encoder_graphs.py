@@ -68,7 +68,9 @@ def fake_gpu(monkeypatch):
         training=False, device=torch.device("cpu"), linear=types.SimpleNamespace(weight=torch.zeros(3)),
         bert=types.SimpleNamespace(get_input_embeddings=lambda: embeddings))
     ids = torch.arange(1, 9).reshape(1, 8)
-    return checkpoint, ids, torch.ones_like(ids)
+    mask = torch.ones_like(ids)
+    mask[0, -2:] = 0  # padded positions, as almost every tokenized query has
+    return checkpoint, ids, mask
 
 
 def test_first_exact_form_is_kept_and_replayed(fake_gpu):
@@ -98,7 +100,7 @@ def test_a_graph_that_is_not_bit_identical_is_never_used(fake_gpu, caplog):
     assert len(calls) == 4, "one check at capture, then eager for each of the 3 calls"
 
 
-@pytest.mark.parametrize("case", ["big batch", "keyword", "training", "graphs off", "1-d"])
+@pytest.mark.parametrize("case", ["big batch", "keyword", "training", "graphs off", "1-d", "no padding"])
 def test_calls_the_graph_cannot_serve_go_to_colbert(fake_gpu, monkeypatch, case):
     checkpoint, ids, mask = fake_gpu
     _FakeCapture.outcomes = {"square": 0.0, "padding": 0.0}
@@ -113,6 +115,8 @@ def test_calls_the_graph_cannot_serve_go_to_colbert(fake_gpu, monkeypatch, case)
         monkeypatch.setattr(graphs, "enabled_for_device", lambda device: False)
     elif case == "1-d":
         args = (ids[0], mask[0])
+    elif case == "no padding":  # transformers would drop the mask: not what a graph holds
+        args = (ids, torch.ones_like(mask))
     seen = []
     encoder_graphs.query(lambda *a, **k: seen.append((a, k)), checkpoint, *args, **kwargs)
     assert len(seen) == 1 and _FakeCapture.made == []

@@ -19,6 +19,8 @@ Two attention-mask forms are tried. transformers 4.x's SDPA path checks ``torch.
 L]`` form goes through ``get_extended_attention_mask``, the same additive mask without the
 check. The ``[B, L]`` form is the fallback for versions that treat the two differently.
 
+Batches with no padded position at all run colbert-ai's own code: transformers drops an all-ones
+mask, and SDPA without a mask may use a different kernel than with one (see :func:`query`).
 Only batches of at most :data:`MAX_GRAPH_BATCH` queries are graphed: larger ones (``search_all``
 encodes 128 at a time) are bound by the GPU's work, not by launches, and run eagerly. The graph
 reads the parameters in place, so weight updates are seen; moving the model (``.to()``) makes
@@ -134,6 +136,12 @@ def query(original, checkpoint, *args, to_cpu: bool = False, **kwargs):
     if inputs is None:
         return original(checkpoint, *args, to_cpu=to_cpu, **kwargs)
     input_ids, attention_mask = inputs
+    if bool(attention_mask.all()):
+        # No padding anywhere (every query of the batch has query_maxlen - 2 or more word
+        # pieces, or attend_to_mask_tokens): transformers then drops the mask and SDPA may pick
+        # another kernel than the masked one a graph holds, so colbert-ai's own code runs.
+        # The check reads one byte back right after the tokenizer's synchronous upload.
+        return original(checkpoint, input_ids, attention_mask, to_cpu=to_cpu)
     cache = checkpoint.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
     key = _key(checkpoint, input_ids, attention_mask)
     if key not in cache:
