@@ -373,8 +373,22 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
     return results
 
 
-def _count_syncs(searcher, Q, k):
-    """Host syncs inside the patched search before the final transfer of its ranked list."""
+def _syncs_in(fn) -> list[str]:
+    """``file:line`` of each synchronizing CUDA operation ``fn()`` performs."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{pathlib.Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+
+
+def _count_syncs(searcher, Q, k, text) -> dict:
+    """Host syncs inside the patched search before the final transfer of its ranked list, and
+    inside the patched ``Searcher.encode`` of one query, with where each happens."""
     from tilemaxsim_plaid.plaid import registry
     from tilemaxsim_plaid.plaid.scoring import _fill_search_knobs, rank_on_device
 
@@ -383,16 +397,16 @@ def _count_syncs(searcher, Q, k):
     _fill_search_knobs(searcher, k)
     Q = Q.cuda()  # the query's upload is not part of what is counted
     rank_on_device(searcher.ranker, searcher.config, Q[None])  # warm: builds the device index
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with torch.inference_mode():
-                rank_on_device(searcher.ranker, searcher.config, Q[None])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    searcher.encode(text)  # warm: captures the encoder graph
+
+    def search():
+        with torch.inference_mode():
+            rank_on_device(searcher.ranker, searcher.config, Q[None])
+
+    search_syncs = _syncs_in(search)
+    encode_syncs = _syncs_in(lambda: searcher.encode(text))
+    return {"syncs_before_topk": len(search_syncs), "syncs_before_topk_at": search_syncs,
+            "syncs_in_encode": len(encode_syncs), "syncs_in_encode_at": encode_syncs}
 
 
 # --------------------------------------------------------------------------- run (GPU)
@@ -463,7 +477,7 @@ def run_benchmark(args) -> list[dict]:
         rows.append({"suite": "equivalence", "shape": f"wiki k={k}", "provider": PATCHED, **equivalence})
     if cuda:
         rows.append({"suite": "syncs", "shape": "wiki k=10", "provider": PATCHED,
-                     "syncs_before_topk": _count_syncs(wiki, Qs[0], 10)})
+                     **_count_syncs(wiki, Qs[0], 10, texts[0])})
 
     if args.synthetic_passages:
         from tilemaxsim_plaid.synthetic import (SyntheticIndexSpec, load_synthetic_queries,

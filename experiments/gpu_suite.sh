@@ -49,7 +49,7 @@ gpu_tests() {  # every kernel test on the GPU (compiling each variant takes most
 }
 
 bench_plaid() {  # end-to-end PLAID on the carried bundle and a 1M-passage synthetic index
-  step bench_plaid 290 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
+  step bench_plaid 330 python3 -m experiments.bench_plaid run --bundle runs/plaid_bench --out "$OUT/plaid" \
     --synthetic-dir runs/plaid_syn_bench/synthetic.nbits2 --num-queries 32 --equivalence-queries 500 \
     --rerank-sizes 100000 1000000 --stock-rerank-max 100000
 }
