@@ -290,6 +290,12 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
             for warps in (2, 4):
                 for stages in (1, 2, 3):
                     out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, stages))
+        # The stream path (every document, boundaries inside tiles): tile rows x rows per program.
+        for block_t in (32, 64, 128) if case.B == 1 else (32, 64):
+            for chunk in (1024, 4096, 16384):
+                for warps in (2, 4) if case.B == 1 else (4, 8):
+                    out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, 2, stream=True,
+                                            chunk_tokens=chunk))
         return out
     if case.B == 1:
         for block_t in (64, 128) if case.d > 128 else (64, 128, 256):

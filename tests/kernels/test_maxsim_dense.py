@@ -140,6 +140,10 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, slots=True),
                  id="slots-16x4"),
     pytest.param(MaxSimConfig(block_t=4, docs_per_program=4, slots=True), id="slots-4x4"),
+    # Chunks smaller than a tile, a document longer than a chunk, boundaries inside tiles.
+    pytest.param(MaxSimConfig(block_t=16, stream=True, chunk_tokens=8), id="stream-16-chunk8"),
+    pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, stream=True, chunk_tokens=40),
+                 id="stream-32-2q-chunk40"),
 ]
 
 
@@ -157,6 +161,10 @@ def test_every_config_path_is_exact(config, d, device):
     out = maxsim_packed(Q, D, offsets, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
     pids = torch.tensor([6, 2, 1, 2], device=device)
+    if config.stream:  # every document, in corpus order, or nothing
+        with pytest.raises(ValueError, match="config.stream"):
+            maxsim_packed(Q, D, offsets, pids, config=config)
+        return
     out = maxsim_packed(Q, D, offsets, pids, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
 
@@ -167,6 +175,8 @@ def test_every_config_path_is_exact(config, d, device):
     pytest.param(MaxSimConfig(docs_per_program=0), id="no-docs"),
     pytest.param(MaxSimConfig(block_t=4, docs_per_program=2, slots=True), id="slot-tile-too-small"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
+    pytest.param(MaxSimConfig(stream=True, chunk_tokens=0), id="stream-empty-chunks"),
+    pytest.param(MaxSimConfig(stream=True, slots=True, docs_per_program=2), id="stream-and-slots"),
 ])
 def test_bad_config_is_rejected_before_launch(config, device):
     D, offsets = _packed_from_lengths([5, 7], 64, torch.float16, device)
@@ -239,3 +249,34 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     out = maxsim_packed(Q, D, offsets, pids)
     expected = reference.maxsim_packed(Q, D, offsets, pids)
     assert_close(out, expected, "maxsim_dense", torch.float16)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    B=st.integers(1, 3),
+    Lq=st.integers(0, 40),
+    lengths=st.lists(st.integers(0, 80), min_size=0, max_size=12),
+    d=st.sampled_from([16, 96, 128, 200]),
+    block_t=st.sampled_from([16, 32, 64]),
+    chunk_tokens=st.integers(1, 150),
+)
+def test_stream_property(B, Lq, lengths, d, block_t, chunk_tokens, device):
+    """The stream path over any lengths (empty documents first, last, in runs; documents longer
+    than a chunk; boundaries anywhere in a tile) and any chunking: exact and never NaN."""
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    config = MaxSimConfig(block_t=block_t, stream=True, chunk_tokens=chunk_tokens)
+    out = maxsim_packed(Q, D, offsets, config=config)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
+def test_stream_plan_gives_each_document_to_one_program(device):
+    """Programs own consecutive documents by first row; trailing empty ones go to the last."""
+    offsets = torch.tensor([0, 0, 5, 30, 30, 31, 64, 64, 64], device=device)
+    plan = dense._stream_plan(offsets, num_rows=64 + 3, chunk_tokens=16)
+    # 5 programs for 67 rows; first rows 0,0,5 | 30,30,31 | none | none | 64,64 (rows 64-66).
+    assert plan.tolist() == [0, 3, 6, 6, 6, 8]
+    # Trailing empty documents past the last chunk still go to the last program.
+    assert dense._stream_plan(offsets, num_rows=64, chunk_tokens=16).tolist() == [0, 3, 6, 6, 8]
+    empty = dense._stream_plan(torch.zeros(1, dtype=torch.int64, device=device), 0, 16)
+    assert empty.tolist() == [0, 0]

@@ -7,7 +7,8 @@ import dataclasses
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
+from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim_packed_slots_kernel,
+                                                   _maxsim_packed_stream_kernel)
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
 
@@ -34,6 +35,11 @@ class MaxSimConfig:
             128): the tile is read once and reused by all query blocks of the program.
         slots: packed layout only: docs_per_program documents side by side in one tile of
             docs_per_program x block_t rows (short documents share one tensor-core product).
+        stream: packed layout, every document (no ``pids``): each program walks about
+            chunk_tokens consecutive token rows in tiles of block_t that ignore document
+            boundaries, finishing documents as they end (see _maxsim_packed_stream_kernel).
+        chunk_tokens: token rows per program of the stream path (documents are not split, so a
+            program takes whole documents whose first row falls in its chunk).
         num_warps, num_stages: Triton launch parameters.
     """
 
@@ -45,6 +51,8 @@ class MaxSimConfig:
     num_warps: int = 4
     num_stages: int = 2
     slots: bool = False
+    stream: bool = False
+    chunk_tokens: int = 2048
 
 
 def _pow2(x: int) -> int:
@@ -98,12 +106,33 @@ def _check_config(cfg: MaxSimConfig) -> None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
+    if cfg.stream and (cfg.slots or cfg.single_tile or cfg.chunk_tokens < 1):
+        raise ValueError(
+            f"config.stream excludes slots and single_tile and needs chunk_tokens >= 1; got "
+            f"slots={cfg.slots}, single_tile={cfg.single_tile}, chunk_tokens={cfg.chunk_tokens}"
+        )
     if cfg.slots and (cfg.docs_per_program & (cfg.docs_per_program - 1)
                       or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM):
         raise ValueError(
             f"config.slots needs docs_per_program a power of two and block_t * docs_per_program >= "
             f"{MIN_DOT_DIM}; got block_t={cfg.block_t}, docs_per_program={cfg.docs_per_program}"
         )
+
+
+def _stream_plan(offsets: torch.Tensor, num_rows: int, chunk_tokens: int) -> torch.Tensor:
+    """int64 [P+1]: program p of the stream path scores documents plan[p] .. plan[p+1], those
+    whose first row lies in rows [p * chunk_tokens, (p+1) * chunk_tokens).
+
+    Built on the device from ``offsets`` without a sync: P comes from the row count of the
+    packed tensor (an upper bound of the rows in use; programs past the end get no documents).
+    Empty documents after the last row go to the last program.
+    """
+    num_docs = offsets.numel() - 1
+    num_programs = max(1, triton.cdiv(num_rows, chunk_tokens))
+    boundaries = torch.arange(num_programs + 1, device=offsets.device, dtype=torch.int64) * chunk_tokens
+    plan = torch.searchsorted(offsets[:-1], boundaries)
+    plan[-1] = num_docs
+    return plan
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
@@ -137,6 +166,30 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
+    if cfg.stream:
+        if not packed or pids is not None:
+            raise ValueError("config.stream scores every document of a packed corpus: use it with "
+                             "maxsim_packed and pids=None")
+        plan = _stream_plan(offsets, D.shape[0], cfg.chunk_tokens)
+        _maxsim_packed_stream_kernel[((plan.numel() - 1) * num_qgroups,)](
+            Q3, D, offsets, plan, query_lengths if query_lengths is not None else dummy, out,
+            B, Lq, dim,
+            Q3.stride(0), Q3.stride(1), Q3.stride(2),
+            D.stride(0), D.stride(1),
+            out.stride(0), out.stride(1),
+            num_qgroups,
+            HAS_QUERY_LENGTHS=query_lengths is not None,
+            LQ=lq,
+            QUERIES_PER_BLOCK=queries_per_block,
+            BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
+            BLOCK_D=block_d,
+            NUM_D_TILES=num_d_tiles,
+            INPUT_PRECISION=dot_precision(Q3.dtype),
+            UPCAST=interpreter_upcast(Q3.dtype),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return out
     if cfg.slots:
         if not packed:
             raise ValueError("config.slots is for the packed layout (maxsim_packed)")
