@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -187,3 +188,25 @@ def test_stock_searcher_and_plugin_load_and_search_it(small_index, checkpoint_di
     for (stock_pids, _, stock_scores), (patched_pids, _, patched_scores) in zip(stock, patched):
         assert patched_pids == stock_pids
         assert patched_scores == pytest.approx(stock_scores, abs=1e-3)
+
+
+def test_verify_accepts_a_written_index_and_names_what_is_broken(small_index, tmp_path):
+    path, spec, manifest = small_index
+    totals = synthetic.verify_synthetic_index(path, progress=False)
+    assert totals["passages"] == NUM_PASSAGES and totals["embeddings"] == manifest["num_embeddings"]
+
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    doclens = json.loads((broken / "doclens.1.json").read_text())
+    (broken / "doclens.1.json").write_text(json.dumps(doclens[:-1]))
+    with pytest.raises(ValueError, match=r"1\.metadata\.json"):
+        synthetic.verify_synthetic_index(broken, progress=False)
+
+    shutil.copytree(path, broken, dirs_exist_ok=True)
+    ivf, lengths = torch.load(broken / "ivf.pid.pt")
+    first = int(torch.nonzero(lengths > 1)[0])
+    start = int(lengths[:first].sum())
+    ivf[start], ivf[start + 1] = ivf[start + 1].clone(), ivf[start].clone()  # one list out of order
+    torch.save((ivf, lengths), broken / "ivf.pid.pt")
+    with pytest.raises(ValueError, match="ivf.pid.pt.*increasing"):
+        synthetic.verify_synthetic_index(broken, progress=False)

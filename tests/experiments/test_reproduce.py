@@ -294,6 +294,11 @@ def test_synthesize_entry_point_writes_a_loadable_index(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["complete"] and summary["num_chunks"] == 1
     assert (out / "ivf.pid.pt").exists() and (out / "0.codes.pt").exists()
+    assert synthesize.main([str(out), "--verify"]) == 0
+    assert json.loads(capsys.readouterr().out)["passages"] == 300
+    (out / "0.codes.pt").unlink()
+    assert synthesize.main([str(out), "--verify"]) == 1
+    assert "0.codes.pt" in capsys.readouterr().err
 
 
 @pytest.mark.colbert
