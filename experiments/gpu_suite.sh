@@ -11,6 +11,7 @@
 #   bash experiments/gpu_suite.sh reproduce-d384  # wiki-vital-h200-d384 (carry runs/wv384gpu)
 #   bash experiments/gpu_suite.sh equivalence     # experiments/equivalence.py (carry runs/wvgpu)
 #   bash experiments/gpu_suite.sh lengths         # synthetic-scale's length-* conditions
+#   bash experiments/gpu_suite.sh kernels-quick   # kernel tests, packed config sweep, main shapes
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -19,7 +20,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -63,6 +64,12 @@ case "$part" in
     ;;
   tests)
     gpu_tests
+    ;;
+  kernels-quick)  # kernel tests, the packed-layout config sweep (stream path included), main shapes
+    gpu_tests
+    step bench_dense 220 python3 -m experiments.bench --sweep --no-sweeps --out "$OUT/bench" \
+      --sweep-shapes "1q packed N=100k mean70 d=128;32q packed N=100k mean70 d=128"
+    step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   plaid-only)  # end-to-end PLAID and the residual kernel tests, on one GPU
     step residual_tests 120 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
