@@ -82,7 +82,15 @@ def _encode(checkpoint, input_ids, attention_mask, mask_form: str):
 
 
 class _CapturedEncoder:
+    """The static buffers live and are written in inference mode whatever mode the caller is in
+    (an inference tensor cannot be updated in place outside it); the output handed back is a
+    clone made in the caller's mode, a normal tensor as colbert-ai returns."""
+
     def __init__(self, checkpoint, input_ids, attention_mask, mask_form: str):
+        with torch.inference_mode():
+            self._capture(checkpoint, input_ids, attention_mask, mask_form)
+
+    def _capture(self, checkpoint, input_ids, attention_mask, mask_form: str):
         self.input_ids = input_ids.clone()
         self.attention_mask = attention_mask.clone()
         device = input_ids.device
@@ -96,9 +104,10 @@ class _CapturedEncoder:
             self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form)
 
     def __call__(self, input_ids, attention_mask):
-        self.input_ids.copy_(input_ids)
-        self.attention_mask.copy_(attention_mask)
-        self.graph.replay()
+        with torch.inference_mode():
+            self.input_ids.copy_(input_ids)
+            self.attention_mask.copy_(attention_mask)
+            self.graph.replay()
         return self.out.clone()  # the next replay overwrites self.out
 
 
