@@ -14,10 +14,12 @@ own eager ``Checkpoint.query`` on that input: the graph is kept only if both are
 otherwise that shape runs eagerly from then on and the reason is logged once. Rankings
 therefore never depend on whether the encoder ran as a graph.
 
-Two attention-mask forms are tried. transformers 4.x's SDPA path checks ``torch.all(mask ==
-1)`` on the host for a ``[B, L]`` mask (a sync, which capture forbids); the equivalent ``[B, L,
-L]`` form goes through ``get_extended_attention_mask``, the same additive mask without the
-check. The ``[B, L]`` form is the fallback for versions that treat the two differently.
+The attention mask is passed in the form the installed transformers can capture
+(:func:`_mask_forms`). transformers 4.x's SDPA path checks ``torch.all(mask == 1)`` on the host
+for a ``[B, L]`` mask (a sync, which capture forbids); the equivalent ``[B, L, L]`` form goes
+through ``get_extended_attention_mask``, the same additive mask without the check.
+transformers 5 skips that check while a CUDA stream is capturing and rejects ``[B, L, L]``, so
+there the ``[B, L]`` mask is captured as is.
 
 Batches with no padded position at all run colbert-ai's own code: transformers drops an all-ones
 mask, and SDPA without a mask may use a different kernel than with one (see :func:`query`).
@@ -44,7 +46,15 @@ logger = logging.getLogger(__name__)
 MAX_GRAPH_BATCH = 32
 MAX_GRAPHS_PER_CHECKPOINT = 8
 _CACHE_ATTRIBUTE = "_tilemaxsim_encoder_graphs"
-_MASK_FORMS = ("square", "padding")
+
+
+def _mask_forms() -> tuple[str, ...]:
+    """Attention-mask forms to capture, the one the installed transformers takes first."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return ("padding",)
+    return ("square", "padding")
 
 
 def _graph_inputs(checkpoint, args, kwargs):
@@ -123,11 +133,11 @@ def _capture(original, checkpoint, input_ids, attention_mask):
     """A graph bit-identical to colbert-ai's eager encoder on this input, or None (logged)."""
     expected = original(checkpoint, input_ids, attention_mask)
     reasons = []
-    for form in _MASK_FORMS:
+    for form in _mask_forms():
         try:
             captured = _CapturedEncoder(checkpoint, input_ids, attention_mask, form)
-        except RuntimeError as error:
-            reasons.append(f"{form} mask: capture failed ({error})")
+        except Exception as error:  # noqa: BLE001 (any failure means: not this form)
+            reasons.append(f"{form} mask: capture failed ({type(error).__name__}: {error})")
             continue
         got = captured(input_ids, attention_mask)
         if got.dtype == expected.dtype and torch.equal(got, expected):
