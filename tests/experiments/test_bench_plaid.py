@@ -1,0 +1,55 @@
+"""experiments/bench_plaid.py end to end on the tiny index, on CPU: the code path the GPU run
+takes (stock vs patched searches, encoders of other sizes built on the spot, equivalence), so
+that a broken benchmark shows here rather than in a device call."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.plaid.conftest import patch_state, tiny_searcher  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.colbert
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_plaid_index, tiny_searcher, tmp_path_factory):
+    """The layout `bench_plaid prepare` writes, made from the session's tiny index."""
+    from experiments import bench_plaid
+
+    out = tmp_path_factory.mktemp("plaid_bench")
+    shutil.copytree(tiny_plaid_index.index_path, out / "indexes" / bench_plaid.BUNDLE_INDEX_NAME)
+    queries = tiny_plaid_index.queries[:4]
+    with patch_state(("compat",)):
+        Q = tiny_searcher.encode(queries)
+    torch.save({"Q": Q.half(), "texts": queries, "relevant_pids": list(range(len(queries)))},
+               out / bench_plaid.BUNDLE_QUERIES)
+    bench_plaid._tiny_encoder(out, out / "work", dim=tiny_plaid_index.dim)
+    return out
+
+
+def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys):
+    from experiments import bench_plaid
+
+    out = tmp_path / "plaid"
+    with patch_state(("compat", "scoring")):
+        assert bench_plaid.main(["run", "--bundle", str(bundle), "--out", str(out), "--ks", "10",
+                                 "--num-queries", "2", "--equivalence-queries", "3",
+                                 "--synthetic-passages", "0", "--encoder-shapes", "tiny"]) == 0
+    document = json.loads((out / "plaid.json").read_text())
+    assert document["provenance"]["colbert"] and document["provenance"]["transformers"]
+    rows = document["rows"]
+    searches = [r for r in rows if r["suite"] == "search"]
+    assert {r["provider"] for r in searches} == {bench_plaid.STOCK, bench_plaid.PATCHED,
+                                                 bench_plaid.PATCHED_EAGER}
+    assert all(r["ms"] > 0 for r in searches)
+    encoder_rows = [r for r in searches if "encoder=tiny" in r["shape"]]
+    assert len(encoder_rows) == 2
+    # Without a GPU nothing is captured, and the patched encoder is colbert-ai's own code.
+    assert all(r["encoder_same_as_stock"] == 1.0 and r["encoder_graph"] is False for r in encoder_rows)
+    (equivalence,) = [r for r in rows if r["suite"] == "equivalence"]
+    assert equivalence["same_as_exact_rescore"] + equivalence["exact_rescore_ties"] == 1.0
+    assert "equivalence" in capsys.readouterr().out
