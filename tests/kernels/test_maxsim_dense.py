@@ -177,6 +177,9 @@ def test_every_config_path_is_exact(config, d, device):
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
     pytest.param(MaxSimConfig(stream=True, chunk_tokens=0), id="stream-empty-chunks"),
     pytest.param(MaxSimConfig(stream=True, slots=True, docs_per_program=2), id="stream-and-slots"),
+    pytest.param(MaxSimConfig(stream=True, q_blocks_per_program=2), id="stream-2qblocks"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, q_blocks_per_program=2),
+                 id="slots-2qblocks"),
 ])
 def test_bad_config_is_rejected_before_launch(config, device):
     D, offsets = _packed_from_lengths([5, 7], 64, torch.float16, device)

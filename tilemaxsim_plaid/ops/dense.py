@@ -106,6 +106,10 @@ def _check_config(cfg: MaxSimConfig) -> None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
+    if (cfg.slots or cfg.stream) and cfg.q_blocks_per_program != 1:
+        # Their programs each hold one query block (no loop over several).
+        raise ValueError(f"config.q_blocks_per_program must be 1 with slots or stream, got "
+                         f"{cfg.q_blocks_per_program}")
     if cfg.stream and (cfg.slots or cfg.single_tile or cfg.chunk_tokens < 1):
         raise ValueError(
             f"config.stream excludes slots and single_tile and needs chunk_tokens >= 1; got "
