@@ -283,3 +283,34 @@ def test_stream_plan_gives_each_document_to_one_program(device):
     assert dense._stream_plan(offsets, num_rows=64, chunk_tokens=16).tolist() == [0, 3, 6, 6, 8]
     empty = dense._stream_plan(torch.zeros(1, dtype=torch.int64, device=device), 0, 16)
     assert empty.tolist() == [0, 0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    B=st.integers(1, 5),
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=7),
+    block_t=st.sampled_from([4, 16, 32, 64]),
+    queries_per_block=st.sampled_from([1, 2, 4]),
+    q_blocks_per_program=st.integers(1, 3),
+    docs_per_program=st.integers(1, 4),
+    kind=st.sampled_from(["plain", "single_tile", "slots", "stream"]),
+    chunk_tokens=st.integers(1, 64),
+    with_pids=st.booleans(),
+)
+def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
+                                        docs_per_program, kind, chunk_tokens, with_pids, device):
+    """Over the whole MaxSimConfig space: a launch either matches the float64 reference in every
+    element or is refused with a ValueError naming the config, never a silent partial result."""
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
+    pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None
+    config = MaxSimConfig(block_t=block_t, queries_per_block=queries_per_block,
+                          q_blocks_per_program=q_blocks_per_program, docs_per_program=docs_per_program,
+                          single_tile=kind == "single_tile", slots=kind == "slots",
+                          stream=kind == "stream", chunk_tokens=chunk_tokens)
+    try:
+        out = maxsim_packed(Q, D, offsets, pids, config=config)
+    except ValueError as error:
+        assert "config" in str(error)
+        return
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
