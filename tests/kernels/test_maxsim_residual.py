@@ -9,6 +9,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import poison
 from tests.tolerances import assert_close
@@ -270,3 +272,37 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     # Every passage of the three queries ranks itself first among the scored ones it is in.
     full = score(Q.to(device), index, nbits, inv_norms=inv_norms)
     assert full.argmax(dim=1).tolist() == [3, 50, 120]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    nbits=st.sampled_from([1, 2, 4]),
+    dim=st.sampled_from([64, 96, 128]),
+    B=st.integers(1, 3),
+    block_t=st.sampled_from([8, 16, 32, 64]),
+    block_t_tail=st.sampled_from([8, 16, 32]),
+    block_d=st.sampled_from([None, 16, 32, 64, 128]),
+    queries_per_block=st.sampled_from([1, 2]),
+    docs_per_program=st.integers(1, 4),
+    centroid_table=st.sampled_from([None, True, False]),
+    decode=st.sampled_from(["pairs", "select"]),
+    with_pids=st.booleans(),
+)
+def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
+                                        queries_per_block, docs_per_program, centroid_table,
+                                        decode, with_pids):
+    """Over the ResidualConfig space: a launch matches the float64 reference in every element or
+    is refused with a ValueError naming the config."""
+    index = random_index(device, dim, nbits)
+    Q = unit_queries(B, 9, dim, torch.float16, device)
+    pids = torch.tensor([4, 0, 2, 2, 5], device=device) if with_pids else None
+    config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
+                            queries_per_block=queries_per_block, docs_per_program=docs_per_program,
+                            centroid_table=centroid_table, decode=decode)
+    try:
+        out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
+    except ValueError as error:
+        assert "config" in str(error)
+        return
+    assert not torch.isnan(out).any()
+    assert_close(out, expected(Q, index, nbits, pids=pids), "maxsim_residual", torch.float16)
