@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
 from tests.tolerances import assert_close
@@ -99,3 +101,33 @@ def test_bad_inputs_name_the_argument(device):
         maxsim_pq(Q, *args, centroid_codes=extra["centroid_codes"])
     with pytest.raises(TypeError, match="pq_codes"):
         maxsim_pq(Q, args[0].to(torch.int32), args[1], args[2])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.sampled_from([(128, 16), (96, 16), (64, 32), (128, 64)]),
+    residual_mode=st.booleans(),
+    B=st.integers(1, 3),
+    block_t=st.sampled_from([8, 16, 32, 64]),
+    block_t_tail=st.sampled_from([8, 16, 32]),
+    queries_per_block=st.sampled_from([1, 2]),
+    docs_per_program=st.integers(1, 5),
+    with_pids=st.booleans(),
+)
+def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
+                                        block_t_tail, queries_per_block, docs_per_program, with_pids):
+    """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
+    every element or is refused with a ValueError naming the config."""
+    dim, num_subquantizers = shape
+    index = random_pq_index(device, dim, num_subquantizers, num_centroids=23 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(B, 11, dim, torch.float16, device)
+    pids = torch.tensor([5, 0, 3, 3, 1], device=device) if with_pids else None
+    config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
+                      docs_per_program=docs_per_program)
+    try:
+        out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
+    except ValueError as error:
+        assert "config" in str(error)
+        return
+    assert_close(out, reference.maxsim_pq(Q, *args, pids=pids, **extra), "maxsim_pq", torch.float16)
