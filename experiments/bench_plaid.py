@@ -40,8 +40,10 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -471,7 +473,7 @@ def run_benchmark(args) -> list[dict]:
             rows.append({"suite": "search", "shape": f"wiki{wiki.ranker.doclens.numel()} k={k}",
                          "provider": provider, "ms": stages["search"], **stages})
     if args.encoder_shapes:
-        rows += _encoder_rows(wiki, texts[:n], Qs[:n], args, encoder, pathlib.Path(args.out), cuda)
+        rows += _encoder_rows(wiki, texts[:n], Qs[:n], args, encoder, cuda)
     for k in args.ks:
         equivalence = _equivalence(wiki, Qs[: args.equivalence_queries], k, cuda)
         rows.append({"suite": "equivalence", "shape": f"wiki k={k}", "provider": PATCHED, **equivalence})
@@ -502,7 +504,7 @@ def run_benchmark(args) -> list[dict]:
     return rows
 
 
-def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, out: pathlib.Path, cuda) -> list[dict]:
+def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
     """Whole ``Searcher.search`` latency with encoders of real sizes (random weights, built
     here), stock vs patched, and whether the patched encoder ran as a CUDA graph with output
     bit-identical to stock's."""
@@ -513,7 +515,8 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, out: pathlib.Path, c
 
     rows = []
     original = searcher.checkpoint
-    work = out / "encoders"
+    # Random weights (440 MB for BERT-base) stay out of the results folder, which is returned.
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench_plaid_encoders_"))
     try:
         for shape in args.encoder_shapes:
             path = _random_encoder(work / shape, work, shape, searcher.config.dim, tokenizer_dir)
@@ -538,6 +541,7 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, out: pathlib.Path, c
     finally:
         searcher.checkpoint = original
         registry.enable()
+        shutil.rmtree(work, ignore_errors=True)
     return rows
 
 

@@ -53,3 +53,5 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     (equivalence,) = [r for r in rows if r["suite"] == "equivalence"]
     assert equivalence["same_as_exact_rescore"] + equivalence["exact_rescore_ties"] == 1.0
     assert "equivalence" in capsys.readouterr().out
+    # The results folder is what a device call returns: no model weights in it.
+    assert not [p for p in out.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
