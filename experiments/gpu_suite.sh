@@ -45,7 +45,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 }
 
 gpu_tests() {  # every kernel test on the GPU (compiling each variant takes most of the time)
-  step gpu_tests 170 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+  step gpu_tests 230 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
     tests/kernels/test_maxsim_dense.py tests/kernels/test_maxsim_residual.py
 }
 

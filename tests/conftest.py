@@ -42,3 +42,9 @@ def seed(request) -> int:
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill with NaN so that any element a kernel forgets to write fails the comparison."""
     return t.fill_(float("nan"))
+
+
+def property_examples(on_cpu: int) -> int:
+    """Hypothesis examples for a property test that draws launch shapes or configurations: on a
+    GPU each new combination is a kernel compile (seconds), so the GPU run draws fewer of them."""
+    return max(6, on_cpu // 4) if ON_GPU else on_cpu

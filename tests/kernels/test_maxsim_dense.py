@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
@@ -254,7 +255,8 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     assert_close(out, expected, "maxsim_dense", torch.float16)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=property_examples(30), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     B=st.integers(1, 3),
     Lq=st.integers(0, 40),
@@ -285,7 +287,8 @@ def test_stream_plan_gives_each_document_to_one_program(device):
     assert empty.tolist() == [0, 0]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=property_examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     B=st.integers(1, 5),
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=7),

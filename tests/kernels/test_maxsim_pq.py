@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
+from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
@@ -103,7 +104,8 @@ def test_bad_inputs_name_the_argument(device):
         maxsim_pq(Q, args[0].to(torch.int32), args[1], args[2])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=property_examples(25), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     shape=st.sampled_from([(128, 16), (96, 16), (64, 32), (128, 64)]),
     residual_mode=st.booleans(),

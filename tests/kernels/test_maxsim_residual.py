@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import poison
+from tests.conftest import poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
@@ -274,7 +274,8 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     assert full.argmax(dim=1).tolist() == [3, 50, 120]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=property_examples(25), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     nbits=st.sampled_from([1, 2, 4]),
     dim=st.sampled_from([64, 96, 128]),
