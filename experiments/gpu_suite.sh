@@ -74,7 +74,7 @@ case "$part" in
     step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   plaid-only)  # end-to-end PLAID and the residual kernel tests, on one GPU
-    step residual_tests 120 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+    step residual_tests 160 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_residual.py
     bench_plaid
     ;;
