@@ -13,7 +13,7 @@
 #   bash experiments/gpu_suite.sh reproduce-d384  # wiki-vital-h200-d384 (carry runs/wv384gpu)
 #   bash experiments/gpu_suite.sh equivalence     # experiments/equivalence.py (carry runs/wvgpu)
 #   bash experiments/gpu_suite.sh lengths         # synthetic-scale's length-* conditions
-#   bash experiments/gpu_suite.sh kernels-quick   # kernel tests, packed config sweep, main shapes
+#   bash experiments/gpu_suite.sh kernels-quick   # dense kernel tests, packed config sweep, main shapes
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -67,8 +67,10 @@ case "$part" in
   tests)
     gpu_tests
     ;;
-  kernels-quick)  # kernel tests, the packed-layout config sweep (stream path included), main shapes
-    gpu_tests
+  kernels-quick)  # dense kernel tests, the packed-layout config sweep (stream path included), main
+                  # shapes; the residual kernel tests are in plaid-only
+    step dense_tests 170 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_dense.py
     step bench_dense 220 python3 -m experiments.bench --sweep --no-sweeps --out "$OUT/bench" \
       --sweep-shapes "1q packed N=100k mean70 d=128;32q packed N=100k mean70 d=128"
     step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
