@@ -387,9 +387,13 @@ def main(argv=None) -> None:
     print("provenance:", prov)
     rows: list[dict] = []
     if args.sweep:
-        sweep_rows = run_sweep([c for c in main_cases(args.quick) if c.name in args.sweep_shapes.split(";")]
-                               if args.sweep_shapes else main_cases(args.quick), ceilings)
-        harness.write_results(sweep_rows, args.out, "dense_config_sweep", ceilings=ceilings)
+        swept = ([c for c in main_cases(args.quick) if c.name in args.sweep_shapes.split(";")]
+                 if args.sweep_shapes else main_cases(args.quick))
+        sweep_rows: list[dict] = []
+        for case in swept:
+            sweep_rows += run_sweep([case], ceilings)
+            # Written after every shape, so a run stopped at its time limit keeps what it measured.
+            harness.write_results(sweep_rows, args.out, "dense_config_sweep", ceilings=ceilings)
     cases = [(case, providers) for case in main_cases(args.quick)]
     if not args.no_sweeps:
         cases += [(case, [OURS, "flash_maxsim"]) for case in sweep_cases(args.quick)]
