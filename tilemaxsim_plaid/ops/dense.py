@@ -170,6 +170,10 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
+    # Launch arguments every dense kernel takes.
+    common = dict(BLOCK_D=block_d, NUM_D_TILES=num_d_tiles, INPUT_PRECISION=dot_precision(Q3.dtype),
+                  UPCAST=interpreter_upcast(Q3.dtype), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
     if cfg.stream:
         if not packed or pids is not None:
             raise ValueError("config.stream scores every document of a packed corpus: use it with "
@@ -186,12 +190,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             LQ=lq,
             QUERIES_PER_BLOCK=queries_per_block,
             BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
-            BLOCK_D=block_d,
-            NUM_D_TILES=num_d_tiles,
-            INPUT_PRECISION=dot_precision(Q3.dtype),
-            UPCAST=interpreter_upcast(Q3.dtype),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            **common,
         )
         return out
     if cfg.slots:
@@ -211,12 +210,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             QUERIES_PER_BLOCK=queries_per_block,
             SLOT_T=max(1, cfg.block_t),
             DOCS_PER_TILE=cfg.docs_per_program,
-            BLOCK_D=block_d,
-            NUM_D_TILES=num_d_tiles,
-            INPUT_PRECISION=dot_precision(Q3.dtype),
-            UPCAST=interpreter_upcast(Q3.dtype),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            **common,
         )
         return out
     stride_dn = 0 if packed else D.stride(0)
@@ -241,14 +235,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         QUERIES_PER_BLOCK=queries_per_block,
         Q_BLOCKS_PER_PROGRAM=q_blocks_per_program,
         BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
-        BLOCK_D=block_d,
-        NUM_D_TILES=num_d_tiles,
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
-        INPUT_PRECISION=dot_precision(Q3.dtype),
-        UPCAST=interpreter_upcast(Q3.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **common,
     )
     return out
 
