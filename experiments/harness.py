@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -58,10 +59,14 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "host": platform.node(),
     }
-    for package in ("transformers", "colbert"):  # what the end-to-end benchmarks run on
-        module = sys.modules.get(package)
-        if module is not None:
-            info[package] = getattr(module, "__version__", "unknown")
+    # What the end-to-end benchmarks run on, when this process has imported it.
+    for module, distribution, key in (("transformers", "transformers", "transformers"),
+                                      ("colbert", "colbert-ai", "colbert_ai")):
+        if module in sys.modules:
+            try:
+                info[key] = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                info[key] = "unknown (not installed as a distribution)"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, sm_count=props.multi_processor_count,

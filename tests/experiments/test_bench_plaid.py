@@ -40,7 +40,7 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
                                  "--num-queries", "2", "--equivalence-queries", "3",
                                  "--synthetic-passages", "0", "--encoder-shapes", "tiny"]) == 0
     document = json.loads((out / "plaid.json").read_text())
-    assert document["provenance"]["colbert"] and document["provenance"]["transformers"]
+    assert document["provenance"]["colbert_ai"] == "0.2.22" and document["provenance"]["transformers"]
     rows = document["rows"]
     searches = [r for r in rows if r["suite"] == "search"]
     assert {r["provider"] for r in searches} == {bench_plaid.STOCK, bench_plaid.PATCHED,
