@@ -219,13 +219,21 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
-    """Per-query wall time of encode + dense_search, and the median of each stage (None for the
-    plugin's graph path, whose stages run inside one replay)."""
-    from tilemaxsim_plaid.plaid import graphs, registry
+def _patch_as(provider: str) -> None:
+    """Put colbert-ai in the state ``provider`` is timed in: stock is the compat group only (torch
+    stand-ins for the CUDA extensions), every other provider the whole plugin."""
+    from tilemaxsim_plaid.plaid import registry
 
     registry.disable()
     registry.enable(["compat"] if provider == STOCK else None)
+
+
+def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
+    """Per-query wall time of encode + dense_search, and the median of each stage (None for the
+    plugin's graph path, whose stages run inside one replay)."""
+    from tilemaxsim_plaid.plaid import graphs
+
+    _patch_as(provider)
     searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
     clock = StageClock(cuda)
     staged = provider != PATCHED
@@ -266,15 +274,13 @@ def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
 def _equivalence(searcher, Qs, k, cuda):
     """Identical top-k fractions of the plugin vs stock GPU PLAID, vs exact rescoring of the
     same candidates, and vs exhaustive exact MaxSim over the collection."""
-    from tilemaxsim_plaid.plaid import registry
     from tilemaxsim_plaid.plaid.backends import decompress_tokens, segment_maxsim
     from tilemaxsim_plaid.plaid.device_index import device_index
 
     from tilemaxsim_plaid.plaid import graphs
 
     def ranked(provider):
-        registry.disable()
-        registry.enable(["compat"] if provider == STOCK else None)
+        _patch_as(provider)
         searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
         with graphs.disabled() if provider == PATCHED_EAGER else contextlib.nullcontext():
             return [searcher.dense_search(Q[None], k) for Q in Qs]
@@ -314,8 +320,7 @@ def _equivalence(searcher, Qs, k, cuda):
             and all(abs(float(exact[a]) - float(exact[b])) <= TIE_TOLERANCE for a, b in zip(reference, f_pids)))
     # The graph replays must give the eager path's lists and scores exactly (same kernels).
     counts["graph_equals_eager"] = sum(a == b for a, b in zip(ours, eager))
-    registry.disable()
-    registry.enable()
+    _patch_as(PATCHED)
     return {key: value / len(Qs) for key, value in counts.items()} | {"queries": len(Qs), "k": k}
 
 
@@ -323,7 +328,7 @@ def _equivalence(searcher, Qs, k, cuda):
 
 def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
     from experiments.harness import time_ms
-    from tilemaxsim_plaid.plaid import backends, registry
+    from tilemaxsim_plaid.plaid import backends
     from tilemaxsim_plaid.plaid.device_index import device_index
 
     results = []
@@ -331,8 +336,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
     for size in sizes:
         num_docs = int(searcher.ranker.doclens.numel())
         pids = torch.randint(0, num_docs, (size,), generator=generator)
-        registry.disable()
-        registry.enable()
+        _patch_as(PATCHED)
         index = device_index(searcher.ranker)
         Q_dev = Q.to(index.device, torch.float32)
         pids_dev = pids.to(index.device)
@@ -353,8 +357,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
                "ours_scoring_ms": ours[0], "ours_scoring_p20": ours[1], "ours_scoring_p80": ours[2],
                "ours_rank_wall_ms": ours_rank_wall, "ours_fp16x2_scoring_ms": fast[0]}
         if size <= stock_max:
-            registry.disable()
-            registry.enable(["compat"])
+            _patch_as(STOCK)
             # Q on the scoring device: with a CPU Q, stock's rank() indexes CPU pids with CUDA
             # indices and fails (upstream GPU rerank expects Q where the scores end up).
             Q_stock = Q_dev[None].half() if cuda else Q[None]
@@ -370,8 +373,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
                 walls.append((time.perf_counter() - start) * 1e3)
             row["stock_rank_wall_ms"] = _median(walls)
         results.append(row)
-    registry.disable()
-    registry.enable()
+    _patch_as(PATCHED)
     return results
 
 
@@ -523,8 +525,7 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
             checkpoint = Checkpoint(path, colbert_config=ColBERTConfig.load_from_checkpoint(path), verbose=0)
             searcher.checkpoint = checkpoint.cuda() if cuda else checkpoint
             probe = texts[: min(16, len(texts))]
-            registry.disable()
-            registry.enable(["compat"])
+            _patch_as(STOCK)
             stock_Q = [searcher.encode(t) for t in probe]
             registry.enable()
             patched_Q = [searcher.encode(t) for t in probe]
