@@ -139,3 +139,62 @@ def test_moved_weights_get_a_new_graph(fake_gpu, two_forms):
     checkpoint.linear.weight = torch.zeros(3)  # new storage, as after .to()
     encoder_graphs.query(eager_encoder, checkpoint, ids, mask)
     assert _FakeCapture.made == ["square", "square"]
+
+
+@pytest.fixture
+def encoder_copy(checkpoint_and_inputs):
+    """The tiny checkpoint's encoder (bert and projection) copied, so tests may change weights."""
+    import copy
+
+    checkpoint, ids, mask = checkpoint_and_inputs
+    encoder = types.SimpleNamespace(bert=copy.deepcopy(checkpoint.bert), linear=copy.deepcopy(checkpoint.linear))
+    return encoder, ids, mask
+
+
+def _forward(encoder, ids, mask, copies=None):
+    bert_params = copies.bert if copies else {}
+    projection_params = copies.projection if copies else {}
+    hidden = torch.func.functional_call(encoder.bert, bert_params, (ids,), {"attention_mask": mask},
+                                        tie_weights=False)[0]
+    return torch.func.functional_call(encoder.linear, projection_params, (hidden,), tie_weights=False)
+
+
+def test_linear_weight_copies_give_exactly_the_autocast_output(encoder_copy):
+    """The graph's premise: under autocast a Linear reading a weight pre-rounded to the autocast
+    dtype computes exactly what it computes from the fp32 weight. On the GPU this is fp16 (and the
+    graph is also checked against colbert-ai); the CPU's autocast dtype, bf16, tests the same
+    substitution here."""
+    encoder, ids, mask = encoder_copy
+    copies = encoder_graphs.LinearWeightCopies(encoder, torch.bfloat16)
+    linears = [m for m in encoder.bert.modules() if isinstance(m, torch.nn.Linear)]
+    expected_count = sum(1 + (m.bias is not None) for m in linears) + 1 + (encoder.linear.bias is not None)
+    assert len(copies.bert) + len(copies.projection) == expected_count
+    assert all(t.dtype == torch.bfloat16 for t in [*copies.bert.values(), *copies.projection.values()])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        expected = _forward(encoder, ids, mask)
+        got = _forward(encoder, ids, mask, copies)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(got, expected)
+    # The equality is not vacuous: the copies are read (zeroing one changes the output) and they
+    # hold rounded values, not the fp32 weights.
+    zeroed_projection = {"weight": torch.zeros_like(copies.projection["weight"])}
+    zeroed = types.SimpleNamespace(bert=dict(copies.bert), projection=zeroed_projection)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        assert not torch.equal(_forward(encoder, ids, mask, zeroed), expected)
+    assert not torch.equal(copies.projection["weight"].float(), encoder.linear.weight.detach())
+
+
+def test_linear_weight_copies_follow_weight_updates(encoder_copy):
+    encoder, ids, mask = encoder_copy
+    copies = encoder_graphs.LinearWeightCopies(encoder, torch.float16)
+    assert copies.refresh() == 0, "nothing changed"
+    layer = next(m for m in encoder.bert.modules() if isinstance(m, torch.nn.Linear))
+    name = next(k for k, v in copies.bert.items() if k.endswith(".weight"))
+    with torch.no_grad():
+        layer.weight.mul_(3.0)  # an in-place update, as an optimizer step makes
+    assert copies.refresh() == 1
+    assert torch.equal(copies.bert[name], layer.weight.detach().half())
+    encoder.linear.weight = torch.nn.Parameter(torch.randn_like(encoder.linear.weight))  # replaced
+    assert copies.refresh() == 1
+    assert torch.equal(copies.projection["weight"], encoder.linear.weight.detach().half())
+    assert copies.refresh() == 0

@@ -24,10 +24,19 @@ there the ``[B, L]`` mask is captured as is.
 Batches with no padded position at all run colbert-ai's own code: transformers drops an all-ones
 mask, and SDPA without a mask may use a different kernel than with one (see :func:`query`).
 Only batches of at most :data:`MAX_GRAPH_BATCH` queries are graphed: larger ones (``search_all``
-encodes 128 at a time) are bound by the GPU's work, not by launches, and run eagerly. The graph
-reads the parameters in place, so weight updates are seen; moving the model (``.to()``) makes
-new parameter storage and a new key. ``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` and
-:func:`tilemaxsim_plaid.plaid.graphs.disabled` turn these graphs off as well.
+encodes 128 at a time) are bound by the GPU's work, not by launches, and run eagerly.
+
+Under colbert-ai's autocast every ``nn.Linear`` casts its fp32 weight to fp16 on each call: for
+BERT-base that is 73 cast kernels reading 340 MB per query, inside the graph as much as outside.
+The graph instead reads fp16 copies of those weights (:class:`LinearWeightCopies`, one set per
+checkpoint and device: 170 MB for BERT-base). autocast rounds a weight to fp16 exactly as the copy
+was rounded, so the output is unchanged, and the bit-identity check above confirms it for every
+graph. Before each replay the copies are refreshed for any weight that changed since: an in-place
+update (the tensor's version counter) or a replaced parameter (its storage). Edits through
+``.data`` bypass version counters and are not seen; code that edits weights that way while
+searching should turn the graphs off. Moving the model (``.to()``) makes new parameter storage and
+a new key. ``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` and :func:`tilemaxsim_plaid.plaid.graphs.disabled`
+turn these graphs off.
 """
 
 from __future__ import annotations
@@ -39,13 +48,14 @@ import torch.nn.functional as F
 
 from tilemaxsim_plaid.plaid import graphs
 
-__all__ = ["MAX_GRAPH_BATCH", "query"]
+__all__ = ["MAX_GRAPH_BATCH", "LinearWeightCopies", "query"]
 
 logger = logging.getLogger(__name__)
 
 MAX_GRAPH_BATCH = 32
 MAX_GRAPHS_PER_CHECKPOINT = 8
 _CACHE_ATTRIBUTE = "_tilemaxsim_encoder_graphs"
+_COPIES_ATTRIBUTE = "_tilemaxsim_linear_weight_copies"
 
 
 def _mask_forms() -> tuple[str, ...]:
@@ -74,17 +84,77 @@ def _graph_inputs(checkpoint, args, kwargs):
     return input_ids.to(device), attention_mask.to(device)
 
 
-def _encode(checkpoint, input_ids, attention_mask, mask_form: str):
-    """``ColBERT.query`` without host work: the token mask is computed on the device."""
+class LinearWeightCopies:
+    """Copies, in ``dtype``, of every ``nn.Linear`` weight and bias of a checkpoint's encoder
+    (``bert`` and the ``linear`` projection), as the parameter dicts that
+    :func:`torch.func.functional_call` substitutes for the originals.
+
+    :meth:`refresh` re-copies whatever changed since the last copy, so the copies always hold
+    the current weights rounded to ``dtype``, the values autocast would compute."""
+
+    def __init__(self, checkpoint, dtype: torch.dtype):
+        self.dtype = dtype
+        self.bert: dict[str, torch.Tensor] = {}
+        self.projection: dict[str, torch.Tensor] = {}
+        self._sources = []  # (module, parameter name, copy, parameter seen, version seen)
+        for params, root in ((self.bert, checkpoint.bert), (self.projection, checkpoint.linear)):
+            for module_name, module in root.named_modules():
+                if not isinstance(module, torch.nn.Linear):
+                    continue
+                for name in ("weight", "bias"):
+                    param = module._parameters.get(name)
+                    if param is None:
+                        continue
+                    copy = param.detach().to(dtype=dtype, copy=True)
+                    params[f"{module_name}.{name}" if module_name else name] = copy
+                    self._sources.append([module, name, copy, param, param._version])
+
+    def refresh(self) -> int:
+        """Re-copy every weight updated in place or replaced since its last copy; how many."""
+        refreshed = 0
+        for source in self._sources:
+            module, name, copy, seen, version = source
+            param = module._parameters[name]
+            if param is seen and param._version == version:
+                continue
+            copy.copy_(param.detach())
+            source[3], source[4] = param, param._version
+            refreshed += 1
+        return refreshed
+
+
+def _linear_weight_copies(checkpoint, device: torch.device):
+    """The checkpoint's fp16 Linear copies for ``device``, or None when colbert-ai's autocast is
+    off (then no cast happens and the graph reads the parameters themselves)."""
+    amp = bool(getattr(getattr(checkpoint, "amp_manager", None), "activated", False))
+    if not (amp and device.type == "cuda"):
+        return None
+    dtype = torch.get_autocast_dtype("cuda")
+    if checkpoint.linear.weight.dtype == dtype:
+        return None
+    copies = checkpoint.__dict__.setdefault(_COPIES_ATTRIBUTE, {})
+    key = (device, dtype)
+    if key not in copies:
+        copies[key] = LinearWeightCopies(checkpoint, dtype)
+    return copies[key]
+
+
+def _encode(checkpoint, input_ids, attention_mask, mask_form: str, weights=None):
+    """``ColBERT.query`` without host work: the token mask is computed on the device. With
+    ``weights`` (a :class:`LinearWeightCopies`) the Linear layers read those copies."""
     if mask_form == "square":
         # [B, L, L]: every query position sees the same keys as in the [B, L] form.
         attention_mask = attention_mask[:, None, :].expand(-1, attention_mask.shape[1], -1)
     amp = bool(getattr(getattr(checkpoint, "amp_manager", None), "activated", False))
+    bert_params = weights.bert if weights is not None else {}
+    projection_params = weights.projection if weights is not None else {}
     # Autocast's weight-cast cache must stay off inside a graph (the casts are re-run by every
     # replay instead of being cached outside it); the casts themselves are the same.
     with torch.no_grad(), torch.autocast("cuda", enabled=amp and input_ids.is_cuda, cache_enabled=False):
-        Q = checkpoint.bert(input_ids, attention_mask=attention_mask)[0]
-        Q = checkpoint.linear(Q)
+        # tie_weights=False: only the Linear weights are substituted, never a tensor tied to one.
+        Q = torch.func.functional_call(checkpoint.bert, bert_params, (input_ids,),
+                                       {"attention_mask": attention_mask}, tie_weights=False)[0]
+        Q = torch.func.functional_call(checkpoint.linear, projection_params, (Q,), tie_weights=False)
         pad = checkpoint.pad_token
         keep = torch.ones_like(input_ids, dtype=torch.bool) if pad is None else input_ids != pad
         Q = Q * keep.unsqueeze(2).float()
@@ -101,20 +171,23 @@ class _CapturedEncoder:
             self._capture(checkpoint, input_ids, attention_mask, mask_form)
 
     def _capture(self, checkpoint, input_ids, attention_mask, mask_form: str):
+        self.weights = _linear_weight_copies(checkpoint, input_ids.device)
         self.input_ids = input_ids.clone()
         self.attention_mask = attention_mask.clone()
         device = input_ids.device
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up outside the graph: lazy init, kernel selection
-            _encode(checkpoint, self.input_ids, self.attention_mask, mask_form)
+            _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form)
+            self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights)
 
     def __call__(self, input_ids, attention_mask):
         with torch.inference_mode():
+            if self.weights is not None:
+                self.weights.refresh()
             self.input_ids.copy_(input_ids)
             self.attention_mask.copy_(attention_mask)
             self.graph.replay()
