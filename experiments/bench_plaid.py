@@ -228,9 +228,23 @@ def _patch_as(provider: str) -> None:
     registry.enable(["compat"] if provider == STOCK else None)
 
 
+_SEARCH_KEYS = ("search", "encode", "dense_search", "candidates", "stages_2_3", "stage_4", "sort")
+
+
 def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
     """Per-query wall time of encode + dense_search, and the median of each stage (None for the
     plugin's graph path, whose stages run inside one replay)."""
+    return _stage_medians(_search_spans(searcher, texts, Qs, k, provider, cuda, warmup), provider)
+
+
+def _stage_medians(rows: list[dict], provider: str) -> dict:
+    staged = provider != PATCHED
+    return {key: (_median([r.get(key, 0.0) for r in rows]) if staged or key in rows[0] else None)
+            for key in _SEARCH_KEYS}
+
+
+def _search_spans(searcher, texts, Qs, k, provider, cuda, warmup=3) -> list[dict]:
+    """One dict of stage times (ms) per query, "search" being the wall time of the query."""
     from tilemaxsim_plaid.plaid import graphs
 
     _patch_as(provider)
@@ -264,9 +278,7 @@ def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
                     spans.get(s, 0.0) for s in ("candidates", "stages_2_3", "stage_4"))
             spans["search"] = wall
             rows.append(spans)
-    keys = ("search", "encode", "dense_search", "candidates", "stages_2_3", "stage_4", "sort")
-    return {key: (_median([r.get(key, 0.0) for r in rows]) if staged or key in rows[0] else None)
-            for key in keys}
+    return rows
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -533,10 +545,17 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
             graphs_made = searcher.checkpoint.__dict__.get(encoder_graphs._CACHE_ATTRIBUTE, {})
             graphed = any(g is not None for g in graphs_made.values())
             for k in args.ks:
-                for provider in (STOCK, PATCHED):
-                    stages = _search_latency(searcher, texts, Qs, k, provider, cuda)
+                # Stock's Python-bound time drifts by tens of percent over a run, so the two
+                # systems alternate in blocks of queries and each median pools every block.
+                spans = {STOCK: [], PATCHED: []}
+                for _ in range(args.encoder_rounds):
+                    for provider in spans:
+                        spans[provider] += _search_spans(searcher, texts, Qs, k, provider, cuda)
+                for provider, provider_spans in spans.items():
+                    stages = _stage_medians(provider_spans, provider)
                     rows.append({"suite": "search", "shape": f"wiki k={k} encoder={shape}",
                                  "provider": provider, "ms": stages["search"], **stages,
+                                 "queries": len(provider_spans),
                                  "encoder_graph": graphed if provider == PATCHED else False,
                                  "encoder_same_as_stock": identical})
     finally:
@@ -575,6 +594,8 @@ def main(argv=None) -> int:
     run.add_argument("--synthetic-dir", default="runs/plaid_bench_synthetic/synthetic.nbits2")
     run.add_argument("--encoder-shapes", nargs="*", default=["minilm-l6", "bert-base"],
                      choices=sorted(ENCODER_SHAPES), help="also time whole searches with these encoders")
+    run.add_argument("--encoder-rounds", type=int, default=4,
+                     help="blocks of --num-queries queries per system, alternated, for the encoder rows")
     run.add_argument("--rerank-sizes", type=int, nargs="+", default=list(RERANK_SIZES))
     run.add_argument("--stock-rerank-max", type=int, default=RERANK_SIZES[-1],
                      help="largest pids= list to time stock colbert-ai on")

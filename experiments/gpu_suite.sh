@@ -7,6 +7,7 @@
 #                                           # one call that re-measures after a change
 #   bash experiments/gpu_suite.sh plaid-only  # residual kernel tests and end-to-end PLAID
 #                                           # (carry runs/plaid_bench)
+#   bash experiments/gpu_suite.sh plaid-bench # end-to-end PLAID only (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh reproduce # the runner: wiki-vital-h200 (carry runs/wvgpu, made by
 #                                           # `--steps prepare --out runs/wvgpu` on CPU) and the
 #                                           # synthetic-scale table (its indexes are written here)
@@ -22,7 +23,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -76,6 +77,9 @@ case "$part" in
     step bench_dense 260 python3 -m experiments.bench --sweep --no-sweeps --out "$OUT/bench" \
       --sweep-shapes "1q packed N=100k mean70 d=128"
     step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
+    bench_plaid
     ;;
   plaid-only)  # end-to-end PLAID and the residual kernel tests, on one GPU
     step residual_tests 160 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \

@@ -38,7 +38,8 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     with patch_state(("compat", "scoring")):
         assert bench_plaid.main(["run", "--bundle", str(bundle), "--out", str(out), "--ks", "10",
                                  "--num-queries", "2", "--equivalence-queries", "3",
-                                 "--synthetic-passages", "0", "--encoder-shapes", "tiny"]) == 0
+                                 "--synthetic-passages", "0", "--encoder-shapes", "tiny",
+                                 "--encoder-rounds", "2"]) == 0
     document = json.loads((out / "plaid.json").read_text())
     assert document["provenance"]["colbert_ai"] == "0.2.22" and document["provenance"]["transformers"]
     rows = document["rows"]
@@ -48,6 +49,7 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     assert all(r["ms"] > 0 for r in searches)
     encoder_rows = [r for r in searches if "encoder=tiny" in r["shape"]]
     assert len(encoder_rows) == 2
+    assert all(r["queries"] == 2 * 2 for r in encoder_rows), "both rounds of 2 queries pooled"
     # Without a GPU nothing is captured, and the patched encoder is colbert-ai's own code.
     assert all(r["encoder_same_as_stock"] == 1.0 and r["encoder_graph"] is False for r in encoder_rows)
     (equivalence,) = [r for r in rows if r["suite"] == "equivalence"]
