@@ -8,6 +8,8 @@
 #   bash experiments/gpu_suite.sh plaid-only  # residual kernel tests and end-to-end PLAID
 #                                           # (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh plaid-bench # end-to-end PLAID only (carry runs/plaid_bench)
+#   bash experiments/gpu_suite.sh profile-encode  # where one query's encode spends its time
+#                                           # (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh reproduce # the runner: wiki-vital-h200 (carry runs/wvgpu, made by
 #                                           # `--steps prepare --out runs/wvgpu` on CPU) and the
 #                                           # synthetic-scale table (its indexes are written here)
@@ -23,7 +25,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -80,6 +82,10 @@ case "$part" in
     ;;
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid
+    ;;
+  profile-encode)  # host vs GPU time of one query's encode, stock and patched (carry runs/plaid_bench)
+    step profile_encode 200 python3 -m experiments.profile_encode --bundle runs/plaid_bench \
+      --encoder-shapes bundle minilm-l6 bert-base --calls 200 --lines 30
     ;;
   plaid-only)  # end-to-end PLAID and the residual kernel tests, on one GPU
     step residual_tests 160 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \

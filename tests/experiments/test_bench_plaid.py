@@ -57,3 +57,19 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     assert "equivalence" in capsys.readouterr().out
     # The results folder is what a device call returns: no model weights in it.
     assert not [p for p in out.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
+
+
+def test_profile_encode_times_both_systems(bundle, capsys):
+    """experiments/profile_encode.py on the CPU: wall times and the cProfile table for both
+    systems (the GPU kernel column needs a GPU)."""
+    from experiments import profile_encode
+
+    with patch_state(("compat", "scoring")):
+        assert profile_encode.main(["--bundle", str(bundle), "--encoder-shapes", "bundle", "tiny",
+                                    "--calls", "3", "--lines", "5"]) == 0
+    out = capsys.readouterr().out
+    summary = out[out.rindex("encoder "):].splitlines()[1:]
+    assert [line.split()[:2] for line in summary] == [
+        ["bundle", "colbert-ai"], ["bundle", "tilemaxsim"], ["tiny", "colbert-ai"], ["tiny", "tilemaxsim"]]
+    assert all(float(line.split()[2]) > 0 for line in summary)
+    assert out.count("Ordered by: internal time") == 4

@@ -1,0 +1,131 @@
+"""Where one query's ``Searcher.encode`` spends its time, stock or patched (GPU).
+
+For each system: the median wall time of an encode, the GPU kernel time per encode (from
+torch.profiler, so the rest is host work and waiting), and the Python functions with the most
+own time (cProfile). Runs on the bundle that ``experiments.bench_plaid prepare`` writes, with
+its encoder or with a random-weight encoder of a real size::
+
+    python -m experiments.profile_encode --bundle runs/plaid_bench --encoder-shapes bundle bert-base
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pathlib
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+from experiments import bench_plaid
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _wall_ms(fn, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        _sync()
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _gpu_ms_per_call(fn, calls: int) -> float | None:
+    """Kernel and copy time on the GPU per call (None without a GPU or a working profiler)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    except Exception as error:  # noqa: BLE001 (the profiler is optional here, the timings are not)
+        print(f"profile_encode: torch.profiler failed ({type(error).__name__}: {error})")
+        return None
+    return sum(e.device_time_total for e in device_events) / 1e3 / calls
+
+
+def _top_functions(fn, calls: int, lines: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    _sync()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
+def profile_encoder(searcher, text: str, label: str, calls: int, lines: int) -> list[dict]:
+    rows = []
+    for provider in (bench_plaid.STOCK, bench_plaid.PATCHED):
+        bench_plaid._patch_as(provider)
+
+        def encode():
+            searcher.encode(text)
+
+        for _ in range(10):  # warm-up: graph capture, kernel selection
+            encode()
+        wall = _wall_ms(encode, calls)
+        gpu = _gpu_ms_per_call(encode, calls)
+        gpu_text = "no GPU profile" if gpu is None else f"{gpu:.3f} ms of GPU kernels and copies"
+        print(f"=== {label} {provider}: encode {wall:.3f} ms wall, {gpu_text} per call")
+        print(_top_functions(encode, calls, lines))
+        rows.append({"encoder": label, "provider": provider, "wall_ms": wall, "gpu_kernel_ms": gpu})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="profile_encode", description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle", default="runs/plaid_bench")
+    parser.add_argument("--encoder-shapes", nargs="+", default=["bundle", "bert-base"],
+                        choices=["bundle", *sorted(bench_plaid.ENCODER_SHAPES)])
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--lines", type=int, default=25, help="cProfile lines per system")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_encode: no GPU; on the CPU the plugin runs colbert-ai's encoder unchanged")
+
+    bench_plaid._prepare_colbert_imports()
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+
+    bundle = pathlib.Path(args.bundle)
+    encoder = str(bundle / bench_plaid.BUNDLE_ENCODER)
+    text = torch.load(bundle / bench_plaid.BUNDLE_QUERIES)["texts"][0]
+    searcher = bench_plaid._searcher(bundle / "indexes", bench_plaid.BUNDLE_INDEX_NAME, encoder)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="profile_encode_"))
+    rows = []
+    try:
+        for shape in args.encoder_shapes:
+            if shape != "bundle":
+                path = bench_plaid._random_encoder(work / shape, work, shape, searcher.config.dim, encoder)
+                checkpoint = Checkpoint(path, colbert_config=ColBERTConfig.load_from_checkpoint(path), verbose=0)
+                searcher.checkpoint = checkpoint.cuda() if torch.cuda.is_available() else checkpoint
+            rows += profile_encoder(searcher, text, shape, args.calls, args.lines)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{'encoder':<12} {'system':<12} {'wall ms':>8} {'GPU ms':>8}")
+    for row in rows:
+        gpu = "-" if row["gpu_kernel_ms"] is None else f"{row['gpu_kernel_ms']:.3f}"
+        print(f"{row['encoder']:<12} {row['provider']:<12} {row['wall_ms']:>8.3f} {gpu:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
