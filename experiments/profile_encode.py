@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     from colbert.infra.config import ColBERTConfig
     from colbert.modeling.checkpoint import Checkpoint
 
+    from tilemaxsim_plaid.plaid import registry
+
+    registry.enable()  # its compat group is what lets colbert-ai load checkpoints on transformers 5
+
     bundle = pathlib.Path(args.bundle)
     encoder = str(bundle / bench_plaid.BUNDLE_ENCODER)
     text = torch.load(bundle / bench_plaid.BUNDLE_QUERIES)["texts"][0]
