@@ -251,7 +251,9 @@ def _maxsim_packed_stream_kernel(
     ignore document boundaries. Tile addresses never depend on loaded data, so the loop is a plain
     software-pipelined stream (the per-document kernel waits for each document's offsets before
     its first load, and pads every document's last tile); the query block is loaded once per
-    program rather than once per document.
+    program rather than once per document. Measured on an H200 it is slower than the per-document
+    kernel all the same (results/bench/h200-stream): many small resident programs keep more loads
+    in flight than this loop's one prefetched tile, so it is opt-in only.
 
     Inside a tile, the documents ending in it are finished one by one (a masked max over their
     rows, then the sum over query rows is stored); the rows after the last boundary start the
