@@ -399,7 +399,9 @@ def _syncs_in(fn) -> list[str]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [f"{pathlib.Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    # Two path parts: a bare "__init__.py" does not say which package.
+    return [f"{'/'.join(pathlib.Path(w.filename).parts[-2:])}:{w.lineno}"
+            for w in caught if "synchroniz" in str(w.message)]
 
 
 def _count_syncs(searcher, Q, k, text) -> dict:
