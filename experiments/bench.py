@@ -13,16 +13,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from pathlib import Path
 
 import torch
 
-from experiments import harness
+from experiments import harness, packed_read
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed, maxsim_padded
 
 SUITE = "dense"
 OURS = "tilemaxsim"
+# Not a MaxSim provider: the per-document read ceiling of a packed shape (experiments/packed_read.py).
+READ_PER_DOCUMENT = "read_per_document"
 # MS MARCO passages under ColBERTv2's tokenizer average ~70 tokens with a long right tail, capped
 # at doc_maxlen = 180: a clipped log-normal with these parameters has mean ~70.
 LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 66.0, 0.35, 8, 180
@@ -280,9 +281,32 @@ def run_case(case: Case, ceilings: dict, providers: list[str]) -> list[dict]:
                                      nbytes=nbytes, flops=flops, ceilings=ceilings,
                                      sweep=case.sweep, B=case.B, Lq=case.Lq, N=case.N, Ld=case.Ld,
                                      d=case.d, packed=case.packed, max_rel_err=err))
+    if case.packed and case.B == 1:
+        rows.append(_per_document_read_row(case, x, nbytes, ceilings))
     del x
     torch.cuda.empty_cache()
     return rows
+
+
+def _per_document_read_row(case: Case, x: Inputs, nbytes: int, ceilings: dict) -> dict:
+    """The fastest configuration of experiments/packed_read.py on this packed corpus: the read
+    ceiling of one program per document (no query, no products)."""
+    doc_ids = torch.repeat_interleave(torch.arange(case.N, device=x.offsets.device), x.lengths)
+    expected = torch.zeros(case.N, device=x.offsets.device).index_add_(0, doc_ids, x.D_packed.float().sum(1))
+    best = None
+    for block_t, warps, stages in packed_read.CONFIGS:
+        def fn(block_t=block_t, warps=warps, stages=stages):
+            return packed_read.per_document_read(x.D_packed, x.offsets, block_t, warps, stages)
+
+        torch.testing.assert_close(fn(), expected, rtol=1e-4, atol=1e-2)
+        timing = harness.time_ms(fn)
+        if best is None or timing[0] < best[0][0]:
+            best = (timing, {"block_t": block_t, "num_warps": warps, "num_stages": stages})
+    timing, config = best
+    print(f"  read_per_document best {timing[0]:.4f} ms with {config}")
+    return harness.make_row(SUITE, case.name, READ_PER_DOCUMENT, timing, num_docs=case.N, nbytes=nbytes,
+                            flops=0.0, ceilings=ceilings, sweep=case.sweep, B=case.B, Lq=case.Lq,
+                            N=case.N, Ld=case.Ld, d=case.d, packed=case.packed, config=config)
 
 
 def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:

@@ -8,6 +8,7 @@
 #   bash experiments/gpu_suite.sh plaid-only  # residual kernel tests and end-to-end PLAID
 #                                           # (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh plaid-bench # end-to-end PLAID only (carry runs/plaid_bench)
+#   bash experiments/gpu_suite.sh packed-ceiling  # main shapes, and the per-document read ceiling
 #   bash experiments/gpu_suite.sh profile-encode  # where one query's encode spends its time
 #                                           # (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh reproduce # the runner: wiki-vital-h200 (carry runs/wvgpu, made by
@@ -25,7 +26,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -82,6 +83,10 @@ case "$part" in
     ;;
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid
+    ;;
+  packed-ceiling)  # main shapes against the public kernels, with the packed shape's per-document read ceiling
+    step bench_dense 200 python3 -m experiments.bench --no-sweeps --out "$OUT/bench" \
+      --providers tilemaxsim,tilemaxsim_stream,flash_maxsim,late_interaction_kernels
     ;;
   profile-encode)  # host vs GPU time of one query's encode, stock and patched (carry runs/plaid_bench)
     step profile_encode 200 python3 -m experiments.profile_encode --bundle runs/plaid_bench \

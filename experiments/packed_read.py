@@ -1,0 +1,54 @@
+"""The read ceiling of per-document programs over PLAID's packed layout.
+
+``x.sum()`` over the whole packed tensor is the read ceiling of a contiguous stream. A MaxSim
+kernel that gives each document its own program (ours, flash-maxsim's and late-interaction-
+kernels' packed kernels) reads the same bytes in short runs: a dependent load of the document's
+offsets, then one or two row tiles for a 70-token document, the last one partly masked. This
+kernel does exactly that reading and nothing else (it sums each document's elements), so its
+bandwidth is the most any per-document MaxSim kernel can reach on a given length distribution.
+``tilemaxsim bench`` reports it beside the packed shapes as the ``read_per_document`` row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# The launch configurations timed for the ceiling; the bench reports the fastest.
+CONFIGS = [(block_t, warps, stages) for block_t in (32, 64, 128) for warps in (2, 4) for stages in (2, 3)]
+
+
+@triton.jit
+def _per_document_read_kernel(p_d, p_offsets, p_out, dim, stride_t,
+                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    doc = tl.program_id(0)
+    start = tl.load(p_offsets + doc)
+    end = tl.load(p_offsets + doc + 1)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < dim
+    acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        tile = tl.load(p_d + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :],
+                       mask=(offs_t < end)[:, None] & mask_d[None, :], other=0.0)
+        acc += tile.to(tl.float32)
+    tl.store(p_out + doc, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def per_document_read(D_packed: torch.Tensor, offsets: torch.Tensor, block_t: int = 32,
+                      num_warps: int = 2, num_stages: int = 2) -> torch.Tensor:
+    """fp32 [N]: the sum of each document's elements, one program per document."""
+    if D_packed.dim() != 2 or D_packed.stride(1) != 1:
+        raise ValueError(f"D_packed must be a row-major [T, d] tensor, got shape {tuple(D_packed.shape)}")
+    if offsets.dim() != 1 or offsets.dtype != torch.int64:
+        raise ValueError(f"offsets must be int64 [N+1], got {offsets.dtype} {tuple(offsets.shape)}")
+    num_docs = offsets.numel() - 1
+    out = torch.empty(num_docs, device=D_packed.device, dtype=torch.float32)
+    if num_docs == 0:
+        return out
+    dim = D_packed.shape[1]
+    _per_document_read_kernel[(num_docs,)](
+        D_packed, offsets, out, dim, D_packed.stride(0),
+        BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps, num_stages=num_stages)
+    return out
