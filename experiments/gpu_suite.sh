@@ -84,9 +84,9 @@ case "$part" in
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid
     ;;
-  packed-ceiling)  # main shapes against the public kernels, with the packed shape's per-document read ceiling
+  packed-ceiling)  # main shapes vs flash-maxsim, with the packed shape's per-document floors
     step bench_dense 200 python3 -m experiments.bench --no-sweeps --out "$OUT/bench" \
-      --providers tilemaxsim,tilemaxsim_stream,flash_maxsim,late_interaction_kernels
+      --providers tilemaxsim,flash_maxsim
     ;;
   profile-encode)  # host vs GPU time of one query's encode, stock and patched (carry runs/plaid_bench)
     step profile_encode 200 python3 -m experiments.profile_encode --bundle runs/plaid_bench \
