@@ -342,6 +342,17 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
             for warps in (2, 4):
                 for stages in (1, 2, 3):
                     out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, stages))
+        if case.B == 1 and case.d <= 128:
+            # Several documents per program with the query tile held across them: loading the
+            # query once per document costs ~10 % of the read roof (results/bench/h200-packed-floors).
+            for block_t in (32, 64):
+                for warps in (2, 4):
+                    for docs in (2, 4, 8):
+                        for stages in (2, 3):
+                            if block_t == 64 and warps == 2 and docs == 8:
+                                continue  # past 200 registers (sm_90, triton 3.6)
+                            out.append(MaxSimConfig(block_t, 1, 1, docs, False, warps, stages,
+                                                    hold_query=True))
         # The stream path (every document, boundaries inside tiles): tile rows x rows per program.
         for block_t in (32, 64, 128) if case.B == 1 else (32, 64):
             for chunk in (1024, 4096, 16384):

@@ -145,12 +145,17 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, stream=True, chunk_tokens=8), id="stream-16-chunk8"),
     pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, stream=True, chunk_tokens=40),
                  id="stream-32-2q-chunk40"),
+    # One query tile held across tiles and documents: several documents per program, several
+    # query blocks (programs) per document.
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
+    pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, docs_per_program=2, hold_query=True),
+                 id="hold-query-2q-2docs"),
 ]
 
 
-# The single-tile path takes d <= 128 only (test_single_tile_config_rejects_long_documents).
+# The single-tile and hold-query paths take d <= 128 only (test_d_limited_configs_reject_wide_d).
 CONFIG_DIMS = [pytest.param(c.values[0], d, id=f"{c.id}-d{d}") for c in CONFIGS for d in (128, 384)
-               if not (c.values[0].single_tile and d > 128)]
+               if not ((c.values[0].single_tile or c.values[0].hold_query) and d > 128)]
 
 
 @pytest.mark.parametrize("config,d", CONFIG_DIMS)
@@ -181,12 +186,32 @@ def test_every_config_path_is_exact(config, d, device):
     pytest.param(MaxSimConfig(stream=True, q_blocks_per_program=2), id="stream-2qblocks"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, q_blocks_per_program=2),
                  id="slots-2qblocks"),
+    pytest.param(MaxSimConfig(hold_query=True, q_blocks_per_program=2), id="hold-query-2qblocks"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, hold_query=True),
+                 id="hold-query-and-slots"),
+    pytest.param(MaxSimConfig(hold_query=True, stream=True), id="hold-query-and-stream"),
 ])
 def test_bad_config_is_rejected_before_launch(config, device):
     D, offsets = _packed_from_lengths([5, 7], 64, torch.float16, device)
     Q = _rand(1, 8, 64, dtype=torch.float16, device=device)
     with pytest.raises(ValueError, match="config"):
         maxsim_packed(Q, D, offsets, config=config)
+
+
+def test_d_limited_configs_reject_wide_d(device):
+    D, offsets = _packed_from_lengths([5, 7], 384, torch.float16, device)
+    Q = _rand(1, 8, 384, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="hold_query"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(hold_query=True))
+
+
+def test_hold_query_padded(device):
+    """The padded layout takes the held query too (documents of several tiles, doc lengths)."""
+    Q = _rand(3, 9, 96, dtype=torch.float16, device=device)
+    D = _rand(7, 40, 96, dtype=torch.float16, device=device)
+    lengths = torch.tensor([40, 0, 1, 17, 33, 16, 39], device=device)
+    out = maxsim_padded(Q, D, lengths, config=MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True))
+    assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)
 
 
 def test_single_tile_config_rejects_long_documents(device):
@@ -296,7 +321,7 @@ def test_stream_plan_gives_each_document_to_one_program(device):
     queries_per_block=st.sampled_from([1, 2, 4]),
     q_blocks_per_program=st.integers(1, 3),
     docs_per_program=st.integers(1, 4),
-    kind=st.sampled_from(["plain", "single_tile", "slots", "stream"]),
+    kind=st.sampled_from(["plain", "single_tile", "slots", "stream", "hold_query"]),
     chunk_tokens=st.integers(1, 64),
     with_pids=st.booleans(),
 )
@@ -310,7 +335,8 @@ def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, 
     config = MaxSimConfig(block_t=block_t, queries_per_block=queries_per_block,
                           q_blocks_per_program=q_blocks_per_program, docs_per_program=docs_per_program,
                           single_tile=kind == "single_tile", slots=kind == "slots",
-                          stream=kind == "stream", chunk_tokens=chunk_tokens)
+                          stream=kind == "stream", chunk_tokens=chunk_tokens,
+                          hold_query=kind == "hold_query")
     try:
         out = maxsim_packed(Q, D, offsets, pids, config=config)
     except ValueError as error:

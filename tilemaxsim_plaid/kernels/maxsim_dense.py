@@ -85,17 +85,27 @@ def _maxsim_dense_kernel(
     HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
-    DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
-    padded_doc_len); pids: [M] documents to score (else 0..M-1); out: fp32 [B, M]."""
+    padded_doc_len); pids: [M] documents to score (else 0..M-1); out: fp32 [B, M].
+    HOLD_QUERY (one d tile, one query block per program, tiled path): the query tile is loaded
+    once per program and held across all its tiles and documents, instead of once per tile."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
     pid_qgroup = pid % num_qgroups
     pid_docs = pid // num_qgroups
+    if HOLD_QUERY:
+        # Per document, a 70-token document is two or three tiles; reloading the [32, 128]
+        # query block (from L1/L2) for each of them costs about a tenth of the read roof.
+        offs_b_held, offs_i_held, mask_r_held = _query_rows(pid_qgroup, Lq, p_query_lengths,
+                                                            num_queries, HAS_QUERY_LENGTHS, LQ,
+                                                            QUERIES_PER_BLOCK)
+        q_held = _load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held, 0, dim,
+                                  stride_qb, stride_qt, stride_qd, BLOCK_D)
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
@@ -141,8 +151,11 @@ def _maxsim_dense_kernel(
                     # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines the
                     # loads of the next 128-wide chunk of d behind this chunk's product.
                     for k in range(NUM_D_TILES):
-                        q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
-                                                  stride_qb, stride_qt, stride_qd, BLOCK_D)
+                        if HOLD_QUERY:
+                            q_tile = q_held
+                        else:
+                            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D,
+                                                      dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
                         d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
                                                 stride_dt, stride_dd, BLOCK_T, BLOCK_D)
                         # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]

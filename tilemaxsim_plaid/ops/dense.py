@@ -40,6 +40,8 @@ class MaxSimConfig:
             boundaries, finishing documents as they end (see _maxsim_packed_stream_kernel).
         chunk_tokens: token rows per program of the stream path (documents are not split, so a
             program takes whole documents whose first row falls in its chunk).
+        hold_query: tiled per-document path with d <= 128 and one query block per program: load
+            the query tile once per program and hold it across all tiles and documents.
         num_warps, num_stages: Triton launch parameters.
     """
 
@@ -53,6 +55,7 @@ class MaxSimConfig:
     slots: bool = False
     stream: bool = False
     chunk_tokens: int = 2048
+    hold_query: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -158,6 +161,14 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     _check_config(cfg)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
+    if cfg.hold_query and (num_d_tiles != 1 or cfg.q_blocks_per_program != 1 or cfg.single_tile
+                           or cfg.slots or cfg.stream):
+        raise ValueError(
+            f"config.hold_query needs d <= {MAX_BLOCK_D}, q_blocks_per_program = 1 and the tiled "
+            f"per-document path (no single_tile, slots or stream); got d={dim}, "
+            f"q_blocks_per_program={cfg.q_blocks_per_program}, single_tile={cfg.single_tile}, "
+            f"slots={cfg.slots}, stream={cfg.stream}"
+        )
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
         raise ValueError(
             f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
@@ -237,6 +248,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
+        HOLD_QUERY=cfg.hold_query,
         **common,
     )
     return out
