@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments import harness
+from experiments import harness, residual_floors
 from experiments.bench import msmarco_like_lengths
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.pq import PQCodec
@@ -47,7 +47,7 @@ from tilemaxsim_plaid.codecs.residual import (
 )
 from tilemaxsim_plaid.ops.dense import maxsim_packed
 from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
-from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
+from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual, query_centroid_scores
 
 SUITE = "compressed"
 OURS = "tilemaxsim_residual"
@@ -254,6 +254,8 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
                                bytes_per_token=bytes_of[name] / T)
         row["bound"] = classify_bound(row, ceilings)
         rows.append(row)
+    rows += floor_rows(shape, Q, index, bytes_of["tilemaxsim_residual"] - table_bytes, num_docs,
+                       ceilings, time_ms)
     dense_row = next(r for r in rows if r["provider"] == "tilemaxsim_dense_decoded")
     for row in rows:
         row["docs_per_s_vs_dense"] = row["docs_per_s"] / dense_row["docs_per_s"]
@@ -262,6 +264,34 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     if args.sweep:
         rows += sweep_rows(shape, Q2, index, pq_data, bytes_of, flops, num_docs, ceilings, time_ms)
     return rows, checks
+
+
+def floor_rows(shape, Q, index, nbytes, num_docs, ceilings, time_ms) -> list[dict]:
+    """experiments/residual_floors.py on the benchmark index: for each stage (read; + S-row
+    gathers; + decode) the fastest launch configuration, each checked against float64 torch."""
+    scores = query_centroid_scores(Q, index["centroids"])
+    args = (index["codes"], index["residuals"], index["inv_norms"], index["offsets"], scores,
+            index["bucket_weights"], NBITS)
+    rows = []
+    for stage in residual_floors.STAGES:
+        expected = residual_floors.expected_floor(stage, *args)
+        best = None
+        for block_t, warps in residual_floors.CONFIGS:
+            def fn(block_t=block_t, warps=warps):
+                return residual_floors.residual_floor(stage, *args, block_t=block_t, num_warps=warps)
+
+            torch.testing.assert_close(fn().double(), expected, rtol=1e-4, atol=1e-2)
+            timing = time_ms(fn)
+            if best is None or timing[0] < best[0][0]:
+                best = (timing, f"block_t={block_t} warps={warps}")
+        row = harness.make_row(SUITE, shape, f"floor_{stage}", best[0], num_docs=num_docs,
+                               nbytes=nbytes, flops=0.0, ceilings=ceilings,
+                               bytes_per_doc=nbytes / num_docs, config=best[1])
+        row["bound"] = {"read": "reading codes, residual words and norms",
+                        "gather": "+ S-row gathers from L2",
+                        "decode": "+ pair decode of every residual word"}[stage]
+        rows.append(row)
+    return rows
 
 
 def residual_sweep_configs() -> list[ResidualConfig]:
@@ -336,7 +366,7 @@ def plot_roofline(rows: list[dict], ceilings: dict, path: Path) -> Path | None:
     ax.plot(xs, [min(peak, bw_tbps * x) for x in xs], "k-", lw=1,
             label=f"ceilings: {ceilings['read_gbps']:.0f} GB/s read, {peak:.0f} TFLOP/s bf16")
     for row in rows:
-        if row["suite"] != SUITE:
+        if row["suite"] != SUITE or not row["tflops"]:  # the floors do no products
             continue
         intensity = row["tflops"] * 1e12 / (row["gbps"] * 1e9)
         ax.scatter(intensity, row["tflops"], s=30)

@@ -65,7 +65,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvi
 case "$part" in
   kernels)
     gpu_tests
-    step bench_compressed 130 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
+    step bench_compressed 170 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
     step bench_dense 190 python3 -m experiments.bench --out "$OUT/bench"
     ;;
   tests)
@@ -79,7 +79,7 @@ case "$part" in
     # then every main shape with every provider.
     step bench_dense 260 python3 -m experiments.bench --sweep --no-sweeps --out "$OUT/bench" \
       --sweep-shapes "1q packed N=100k mean70 d=128"
-    step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid
@@ -99,7 +99,7 @@ case "$part" in
     ;;
   recheck)
     gpu_tests
-    step bench_compressed 75 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     step bench_dense 90 python3 -m experiments.bench --no-sweeps --out "$OUT/bench"
     # End-to-end PLAID is the plaid-only part: with it the step limits would pass 10 minutes.
     ;;

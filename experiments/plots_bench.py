@@ -72,6 +72,8 @@ def plot_roofline(doc, out):
     ceilings = doc["ceilings"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for row in doc["rows"]:
+        if not row["tflops"]:  # the per-document read floors do no products
+            continue
         intensity = row["tflops"] * 1e12 / (row["gbps"] * 1e9)  # FLOP per byte
         style = PROVIDER_STYLE.get(row["provider"], {})
         ax.scatter(intensity, row["tflops"], s=12, color=style.get("color", "gray"),
