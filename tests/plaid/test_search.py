@@ -228,3 +228,19 @@ def test_unknown_stage_4_products_are_named(monkeypatch):
     monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "fp8")
     with pytest.raises(ValueError, match=backends.PRODUCTS_ENV_VAR):
         backends.stage_4_products()
+
+
+def test_decompress_tokens_is_colbert_decompression(tiny_searcher):
+    """The torch path's decompression (one weight lookup per residual byte) gives exactly the
+    codec's decompression (tests/codecs: equal to colbert-ai's own), for rows of any shape."""
+    from tilemaxsim_plaid.codecs.residual import decompress_residuals
+
+    with patch_state(ALL_GROUPS):
+        index = device_index(tiny_searcher.ranker)
+    rows = torch.randint(0, index.num_tokens, (3, 7))
+    got = backends.decompress_tokens(index, rows)
+    flat = rows.reshape(-1)
+    expected = decompress_residuals(index.codes[flat], index.residuals[flat], index.centroids,
+                                    index.bucket_weights, index.nbits)
+    assert got.shape == (3, 7, index.dim) and got.dtype == torch.float32
+    assert torch.equal(got.reshape(-1, index.dim), expected)

@@ -80,10 +80,16 @@ def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
     Returns:
         [*S, dim] fp32.
     """
-    buckets = index.bucket_table[index.residuals[rows].long()]  # [*S, packed, 8 / nbits]
-    buckets = buckets.reshape(*rows.shape, index.dim).long()
-    embeddings = index.centroids[index.codes[rows].long()] + index.bucket_weights[buckets]
-    return torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+    flat = rows.reshape(-1)
+    # [256, 8 / nbits]: the weights of each residual byte's dimension slots, so one lookup per
+    # byte gives the same values as bucket_weights[bucket] one dimension at a time, without
+    # materialising int64 bucket indices (half the time of stage 4 on the CPU).
+    byte_weights = index.bucket_weights[index.bucket_table.long()]
+    residual_bytes = index.residuals.index_select(0, flat).reshape(-1).int()
+    embeddings = index.centroids.index_select(0, index.codes.index_select(0, flat))
+    embeddings += byte_weights.index_select(0, residual_bytes).reshape(flat.shape[0], index.dim)
+    embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+    return embeddings.reshape(*rows.shape, index.dim)
 
 
 def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None) -> torch.Tensor:
