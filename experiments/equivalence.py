@@ -209,7 +209,11 @@ def run(args) -> dict:
     reproduce.prepare_index(experiment, condition)
     index_path = experiment.index_dir(condition) / "index"
     embeddings = torch.load(reproduce.precompute_query_embeddings(experiment, condition))
-    Q_all = embeddings["Q"].float()
+    start = args.start_query
+    if not 0 <= start < embeddings["Q"].shape[0]:
+        raise ValueError(f"--start-query {start}: the condition has {embeddings['Q'].shape[0]} queries")
+    # Long runs go in ranges of queries (--start-query, --limit-queries), one result file each.
+    Q_all = embeddings["Q"][start:].float()
     if args.limit_queries:
         Q_all = Q_all[: args.limit_queries]
     use_gpu = args.device == "cuda"
@@ -228,9 +232,10 @@ def run(args) -> dict:
         stock_tops, stock_candidates = _stock_pass(ranker, config, Q_all, k)
         counts, examples = _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates)
         n = len(Q_all)
-        row = {"k": k, "queries": n, **_upstream_knobs(k),
+        row = {"k": k, "queries": n, "first_query": start, **_upstream_knobs(k),
                **{name: value / n for name, value in counts.items()},
-               **{f"{name}_examples": numbers for name, numbers in examples.items()},
+               **{f"{name}_examples": [start + number for number in numbers]
+                  for name, numbers in examples.items()},
                "seconds": round(time.perf_counter() - started, 1)}
         print(json.dumps(row))
         rows.append(row)
@@ -247,7 +252,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/equivalence")
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--limit-queries", type=int)
+    parser.add_argument("--start-query", type=int, default=0, help="skip the queries before this one")
+    parser.add_argument("--limit-queries", type=int, help="at most this many queries from --start-query")
     args = parser.parse_args(argv)
     result = run(args)
     from experiments.harness import write_results

@@ -319,3 +319,13 @@ def test_equivalence_on_the_tiny_index(tiny_run, tmp_path):
         assert row["topk_exact"] + row["topk_exact_ties"] == 1.0
         assert row["ndocs"] == (256 if row["k"] == 10 else 1024)
     assert rows[0]["topk_equal_stock"] == 1.0  # both fp32 on the CPU
+    # A range of queries further on (long runs are split this way), and one past the end.
+    assert equivalence.main([str(experiment.path), "--condition", "k10", "--ks", "10", "--runs",
+                             str(experiment.out), "--out", str(out / "range"), "--device", "cpu",
+                             "--start-query", "4", "--limit-queries", "3"]) == 0
+    (row,) = json.loads((out / "range" / "equivalence.json").read_text())["rows"]
+    assert row["first_query"] == 4 and row["queries"] == 3
+    with pytest.raises(ValueError, match="--start-query"):
+        equivalence.main([str(experiment.path), "--condition", "k10", "--ks", "10", "--runs",
+                          str(experiment.out), "--out", str(out / "past"), "--device", "cpu",
+                          "--start-query", "10000"])
