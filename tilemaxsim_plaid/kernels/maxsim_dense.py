@@ -92,15 +92,16 @@ def _maxsim_dense_kernel(
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
     padded_doc_len); pids: [M] documents to score (else 0..M-1); out: fp32 [B, M].
     HOLD_QUERY (one d tile, one query block per program, tiled path): the query tile is loaded
-    once per program and held across all its tiles and documents, instead of once per tile."""
+    once per program and held across all its tiles and documents, instead of once per document."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
     pid_qgroup = pid % num_qgroups
     pid_docs = pid // num_qgroups
     if HOLD_QUERY:
-        # Per document, a 70-token document is two or three tiles; reloading the [32, 128]
-        # query block (from L1/L2) for each of them costs about a tenth of the read roof.
+        # Loading the [32, 128] query block once per document (Triton already keeps it out of
+        # the tile loop) costs about a tenth of the read roof at MS MARCO-like lengths
+        # (results/bench/h200-packed-floors); held here, it is loaded once per program.
         offs_b_held, offs_i_held, mask_r_held = _query_rows(pid_qgroup, Lq, p_query_lengths,
                                                             num_queries, HAS_QUERY_LENGTHS, LQ,
                                                             QUERIES_PER_BLOCK)
