@@ -309,17 +309,11 @@ def _per_document_read_row(case: Case, x: Inputs, nbytes: int, ceilings: dict,
         expected = torch.zeros(case.N, device=x.offsets.device).index_add_(0, doc_ids, x.D_packed.float().sum(1))
         if query is not None:
             expected += query.float().sum()
-    best = None
-    for block_t, warps, stages in packed_read.CONFIGS:
-        def fn(block_t=block_t, warps=warps, stages=stages):
-            return packed_read.per_document_read(x.D_packed, x.offsets, block_t, warps, stages,
-                                                 query=query, product=product)
-
-        torch.testing.assert_close(fn(), expected, rtol=1e-3, atol=1e-2)
-        timing = harness.time_ms(fn)
-        if best is None or timing[0] < best[0][0]:
-            best = (timing, {"block_t": block_t, "num_warps": warps, "num_stages": stages})
-    timing, config = best
+    timing, (block_t, warps, stages) = harness.fastest(
+        packed_read.CONFIGS,
+        lambda c: packed_read.per_document_read(x.D_packed, x.offsets, *c, query=query, product=product),
+        lambda out: torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-2))
+    config = {"block_t": block_t, "num_warps": warps, "num_stages": stages}
     print(f"  {variant} best {timing[0]:.4f} ms with {config}")
     return harness.make_row(SUITE, case.name, variant, timing, num_docs=case.N, nbytes=nbytes,
                             flops=0.0, ceilings=ceilings, sweep=case.sweep, B=case.B, Lq=case.Lq,

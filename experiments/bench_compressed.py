@@ -275,18 +275,14 @@ def floor_rows(shape, Q, index, nbytes, num_docs, ceilings, time_ms) -> list[dic
     rows = []
     for stage in residual_floors.STAGES:
         expected = residual_floors.expected_floor(stage, *args)
-        best = None
-        for block_t, warps in residual_floors.CONFIGS:
-            def fn(block_t=block_t, warps=warps):
-                return residual_floors.residual_floor(stage, *args, block_t=block_t, num_warps=warps)
-
-            torch.testing.assert_close(fn().double(), expected, rtol=1e-4, atol=1e-2)
-            timing = time_ms(fn)
-            if best is None or timing[0] < best[0][0]:
-                best = (timing, f"block_t={block_t} warps={warps}")
-        row = harness.make_row(SUITE, shape, f"floor_{stage}", best[0], num_docs=num_docs,
+        timing, (block_t, warps) = harness.fastest(
+            residual_floors.CONFIGS,
+            lambda c: residual_floors.residual_floor(stage, *args, block_t=c[0], num_warps=c[1]),
+            lambda out: torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-2),
+            time_ms)
+        row = harness.make_row(SUITE, shape, f"floor_{stage}", timing, num_docs=num_docs,
                                nbytes=nbytes, flops=0.0, ceilings=ceilings,
-                               bytes_per_doc=nbytes / num_docs, config=best[1])
+                               bytes_per_doc=nbytes / num_docs, config=f"block_t={block_t} warps={warps}")
         row["bound"] = {"read": "reading codes, residual words and norms",
                         "gather": "+ S-row gathers from L2",
                         "decode": "+ pair decode of every residual word"}[stage]

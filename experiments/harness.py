@@ -86,6 +86,22 @@ def time_ms(fn, warmup_ms: int = 25, rep_ms: int = 200) -> tuple[float, float, f
     return float(med), float(p20), float(p80)
 
 
+def fastest(configs, run, check, time_fn=None):
+    """(timing, config) of the fastest ``run(config)``; each config's output goes through
+    ``check`` (which raises on a wrong result) before it is timed."""
+    time_fn = time_fn or time_ms
+    best = None
+    for config in configs:
+        def fn(config=config):
+            return run(config)
+
+        check(fn())
+        timing = time_fn(fn)
+        if best is None or timing[0] < best[0][0]:
+            best = (timing, config)
+    return best
+
+
 def measure_ceilings() -> dict:
     """Read bandwidth, copy bandwidth and bf16 matmul rate, measured now on this GPU."""
     n = CEILING_BYTES // 2
