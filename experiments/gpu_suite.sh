@@ -18,6 +18,7 @@
 #   bash experiments/gpu_suite.sh equivalence     # experiments/equivalence.py (carry runs/wvgpu)
 #   bash experiments/gpu_suite.sh lengths         # synthetic-scale's length-* conditions
 #   bash experiments/gpu_suite.sh kernels-quick   # dense kernel tests, packed config sweep, main shapes
+#   bash experiments/gpu_suite.sh profile-kernels # interleaved timing + ncu of packed and residual kernels
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -26,7 +27,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -80,6 +81,16 @@ case "$part" in
     step bench_dense 260 python3 -m experiments.bench --sweep --no-sweeps --out "$OUT/bench" \
       --sweep-shapes "1q packed N=100k mean70 d=128"
     step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  profile-kernels)  # interleaved timing and Nsight Compute sections of the packed and residual
+                    # kernels, their floors and flash-maxsim's packed kernel
+    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 10
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 300 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section LaunchStats --section Occupancy --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section SchedulerStats --section WarpStateStats --section SourceCounters \
+      python3 -m experiments.profile_kernels profile
     ;;
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid

@@ -1,0 +1,166 @@
+"""Where the one-query packed and residual kernels lose time: interleaved timing and Nsight Compute.
+
+Two modes, on the benchmark's shapes (100k documents of MS MARCO-like lengths, 32 query tokens,
+d = 128; residual codes with C = 65,536 and nbits = 2):
+
+    python -m experiments.profile_kernels time [--rounds 10]
+        times every variant below in rounds, one after another within a round, so clock and
+        thermal drift hit them all alike; prints each variant's median over rounds.
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
+        python -m experiments.profile_kernels profile
+        runs each variant once (after a warm-up launch) between cudaProfilerStart/Stop, so Nsight
+        Compute sees exactly one launch per variant. ``gpu_suite.sh profile-kernels`` runs both.
+
+Every variant's output is checked against the float64 reference before it is timed or profiled.
+The variants: our packed kernel at the default and neighbouring configurations, flash-maxsim's
+packed kernel when installed, the per-document read floors (experiments/packed_read.py), our
+residual kernel and its decode floor (experiments/residual_floors.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from experiments import harness
+from experiments.bench import Case, make_inputs
+from experiments.bench_compressed import NBITS, make_index, queries
+from experiments.packed_read import per_document_read
+from experiments.residual_floors import expected_floor, residual_floor
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed
+from tilemaxsim_plaid.ops.residual import maxsim_residual, query_centroid_scores
+
+NUM_DOCS = 100_000
+QUERY_LEN = 32
+DIM = 128
+NUM_CENTROIDS = 65_536
+CHECKED_DOCS = 2_000  # the reference is float64 torch: check a prefix of the documents
+
+PACKED_CONFIGS = {
+    "packed 32/2w/2st": MaxSimConfig(block_t=32, num_warps=2, num_stages=2),
+    "packed 32/2w/3st": MaxSimConfig(block_t=32, num_warps=2, num_stages=3),
+    "packed 32/2w/4st": MaxSimConfig(block_t=32, num_warps=2, num_stages=4),
+    "packed 32/4w/2st": MaxSimConfig(block_t=32, num_warps=4, num_stages=2),
+    "packed hold 8docs/2st": MaxSimConfig(block_t=32, num_warps=2, num_stages=2,
+                                          docs_per_program=8, hold_query=True),
+    "packed hold 8docs/3st": MaxSimConfig(block_t=32, num_warps=2, num_stages=3,
+                                          docs_per_program=8, hold_query=True),
+}
+
+
+def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
+    got = got.double().cpu()
+    want = want.double().cpu()
+    err = float(((got - want).abs() / want.abs().clamp_min(1.0)).max())
+    if not err <= tol:
+        raise AssertionError(f"{name}: max relative error {err:.2e} > {tol:.0e}")
+
+
+def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
+    """{name: (run, check)} for the packed shape; check raises if run's output is wrong."""
+    case = Case(f"1q packed N={num_docs} mean70 d=128", 1, QUERY_LEN, num_docs, 0, DIM, packed=True)
+    x = make_inputs(case, device=device)
+    Q = x.Q[0]
+    max_len = int(x.lengths.max())
+    n = min(CHECKED_DOCS, num_docs)
+    ref = reference.maxsim_packed(Q.cpu().double(), x.D_packed[: int(x.offsets[n])].cpu().double(),
+                                  x.offsets[: n + 1].cpu())
+    variants = {}
+    default = default_config(1, QUERY_LEN, max_len, DIM, variable_lengths=True)
+    configs = {"packed default": default, **PACKED_CONFIGS}
+    for name, cfg in configs.items():
+        variants[name] = (lambda c=cfg: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len,
+                                                      config=c, validate=False),
+                          lambda out: _assert_close(name, out[:n], ref))
+    try:
+        import flash_maxsim
+    except ImportError:
+        flash_maxsim = None
+    if flash_maxsim is not None and device != "cpu":
+        cu = x.offsets.to(torch.int32)
+        variants["flash_maxsim_packed"] = (
+            lambda: flash_maxsim.flash_maxsim_packed(Q, x.D_packed, cu, max_seqlen_d=max_len),
+            lambda out: _assert_close("flash_maxsim_packed", out.reshape(-1)[:n], ref))
+    sums = x.D_packed.float().sum(1)
+    per_doc_sum = torch.zeros(num_docs, device=sums.device).index_add_(
+        0, torch.repeat_interleave(torch.arange(num_docs, device=sums.device), x.lengths), sums)
+    variants["floor read"] = (lambda: per_document_read(x.D_packed, x.offsets),
+                              lambda out: _assert_close("floor read", out, per_doc_sum, 1e-2))
+    variants["floor bare maxsim"] = (
+        lambda: per_document_read(x.D_packed, x.offsets, query=Q, product=True),
+        lambda out: _assert_close("floor bare maxsim", out[:n], ref))
+    return variants
+
+
+def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
+    """{name: (run, check)} for the residual shape; check raises if run's output is wrong."""
+    device = torch.device(device)
+    index = make_index(num_docs, NUM_CENTROIDS, DIM, NBITS, device)
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    args = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
+            index["bucket_weights"], NBITS)
+    n = min(CHECKED_DOCS, num_docs)
+    ref = reference.maxsim_residual(Q.cpu(), index["codes"].cpu(), index["residuals"].cpu(),
+                                    index["offsets"][: n + 1].cpu(), index["centroids"].cpu(),
+                                    index["bucket_weights"].cpu(), NBITS)
+    scores = query_centroid_scores(Q[None], index["centroids"])
+    floor_args = (index["codes"], index["residuals"], index["inv_norms"], index["offsets"], scores,
+                  index["bucket_weights"], NBITS)
+    floor_ref = expected_floor("decode", *floor_args)
+    return {
+        "residual default": (lambda: maxsim_residual(*args, inv_norms=index["inv_norms"],
+                                                     validate=False),
+                             lambda out: _assert_close("residual default", out[:n], ref)),
+        "residual floor decode": (lambda: residual_floor("decode", *floor_args),
+                                  lambda out: torch.testing.assert_close(
+                                      out.double(), floor_ref, rtol=1e-4, atol=1e-2)),
+    }
+
+
+def time_rounds(variants: dict, rounds: int, rep_ms: int) -> dict:
+    """{name: [median ms of each round]}: every round times every variant once, in order."""
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (run, _check) in variants.items():
+            times[name].append(harness.time_ms(run, rep_ms=rep_ms)[0])
+    return times
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.profile_kernels",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("time", "profile"))
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rep-ms", type=int, default=50)
+    parser.add_argument("--only", default="", help="comma-separated substrings of variant names")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_kernels times GPU kernels and needs a CUDA device")
+    variants = {**packed_variants(), **residual_variants()}
+    if args.only:
+        keys = [k.strip() for k in args.only.split(",")]
+        variants = {n: v for n, v in variants.items() if any(k in n for k in keys)}
+    for name, (run, check) in variants.items():
+        check(run())  # also the warm-up (compile) launch
+        print(f"checked {name}", flush=True)
+    torch.cuda.synchronize()
+    if args.mode == "profile":
+        for name, (run, _check) in variants.items():
+            torch.cuda.profiler.start()
+            run()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"profiled {name}", flush=True)
+        return
+    times = time_rounds(variants, args.rounds, args.rep_ms)
+    print(f"\n{'variant':<28} {'median ms':>10} {'min':>8} {'max':>8}   ({args.rounds} rounds)")
+    for name, values in times.items():
+        print(f"{name:<28} {statistics.median(values):>10.4f} {min(values):>8.4f} {max(values):>8.4f}")
+
+
+if __name__ == "__main__":
+    main()
