@@ -31,7 +31,7 @@ from experiments.packed_read import per_document_read
 from experiments.residual_floors import expected_floor, residual_floor
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed
-from tilemaxsim_plaid.ops.residual import maxsim_residual, query_centroid_scores
+from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual, query_centroid_scores
 
 NUM_DOCS = 100_000
 QUERY_LEN = 32
@@ -48,6 +48,18 @@ PACKED_CONFIGS = {
                                           docs_per_program=8, hold_query=True),
     "packed hold 8docs/3st": MaxSimConfig(block_t=32, num_warps=2, num_stages=3,
                                           docs_per_program=8, hold_query=True),
+}
+
+# Register caps (ptxas .maxnreg) trade a few spills for more programs per SM: at 32-token tiles
+# and 2 warps the default compiles to 156 registers (6 programs per SM); 128 spills 4
+# instructions' worth, 120 about 20 (sm_90, triton 3.6).
+RESIDUAL_CONFIGS = {
+    "residual 32/2w maxnreg128": ResidualConfig(maxnreg=128),
+    "residual 32/2w maxnreg120": ResidualConfig(maxnreg=120),
+    "residual 16/2w": ResidualConfig(block_t=16),
+    "residual 16/2w maxnreg80": ResidualConfig(block_t=16, maxnreg=80),
+    "residual 32/4w": ResidualConfig(num_warps=4),
+    "residual 32/4w maxnreg80": ResidualConfig(num_warps=4, maxnreg=80),
 }
 
 
@@ -74,7 +86,7 @@ def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     for name, cfg in configs.items():
         variants[name] = (lambda c=cfg: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len,
                                                       config=c, validate=False),
-                          lambda out: _assert_close(name, out[:n], ref))
+                          lambda out, name=name: _assert_close(name, out[:n], ref))
     try:
         import flash_maxsim
     except ImportError:
@@ -110,10 +122,13 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     floor_args = (index["codes"], index["residuals"], index["inv_norms"], index["offsets"], scores,
                   index["bucket_weights"], NBITS)
     floor_ref = expected_floor("decode", *floor_args)
+    variants = {}
+    for name, cfg in {"residual default": None, **RESIDUAL_CONFIGS}.items():
+        variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
+                                                        config=c, validate=False),
+                          lambda out, name=name: _assert_close(name, out[:n], ref))
     return {
-        "residual default": (lambda: maxsim_residual(*args, inv_norms=index["inv_norms"],
-                                                     validate=False),
-                             lambda out: _assert_close("residual default", out[:n], ref)),
+        **variants,
         "residual floor decode": (lambda: residual_floor("decode", *floor_args),
                                   lambda out: torch.testing.assert_close(
                                       out.double(), floor_ref, rtol=1e-4, atol=1e-2)),

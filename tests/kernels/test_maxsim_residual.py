@@ -221,6 +221,8 @@ def test_bad_inputs_name_the_argument(device):
         score(Q, index, 2, config=ResidualConfig(centroid_table=True))
     with pytest.raises(ValueError, match="decode"):
         score(Q, index, 2, config=ResidualConfig(decode="lookup"))
+    with pytest.raises(ValueError, match="maxnreg"):
+        score(Q, index, 2, config=ResidualConfig(maxnreg=16))
     with pytest.raises(ValueError, match="codes"):
         bad = dict(index, codes=index["codes"] + NUM_CENTROIDS)
         score(Q, bad, 2)
@@ -287,11 +289,12 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     docs_per_program=st.integers(1, 4),
     centroid_table=st.sampled_from([None, True, False]),
     decode=st.sampled_from(["pairs", "select"]),
+    maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
-                                        decode, with_pids):
+                                        decode, maxnreg, with_pids):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
     index = random_index(device, dim, nbits)
@@ -299,7 +302,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
     pids = torch.tensor([4, 0, 2, 2, 5], device=device) if with_pids else None
     config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
-                            centroid_table=centroid_table, decode=decode)
+                            centroid_table=centroid_table, decode=decode, maxnreg=maxnreg)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
     except ValueError as error:

@@ -66,6 +66,9 @@ class ResidualConfig:
             False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
         decode: "pairs" (two weights per table load) or "select" (a select tree per dimension).
         num_warps, num_stages: Triton launch parameters.
+        maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
+            choice. Fewer registers let more programs share an SM, which hides the latency of
+            each program's dependent loads; too few make the compiler spill.
     """
 
     block_t: int = 32
@@ -79,6 +82,11 @@ class ResidualConfig:
     # Measured on an H200 (results/compressed/h200-final): one stage 0.89 ms, three 1.90 ms for
     # 100k MS MARCO-like documents; deeper pipelining costs registers and occupancy here.
     num_stages: int = 1
+    maxnreg: int | None = None
+
+
+# ptxas's range for .maxnreg on sm_80/sm_90.
+MIN_MAXNREG, MAX_MAXNREG = 24, 255
 
 
 def _pow2(x: int) -> int:
@@ -213,6 +221,9 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
             raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
     if cfg.decode not in DECODERS:
         raise ValueError(f"config.decode must be one of {DECODERS}, got {cfg.decode!r}")
+    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
+        raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
+                         f"got {cfg.maxnreg}")
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
@@ -262,7 +273,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
 
