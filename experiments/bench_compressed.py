@@ -291,15 +291,17 @@ def floor_rows(shape, Q, index, nbytes, num_docs, ceilings, time_ms) -> list[dic
 
 
 def residual_sweep_configs() -> list[ResidualConfig]:
-    """Each decoder x num_warps {2, 4} x main tile {32, 64} x num_stages {1, 3} (16 configs),
-    plus, around the default, several documents per program and a 32-token tail (4 more)."""
+    """Each decoder x num_warps {2, 4} x main tile {16, 32, 64} x num_stages {1, 3} (24 configs),
+    plus, around the default, several documents per program, a 32-token tail and register caps
+    (ptxas .maxnreg) that trade a few spills for more programs per SM (5 more)."""
     configs = [ResidualConfig(decode=decode, num_warps=warps, block_t=block_t, num_stages=stages)
-               for decode in ("pairs", "select") for warps in (2, 4) for block_t in (32, 64)
+               for decode in ("pairs", "select") for warps in (2, 4) for block_t in (16, 32, 64)
                for stages in (1, 3)]
     default = ResidualConfig()
     configs += [dataclasses.replace(default, docs_per_program=4),
-                dataclasses.replace(default, docs_per_program=4, num_stages=1),
-                dataclasses.replace(default, block_t_tail=32),
+                dataclasses.replace(default, block_t=32, block_t_tail=32),
+                dataclasses.replace(default, block_t=32, maxnreg=128),
+                dataclasses.replace(default, block_t=16, maxnreg=80),
                 dataclasses.replace(default, block_t=64, block_t_tail=32, num_warps=4)]
     return configs
 
@@ -319,10 +321,14 @@ def sweep_rows(shape, Q2, index, pq_data, bytes_of, flops, num_docs, ceilings, t
     residual_args = (Q2, index["codes"], index["residuals"], index["offsets"], index["centroids"],
                      index["bucket_weights"], NBITS)
     residual_fields = ("decode", "block_t", "block_t_tail", "docs_per_program", "num_warps",
-                       "num_stages")
+                       "num_stages", "maxnreg")
+    expected = maxsim_residual(*residual_args, inv_norms=index["inv_norms"])
     for cfg in residual_sweep_configs():
         fn = (lambda c=cfg: maxsim_residual(*residual_args, inv_norms=index["inv_norms"],
                                             config=c, validate=False))
+        # Each config must give the default's scores (those are checked against float64 torch
+        # in check_against_reference) before it is timed.
+        torch.testing.assert_close(fn(), expected, rtol=1e-3, atol=1e-3)
         rows.append(harness.make_row(
             SUITE + "-sweep", shape, f"residual {_config_label(cfg, residual_fields)}",
             time_ms(fn), num_docs=num_docs, nbytes=bytes_of[OURS], flops=flops,

@@ -49,11 +49,14 @@ DECODERS = ("pairs", "select")
 class ResidualConfig:
     """One fixed launch configuration for :func:`maxsim_residual` (no heuristics).
 
-    The defaults are the dense packed kernel's best one-query shape on the H200 (per-document
-    programs of 32-token tiles, 2 warps, 3 stages: many small programs resident per SM hide one
-    another's dependent codes -> S-row loads) with the pair decoder, the fewest sm_90
-    instructions per token of the variants (kernels/maxsim_residual.py). ``--sweep`` of
-    experiments/bench_compressed.py times the alternatives on the GPU.
+    The defaults are the fastest one-query configuration measured on the H200: per-document
+    programs of 2 warps (many small programs resident per SM hide one another's dependent
+    codes -> S-row loads) walking 16-token tiles, with the pair decoder, the fewest sm_90
+    instructions per token of the variants (kernels/maxsim_residual.py). Occupancy is what the
+    tile size buys: 32-token tiles compile to 156 registers (6 programs per SM), 16-token tiles
+    to 96 (10), 0.890 -> 0.815 ms for 100k MS MARCO-like documents at nbits = 2 (interleaved
+    rounds of experiments/profile_kernels.py; Nsight Compute then finds L1 the busiest unit, at
+    85 %). ``--sweep`` of experiments/bench_compressed.py times the alternatives on the GPU.
 
     Attributes:
         block_t: tokens per main tile (the tensor-core M dimension).
@@ -71,7 +74,7 @@ class ResidualConfig:
             each program's dependent loads; too few make the compiler spill.
     """
 
-    block_t: int = 32
+    block_t: int = 16
     block_t_tail: int = 16
     block_d: int | None = None
     queries_per_block: int = 1
