@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 
 import torch
@@ -389,19 +390,43 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
     return results
 
 
+def sync_site(stack: list[traceback.FrameSummary]) -> str:
+    """Where a synchronizing operation came from: the innermost frame outside torch (the code
+    that asked for it), then the torch frame the warning names, each as two path parts and a
+    line ("cuda/__init__.py" alone does not say which call of ours synchronized)."""
+
+    def where(frame: traceback.FrameSummary) -> str:
+        return f"{'/'.join(pathlib.Path(frame.filename).parts[-2:])}:{frame.lineno}"
+
+    frames = [f for f in stack if not f.filename.endswith(("warnings.py", __file__))]
+    in_torch = [f for f in frames if f"{os.sep}torch{os.sep}" in f.filename]
+    outside = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename]
+    if not outside:
+        return where(frames[-1]) if frames else "?"
+    site = where(outside[-1])
+    if in_torch and frames.index(in_torch[-1]) > frames.index(outside[-1]):
+        site += f" (via {where(in_torch[-1])})"
+    return site
+
+
 def _syncs_in(fn) -> list[str]:
-    """``file:line`` of each synchronizing CUDA operation ``fn()`` performs."""
+    """Where (see :func:`sync_site`) each synchronizing CUDA operation ``fn()`` performs is."""
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    sites = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            sites.append(sync_site(traceback.extract_stack()[:-1]))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    # Two path parts: a bare "__init__.py" does not say which package.
-    return [f"{'/'.join(pathlib.Path(w.filename).parts[-2:])}:{w.lineno}"
-            for w in caught if "synchroniz" in str(w.message)]
+    return sites
 
 
 def _count_syncs(searcher, Q, k, text) -> dict:

@@ -62,6 +62,14 @@ RESIDUAL_CONFIGS = {
     "residual 32/4w maxnreg80": ResidualConfig(num_warps=4, maxnreg=80),
 }
 
+# fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
+# 16/4w, 32/2w; tf32x3 to 200 / 162 / 255 (+ spills) there.
+RERANK_CONFIGS = {
+    "16/2w": ResidualConfig(block_t=16, num_warps=2),
+    "16/4w": ResidualConfig(block_t=16, num_warps=4),
+    "32/2w": ResidualConfig(block_t=32, num_warps=2),
+}
+
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
     got = got.double().cpu()
@@ -127,6 +135,21 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
         variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                         config=c, validate=False),
                           lambda out, name=name: _assert_close(name, out[:n], ref))
+    # PLAID's rerank path: an fp32 query, every document once in shuffled order (pids), with
+    # the two ways of multiplying fp32 (ops/residual.py: fp16x2 = split_query, tf32x3).
+    Q32 = Q.float()
+    pids = torch.randperm(num_docs, generator=torch.Generator().manual_seed(2)).to(device)
+    ref_pids = reference.maxsim_residual(Q32.cpu(), index["codes"].cpu(), index["residuals"].cpu(),
+                                         index["offsets"].cpu(), index["centroids"].cpu(),
+                                         index["bucket_weights"].cpu(), NBITS, pids[:n].cpu())
+    rerank_args = (Q32, *args[1:], pids)
+    for products, split in (("fp16x2", True), ("tf32x3", False)):
+        for label, cfg in RERANK_CONFIGS.items():
+            name = f"rerank {products} {label}"
+            variants[name] = (lambda c=cfg, split=split: maxsim_residual(
+                                  *rerank_args, inv_norms=index["inv_norms"], split_query=split,
+                                  config=c, validate=False),
+                              lambda out, name=name: _assert_close(name, out[:n], ref_pids))
     return {
         **variants,
         "residual floor decode": (lambda: residual_floor("decode", *floor_args),

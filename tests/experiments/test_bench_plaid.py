@@ -73,3 +73,21 @@ def test_profile_encode_times_both_systems(bundle, capsys):
         ["bundle", "colbert-ai"], ["bundle", "tilemaxsim"], ["tiny", "colbert-ai"], ["tiny", "tilemaxsim"]]
     assert all(float(line.split()[2]) > 0 for line in summary)
     assert out.count("Ordered by: internal time") == 4
+
+
+def test_sync_site_names_the_caller_outside_torch():
+    """A sync warned about inside torch is reported at the innermost frame outside torch that
+    led to it, with the torch frame after it."""
+    import os
+    import traceback
+
+    from experiments import bench_plaid
+
+    def frame(path, line):
+        return traceback.FrameSummary(path, line, "f")
+
+    torch_dir = f"{os.sep}site{os.sep}torch{os.sep}cuda{os.sep}__init__.py"
+    stack = [frame("/a/main.py", 1), frame("/a/tilemaxsim_plaid/plaid/scoring.py", 40),
+             frame(f"/x{torch_dir}", 1270)]
+    assert bench_plaid.sync_site(stack) == "plaid/scoring.py:40 (via cuda/__init__.py:1270)"
+    assert bench_plaid.sync_site(stack[:2]) == "plaid/scoring.py:40"
