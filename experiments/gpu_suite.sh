@@ -19,6 +19,7 @@
 #   bash experiments/gpu_suite.sh lengths         # synthetic-scale's length-* conditions
 #   bash experiments/gpu_suite.sh kernels-quick   # dense kernel tests, packed config sweep, main shapes
 #   bash experiments/gpu_suite.sh profile-kernels # interleaved timing + ncu of packed and residual kernels
+#   bash experiments/gpu_suite.sh compressed-sweep  # residual/PQ main rows and launch-config sweep
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -27,7 +28,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -91,6 +92,9 @@ case "$part" in
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section SchedulerStats --section WarpStateStats --section SourceCounters \
       python3 -m experiments.profile_kernels profile
+    ;;
+  compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
+    step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
     ;;
   plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
     bench_plaid

@@ -40,10 +40,16 @@ logger = logging.getLogger(__name__)
 BACKEND_ENV_VAR = "TILEMAXSIM_PLAID_BACKEND"
 # How the fused stage-4 kernel multiplies the fp32 query (kernels/maxsim_residual.py):
 #   "tf32x3" (default): three tf32 tensor-core products per fp32 product, ~1e-6 per score;
-#   "fp16x2": the query's fp16 head and tail against fp16 residual weights, ~1e-5 per score
-#             (still ~100x closer to fp32 than colbert-ai's fp16 GPU path), about 2.6x faster.
+#   "fp16x2": the query's fp16 head and tail against fp16 residual weights, about 2.5x faster;
+#   "fp16": the residual part against the query rounded to fp16 once (one product per tile
+#           instead of two), about 3.3x faster.
+# Both fp16 modes keep the centroid part in fp32 (the centroid-score table) and round each
+# residual weight to fp16, which dominates their error: it grows with the index's bucket
+# weights (6e-4 and 7e-4 per score on the test index's coarse codec, tests/plaid/test_search.py),
+# below colbert-ai's own GPU path, which rounds the query and every decompressed embedding to
+# fp16.
 PRODUCTS_ENV_VAR = "TILEMAXSIM_PLAID_PRODUCTS"
-PRODUCTS = ("tf32x3", "fp16x2")
+PRODUCTS = ("tf32x3", "fp16x2", "fp16")
 # Decompressed tokens per stage-4 chunk: 2**18 x 128 dims x 4 B = 128 MiB of fp32 at most,
 # so a rerank of 1M candidates streams through a bounded buffer instead of running out of memory.
 TOKENS_PER_CHUNK = 1 << 18
@@ -60,7 +66,7 @@ def backend_for(device: torch.device) -> str:
 
 
 def stage_4_products() -> str:
-    """``"tf32x3"`` or ``"fp16x2"`` (see PRODUCTS_ENV_VAR); read at every call."""
+    """One of PRODUCTS (see PRODUCTS_ENV_VAR; ``"tf32x3"`` when unset); read at every call."""
     choice = os.environ.get(PRODUCTS_ENV_VAR, "tf32x3").strip().lower()
     if choice not in PRODUCTS:
         raise ValueError(f"{PRODUCTS_ENV_VAR} must be one of {PRODUCTS}, got {choice!r}")
@@ -121,12 +127,18 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
     if residual_kernel is not None:
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
+        products = stage_4_products() if index.inv_norms is not None else "tf32x3"
+        if products == "fp16":
+            # The centroid part from the fp32 query (exact), only the residual part in fp16.
+            if centroid_scores is None:
+                from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+                centroid_scores = query_centroid_scores(Q[None], index.centroids)
+            Q = Q.half()
         scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,
                                  index.centroids, index.bucket_weights, index.nbits, pids,
                                  inv_norms=index.inv_norms, centroid_scores=centroid_scores,
-                                 split_query=(index.inv_norms is not None
-                                              and stage_4_products() == "fp16x2"),
-                                 validate=False)[0]
+                                 split_query=products == "fp16x2", validate=False)[0]
     else:
         from tilemaxsim_plaid.ops.dense import maxsim_padded
 
