@@ -407,7 +407,7 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
     def where(frame: traceback.FrameSummary) -> str:
         return f"{'/'.join(pathlib.Path(frame.filename).parts[-2:])}:{frame.lineno}"
 
-    frames = [f for f in stack if not f.filename.endswith(("warnings.py", __file__))]
+    frames = [f for f in stack if not f.filename.endswith("warnings.py")]
     in_torch = [f for f in frames if f"{os.sep}torch{os.sep}" in f.filename]
     outside = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename]
     if not outside:
@@ -418,13 +418,20 @@ def sync_site(stack: list[traceback.FrameSummary]) -> str:
     return site
 
 
+def is_sync_warning(message: str) -> bool:
+    """True for the warning sync debug mode gives at a synchronizing operation, not for the one
+    ``set_sync_debug_mode`` itself gives once per process ("Synchronization debug mode is a
+    prototype feature and does not detect all synchronizing operations")."""
+    return "called a synchronizing" in message
+
+
 def _syncs_in(fn) -> list[str]:
     """Where (see :func:`sync_site`) each synchronizing CUDA operation ``fn()`` performs is."""
     torch.cuda.synchronize()
     sites = []
 
     def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
+        if is_sync_warning(str(message)):
             sites.append(sync_site(traceback.extract_stack()[:-1]))
 
     with warnings.catch_warnings():

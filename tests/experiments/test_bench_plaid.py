@@ -91,3 +91,13 @@ def test_sync_site_names_the_caller_outside_torch():
              frame(f"/x{torch_dir}", 1270)]
     assert bench_plaid.sync_site(stack) == "plaid/scoring.py:40 (via cuda/__init__.py:1270)"
     assert bench_plaid.sync_site(stack[:2]) == "plaid/scoring.py:40"
+
+
+def test_only_sync_warnings_count_as_syncs():
+    from experiments import bench_plaid
+
+    assert bench_plaid.is_sync_warning("called a synchronizing CUDA operation")
+    # set_sync_debug_mode's own notice (torch 2.11 gives it once per process).
+    assert not bench_plaid.is_sync_warning(
+        "Synchronization debug mode is a prototype feature and does not detect all "
+        "synchronizing operations")
