@@ -60,6 +60,10 @@ RESIDUAL_CONFIGS = {
     "residual 16/2w maxnreg80": ResidualConfig(block_t=16, maxnreg=80),
     "residual 32/4w": ResidualConfig(num_warps=4),
     "residual 32/4w maxnreg80": ResidualConfig(num_warps=4, maxnreg=80),
+    # Weights assembled in registers by a byte permute instead of loaded from the pair table
+    # (85 / 118 registers at 16 / 32-token tiles).
+    "residual byte_permute 16/2w": ResidualConfig(block_t=16, decode="byte_permute"),
+    "residual byte_permute 32/2w": ResidualConfig(block_t=32, decode="byte_permute"),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -68,6 +72,8 @@ RERANK_CONFIGS = {
     "16/2w": ResidualConfig(block_t=16, num_warps=2),
     "16/4w": ResidualConfig(block_t=16, num_warps=4),
     "32/2w": ResidualConfig(block_t=32, num_warps=2),
+    "byte_permute 16/2w": ResidualConfig(block_t=16, decode="byte_permute"),
+    "byte_permute 32/2w": ResidualConfig(block_t=32, decode="byte_permute"),
 }
 
 
@@ -143,12 +149,19 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
                                          index["offsets"].cpu(), index["centroids"].cpu(),
                                          index["bucket_weights"].cpu(), NBITS, pids[:n].cpu())
     rerank_args = (Q32, *args[1:], pids)
-    for products, split in (("fp16x2", True), ("tf32x3", False)):
+    for products, split in (("fp16x2", True), ("tf32x3", False), ("fp16", None)):
         for label, cfg in RERANK_CONFIGS.items():
             name = f"rerank {products} {label}"
-            variants[name] = (lambda c=cfg, split=split: maxsim_residual(
-                                  *rerank_args, inv_norms=index["inv_norms"], split_query=split,
-                                  config=c, validate=False),
+            if split is None:  # the plugin's fp16 mode: fp32 centroid table, fp16-rounded query
+                run = (lambda c=cfg: maxsim_residual(
+                    Q32.half(), *rerank_args[1:], inv_norms=index["inv_norms"],
+                    centroid_scores=query_centroid_scores(Q32[None], index["centroids"]),
+                    config=c, validate=False))
+            else:
+                run = (lambda c=cfg, split=split: maxsim_residual(
+                    *rerank_args, inv_norms=index["inv_norms"], split_query=split, config=c,
+                    validate=False))
+            variants[name] = (run,
                               lambda out, name=name: _assert_close(name, out[:n], ref_pids))
     return {
         **variants,
