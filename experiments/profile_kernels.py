@@ -60,10 +60,6 @@ RESIDUAL_CONFIGS = {
     "residual 16/2w maxnreg80": ResidualConfig(block_t=16, maxnreg=80),
     "residual 32/4w": ResidualConfig(num_warps=4),
     "residual 32/4w maxnreg80": ResidualConfig(num_warps=4, maxnreg=80),
-    # Weights assembled in registers by a byte permute instead of loaded from the pair table
-    # (85 / 118 registers at 16 / 32-token tiles).
-    "residual byte_permute 16/2w": ResidualConfig(block_t=16, decode="byte_permute"),
-    "residual byte_permute 32/2w": ResidualConfig(block_t=32, decode="byte_permute"),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -72,8 +68,6 @@ RERANK_CONFIGS = {
     "16/2w": ResidualConfig(block_t=16, num_warps=2),
     "16/4w": ResidualConfig(block_t=16, num_warps=4),
     "32/2w": ResidualConfig(block_t=32, num_warps=2),
-    "byte_permute 16/2w": ResidualConfig(block_t=16, decode="byte_permute"),
-    "byte_permute 32/2w": ResidualConfig(block_t=32, decode="byte_permute"),
 }
 
 

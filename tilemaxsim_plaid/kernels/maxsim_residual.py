@@ -111,64 +111,15 @@ def _unit_shifts(NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, WIDTH: tl.conste
 
 
 @triton.jit
-def _byte_permute(lo_bytes, hi_bytes, selector, USE_ASM: tl.constexpr):
-    """PTX ``prmt.b32``: byte k of the result is byte (nibble k of ``selector``) of the 8 bytes
-    ``hi_bytes:lo_bytes`` (nibbles 0-7, sign-replicate bit never set here). Without PTX (the CPU
-    interpreter) the same selection in 64-bit integer arithmetic."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                         [lo_bytes + tl.zeros_like(selector),
-                                          hi_bytes + tl.zeros_like(selector), selector],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        source = (lo_bytes.to(tl.int64) & 0xFFFFFFFF) | (hi_bytes.to(tl.int64) << 32)
-        out = tl.zeros_like(selector).to(tl.int64)
-        for k in tl.static_range(4):
-            byte_index = (selector >> (4 * k)) & 7
-            out |= ((source >> (8 * byte_index.to(tl.int64))) & 0xFF) << (8 * k)
-        return out.to(tl.int32)
-
-
-@triton.jit
-def _decoded_dims(offs):
-    """Embedding dimension of each decoded column of the byte-permute decoder.
-
-    That decoder turns the bits of dimensions k and k + 4 (the same 2-bit position in two
-    adjacent bytes) into one pair, so within each 16-dimension word the columns come out in the
-    order 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, ...; the query is loaded in that order too, which
-    leaves every dot product unchanged.
-    """
-    column = offs % 16
-    pair = column // 2
-    return offs - column + 8 * (pair // 4) + pair % 4 + 4 * (column % 2)
-
-
-@triton.jit
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
-                  ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BYTE_PERMUTE: tl.constexpr = False, USE_ASM: tl.constexpr = False):
+                  ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
 
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
     flattened in dimension order), so rows are read with vector loads, once.
     """
-    if BYTE_PERMUTE:
-        # nbits = 2, 32-bit words, 16-bit weights; w0 / w1 hold the low / high bytes of the four
-        # weights in field order. Shifting a word right by 8j + 6 - 2i and masking with 0x0303
-        # leaves the fields of dimensions 4j + i and 4j + 4 + i in bytes 0 and 1 (j = 0, 2;
-        # i = 0..3); times 0x11 plus 0x4040 that is the byte selector of both weights, and one
-        # byte permute assembles them: no memory access per dimension (see _decoded_dims).
-        offs_p = tl.arange(0, 8)
-        shift = 16 * (offs_p // 4) + 6 - 2 * (offs_p % 4)
-        fields = (b_units[:, :, None] >> shift[None, None, :]) & 0x0303
-        selector = fields * 0x11 + 0x4040
-        packed = _byte_permute(w0, w1, selector, USE_ASM)  # [BLOCK_T, UNITS, 8]
-        lo = packed.to(tl.int16)
-        hi = (packed >> 16).to(tl.int16)
-        pairs = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
-        return tl.reshape(pairs, [BLOCK_T, BLOCK_D])
-    elif DECODE_PAIRS:
+    if DECODE_PAIRS:
         # Two dimensions per lookup: the 2 * NBITS bits of a pair index the pair table, whose
         # entries pack both weights into one integer (first dimension in the low half).
         shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
@@ -204,11 +155,9 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
                    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
-                   SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                   BYTE_PERMUTE: tl.constexpr, USE_ASM: tl.constexpr):
+                   SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms).
-    SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied.
-    BYTE_PERMUTE: columns come in _decoded_dims order, as b_q's do."""
+    SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied."""
     UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
     offs_u = kd * UNITS + tl.arange(0, UNITS)
     # [BLOCK_T, UNITS]: whole rows, streamed once.
@@ -216,11 +165,9 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
                       mask=mask_t[:, None] & (offs_u < units_per_row)[None, :], other=0,
                       eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
-                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, BYTE_PERMUTE, USE_ASM)
+                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D)
     if not CENTROID_TABLE:
         offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
-        if BYTE_PERMUTE:
-            offs_d = _decoded_dims(offs_d)
         mask_d = offs_d < dim
         # [BLOCK_T, BLOCK_D], centroid rows from L2
         b_c = tl.load(p_centroids + (codes * stride_cc)[:, None] + offs_d[None, :] * stride_cd,
@@ -250,7 +197,6 @@ def _residual_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BYTE_PERMUTE: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
@@ -277,13 +223,11 @@ def _residual_tile_scores(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
             w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
             DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            SPLIT_Q, INPUT_PRECISION, UPCAST, BYTE_PERMUTE, USE_ASM)
+            SPLIT_Q, INPUT_PRECISION, UPCAST)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
             offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
-            if BYTE_PERMUTE:
-                offs_d = _decoded_dims(offs_d)
             # [BLOCK_Q, BLOCK_D] (L1/L2 hits); masked dimensions are 0 here, which cancels any
             # weight there.
             q_offsets = offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt + offs_d[None, :] * stride_qd
@@ -297,7 +241,7 @@ def _residual_tile_scores(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
                 w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
                 DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                SPLIT_Q, INPUT_PRECISION, UPCAST, BYTE_PERMUTE, USE_ASM)
+                SPLIT_Q, INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -322,7 +266,6 @@ def _maxsim_residual_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BYTE_PERMUTE: tl.constexpr = False, USE_ASM: tl.constexpr = False,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
@@ -347,8 +290,6 @@ def _maxsim_residual_kernel(
     # [BLOCK_Q, BLOCK_D]: the first (for d <= BLOCK_D the only) chunk of the query block stays in
     # registers for every tile of every document of this program.
     offs_d0 = tl.arange(0, BLOCK_D)
-    if BYTE_PERMUTE:
-        offs_d0 = _decoded_dims(offs_d0)
     b_q0 = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d0[None, :] * stride_qd,
                    mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
@@ -358,13 +299,7 @@ def _maxsim_residual_kernel(
                           mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
     else:
         b_q0_lo = b_q0
-    if BYTE_PERMUTE:
-        # The low and high bytes of the four 16-bit weights, in field order.
-        w0 = tl.load(p_table)
-        w1 = tl.load(p_table + 1)
-        w2 = 0
-        w3 = 0
-    elif DECODE_PAIRS:
+    if DECODE_PAIRS:
         # The pair table holds the weights.
         w0 = 0.0
         w1 = 0.0
@@ -394,8 +329,7 @@ def _maxsim_residual_kernel(
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                BYTE_PERMUTE, USE_ASM)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
             tile_max = tl.maximum(tile_max, scores)
         row_max = tl.max(tile_max, axis=0)
         for t0 in range(full_end, end, BLOCK_T_TAIL):
@@ -406,8 +340,7 @@ def _maxsim_residual_kernel(
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                BYTE_PERMUTE, USE_ASM)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
             row_max = tl.maximum(row_max, tl.max(scores, axis=0))
         _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                             valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)

@@ -18,11 +18,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return FP32_INPUT_PRECISION if dtype == torch.float32 else "tf32"
 
 
-def interpreting() -> bool:
-    """True when Triton kernels run under the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def interpreter_upcast(dtype: torch.dtype) -> bool:
     """True when tile_dot must multiply in fp32 (bf16 under TRITON_INTERPRET=1, see tile_dot)."""
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"

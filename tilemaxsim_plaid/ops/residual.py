@@ -18,7 +18,6 @@ from tilemaxsim_plaid.ops.launch import (
     MAX_LQ_PER_LAUNCH,
     dot_precision,
     interpreter_upcast,
-    interpreting,
     launch_in_query_chunks,
 )
 
@@ -42,10 +41,8 @@ MAX_INT32_OFFSET = 2**31 - 1
 # Residual rows are read as 32-bit words when rows, row stride and base are 4-byte aligned.
 WORD_BYTES = 4
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
-# a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
-# "byte_permute" assembles two 16-bit weights with one byte permute from registers (nbits = 2,
-# 32-bit word units and an fp16/bf16 dot only; elsewhere it decodes as "pairs").
-DECODERS = ("pairs", "select", "byte_permute")
+# a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
+DECODERS = ("pairs", "select")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,17 +154,6 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
 
 
-def byte_permute_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The byte-permute decoder's table: int32 [2], the low bytes of the 2**nbits (= 4) weights in
-    ``dtype`` (16-bit), in field order, then their high bytes."""
-    weights = decode_table(bucket_weights, nbits, dtype, pairs=False)
-    if weights.numel() != 4 or weights.element_size() != 2:
-        raise ValueError(f"the byte-permute table needs 4 16-bit weights, got {weights.numel()} "
-                         f"of {weights.dtype}")
-    byte_pairs = weights.contiguous().view(torch.uint8).reshape(4, 2)  # little-endian
-    return byte_pairs.T.contiguous().view(torch.int32).reshape(2)
-
-
 def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
     """4 (read rows as int32 words: a quarter of the load instructions) when every row starts
     4-byte aligned and is whole words, and a d-chunk is whole words; else 1 (bytes)."""
@@ -268,14 +254,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     # Measured on an H200 (triton 3.6): the pair decoder over byte units gives wrong scores in
     # 16-column chunks (word units and 128-column chunks are right); byte-unit chunks narrower
     # than MAX_BLOCK_D decode with the select tree, which is right at every width.
-    byte_permute = (cfg.decode == "byte_permute" and nbits == 2 and unit_bytes == WORD_BYTES
-                    and Q3.element_size() == 2)
-    pairs = (cfg.decode in ("pairs", "byte_permute") and not byte_permute
-             and not (unit_bytes == 1 and block_d < MAX_BLOCK_D))
-    if byte_permute:
-        table = byte_permute_table(bucket_weights, nbits, Q3.dtype)
-    else:
-        table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
+    pairs = cfg.decode == "pairs" and not (unit_bytes == 1 and block_d < MAX_BLOCK_D)
+    table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
     _maxsim_residual_kernel[(num_doc_programs * num_qblocks,)](
@@ -298,7 +278,6 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
-        BYTE_PERMUTE=byte_permute, USE_ASM=byte_permute and not interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
