@@ -115,10 +115,11 @@ def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     return variants
 
 
-def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
+def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
+                      num_centroids: int = NUM_CENTROIDS) -> dict:
     """{name: (run, check)} for the residual shape; check raises if run's output is wrong."""
     device = torch.device(device)
-    index = make_index(num_docs, NUM_CENTROIDS, DIM, NBITS, device)
+    index = make_index(num_docs, num_centroids, DIM, NBITS, device)
     Q = queries(1, QUERY_LEN, DIM, device)[0]
     args = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
             index["bucket_weights"], NBITS)
