@@ -50,16 +50,16 @@ PACKED_CONFIGS = {
                                           docs_per_program=8, hold_query=True),
 }
 
-# Register caps (ptxas .maxnreg) trade a few spills for more programs per SM: at 32-token tiles
-# and 2 warps the default compiles to 156 registers (6 programs per SM); 128 spills 4
-# instructions' worth, 120 about 20 (sm_90, triton 3.6).
+# Register caps (ptxas .maxnreg) trade a few spills for more programs per SM: 32-token tiles at
+# 2 warps compile to 156 registers (6 programs per SM), capped at 128 they spill 4 instructions'
+# worth, at 120 about 20; 16-token tiles (the default since) need 96 (sm_90, triton 3.6).
 RESIDUAL_CONFIGS = {
-    "residual 32/2w maxnreg128": ResidualConfig(maxnreg=128),
-    "residual 32/2w maxnreg120": ResidualConfig(maxnreg=120),
-    "residual 16/2w": ResidualConfig(block_t=16),
+    "residual 32/2w": ResidualConfig(block_t=32),
+    "residual 32/2w maxnreg128": ResidualConfig(block_t=32, maxnreg=128),
+    "residual 32/2w maxnreg120": ResidualConfig(block_t=32, maxnreg=120),
     "residual 16/2w maxnreg80": ResidualConfig(block_t=16, maxnreg=80),
-    "residual 32/4w": ResidualConfig(num_warps=4),
-    "residual 32/4w maxnreg80": ResidualConfig(num_warps=4, maxnreg=80),
+    "residual 32/4w": ResidualConfig(block_t=32, num_warps=4),
+    "residual 32/4w maxnreg80": ResidualConfig(block_t=32, num_warps=4, maxnreg=80),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,

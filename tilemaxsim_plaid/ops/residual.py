@@ -112,9 +112,9 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
 
     One query: the ResidualConfig defaults; with split_query (two fp16 products per tile, which
     the smaller 16-token tile does not make up for) 32-token tiles, 1.09 against 1.12 ms for
-    100k shuffled pids on the H200 (experiments/profile_kernels.py). Several: a query block of up to 64 rows (two
-    32-token queries) fills the tensor-core N dimension without spilling the [BLOCK_T, 64] score
-    block, with 4 warps to share it.
+    100k shuffled pids on the H200 (experiments/profile_kernels.py). Several: a query block of
+    up to 64 rows (two 32-token queries) fills the tensor-core N dimension without spilling the
+    [BLOCK_T, 64] score block, with 4 warps to share it.
     """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))

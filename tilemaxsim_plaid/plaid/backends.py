@@ -42,7 +42,7 @@ BACKEND_ENV_VAR = "TILEMAXSIM_PLAID_BACKEND"
 #   "tf32x3" (default): three tf32 tensor-core products per fp32 product, ~1e-6 per score;
 #   "fp16x2": the query's fp16 head and tail against fp16 residual weights, about 2.5x faster;
 #   "fp16": the residual part against the query rounded to fp16 once (one product per tile
-#           instead of two), about 3.3x faster.
+#           instead of two), about 3.1x faster (100k candidates on an H200).
 # Both fp16 modes keep the centroid part in fp32 (the centroid-score table) and round each
 # residual weight to fp16, which dominates their error: it grows with the index's bucket
 # weights (6e-4 and 7e-4 per score on the test index's coarse codec, tests/plaid/test_search.py),
