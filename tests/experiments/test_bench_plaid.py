@@ -47,6 +47,7 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     assert {r["provider"] for r in searches} == {bench_plaid.STOCK, bench_plaid.PATCHED,
                                                  bench_plaid.PATCHED_EAGER}
     assert all(r["ms"] > 0 for r in searches)
+    assert all(r["search_call"] > 0 for r in searches), "Searcher.search itself is timed too"
     encoder_rows = [r for r in searches if "encoder=tiny" in r["shape"]]
     assert len(encoder_rows) == 2
     assert all(r["queries"] == 2 * 2 for r in encoder_rows), "both rounds of 2 queries pooled"
