@@ -83,3 +83,16 @@ def per_document_read(D_packed: torch.Tensor, offsets: torch.Tensor, block_t: in
         QUERY_ROWS=0 if query is None else query.shape[0], PRODUCT=product,
         num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def expected_read(D_packed: torch.Tensor, offsets: torch.Tensor,
+                  query: torch.Tensor | None = None) -> torch.Tensor:
+    """What :func:`per_document_read` computes without ``product``, in fp32 torch."""
+    num_docs = offsets.numel() - 1
+    doc_ids = torch.repeat_interleave(torch.arange(num_docs, device=offsets.device),
+                                      offsets[1:] - offsets[:-1])
+    rows = D_packed[: int(offsets[-1])].float().sum(1)
+    out = torch.zeros(num_docs, device=offsets.device).index_add_(0, doc_ids, rows)
+    if query is not None:
+        out += query.float().sum()
+    return out

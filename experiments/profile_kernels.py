@@ -25,9 +25,9 @@ import statistics
 import torch
 
 from experiments import harness
-from experiments.bench import Case, make_inputs
+from experiments.bench import CHECK_DOCS, Case, make_inputs, max_relative_error, reference_slice
 from experiments.bench_compressed import NBITS, make_index, queries
-from experiments.packed_read import per_document_read
+from experiments.packed_read import expected_read, per_document_read
 from experiments.residual_floors import expected_floor, residual_floor
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed
@@ -37,7 +37,6 @@ NUM_DOCS = 100_000
 QUERY_LEN = 32
 DIM = 128
 NUM_CENTROIDS = 65_536
-CHECKED_DOCS = 2_000  # the reference is float64 torch: check a prefix of the documents
 
 PACKED_CONFIGS = {
     "packed 32/2w/2st": MaxSimConfig(block_t=32, num_warps=2, num_stages=2),
@@ -72,9 +71,7 @@ RERANK_CONFIGS = {
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
-    got = got.double().cpu()
-    want = want.double().cpu()
-    err = float(((got - want).abs() / want.abs().clamp_min(1.0)).max())
+    err = max_relative_error(got, want)
     if not err <= tol:
         raise AssertionError(f"{name}: max relative error {err:.2e} > {tol:.0e}")
 
@@ -85,9 +82,8 @@ def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     x = make_inputs(case, device=device)
     Q = x.Q[0]
     max_len = int(x.lengths.max())
-    n = min(CHECKED_DOCS, num_docs)
-    ref = reference.maxsim_packed(Q.cpu().double(), x.D_packed[: int(x.offsets[n])].cpu().double(),
-                                  x.offsets[: n + 1].cpu())
+    ref = reference_slice(case, x)[0]  # float64, the first CHECK_DOCS documents
+    n = ref.numel()
     variants = {}
     default = default_config(1, QUERY_LEN, max_len, DIM, variable_lengths=True)
     configs = {"packed default": default, **PACKED_CONFIGS}
@@ -104,9 +100,7 @@ def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
         variants["flash_maxsim_packed"] = (
             lambda: flash_maxsim.flash_maxsim_packed(Q, x.D_packed, cu, max_seqlen_d=max_len),
             lambda out: _assert_close("flash_maxsim_packed", out.reshape(-1)[:n], ref))
-    sums = x.D_packed.float().sum(1)
-    per_doc_sum = torch.zeros(num_docs, device=sums.device).index_add_(
-        0, torch.repeat_interleave(torch.arange(num_docs, device=sums.device), x.lengths), sums)
+    per_doc_sum = expected_read(x.D_packed, x.offsets)
     variants["floor read"] = (lambda: per_document_read(x.D_packed, x.offsets),
                               lambda out: _assert_close("floor read", out, per_doc_sum, 1e-2))
     variants["floor bare maxsim"] = (
@@ -123,7 +117,7 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
     Q = queries(1, QUERY_LEN, DIM, device)[0]
     args = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
             index["bucket_weights"], NBITS)
-    n = min(CHECKED_DOCS, num_docs)
+    n = min(CHECK_DOCS, num_docs)
     ref = reference.maxsim_residual(Q.cpu(), index["codes"].cpu(), index["residuals"].cpu(),
                                     index["offsets"][: n + 1].cpu(), index["centroids"].cpu(),
                                     index["bucket_weights"].cpu(), NBITS)
