@@ -130,33 +130,6 @@ def test_search_end_to_end_and_search_all(tiny_searcher, tiny_plaid_index):
     assert sum(i in pids for i, (pids, _, _) in enumerate(one_by_one)) >= 4
 
 
-def test_search_keeps_the_query_where_it_was_encoded(tiny_searcher, tiny_plaid_index, monkeypatch):
-    """The patched Searcher.search encodes without ``to_cpu`` (no host round trip between the
-    encoder and rank) and returns exactly what encode + dense_search return; several texts at
-    once go to upstream's search."""
-    checkpoint_class = type(tiny_searcher.checkpoint)
-    original = checkpoint_class.queryFromText
-    to_cpu = []
-
-    def spy(self, *args, **kwargs):
-        to_cpu.append(kwargs.get("to_cpu"))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(checkpoint_class, "queryFromText", spy)
-    text = tiny_plaid_index.queries[2]
-    with patch_state(ALL_GROUPS):
-        tiny_searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
-        via_search = tiny_searcher.search(text, k=10)
-        assert to_cpu == [False]
-        via_encode = tiny_searcher.dense_search(tiny_searcher.encode(text), k=10)
-        assert to_cpu == [False, True]
-    assert via_search == via_encode
-    from tilemaxsim_plaid.plaid import scoring
-
-    upstream = object()
-    assert scoring.search(lambda *args, **kwargs: upstream, tiny_searcher, [text, text]) is upstream
-
-
 def test_rerank_path_scores_every_given_pid(tiny_searcher, tiny_query_embeddings):
     config = _configure(tiny_searcher, 10)
     Q = tiny_query_embeddings[3]

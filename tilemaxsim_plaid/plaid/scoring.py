@@ -277,22 +277,6 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     return scores, candidates.to(torch.int32)
 
 
-def search(original, self, text, k=10, filter_fn=None, full_length_search=False, pids=None):
-    """Replacement for ``Searcher.search``: the same ranking, without the query's embeddings
-    going through the host. Upstream's ``encode`` copies them to the CPU, a sync that waits for
-    the whole encoder, and ``rank`` copies them back; kept on the device, the scoring launches
-    queue behind the encoder's and nothing waits for the GPU until the final top-k.
-    Several texts at once (upstream's aligned query/passage mode) run upstream's code."""
-    if type(text) is list and len(text) != 1:
-        return original(self, text, k, filter_fn=filter_fn, full_length_search=full_length_search,
-                        pids=pids)
-    queries = text if type(text) is list else [text]
-    self.checkpoint.query_tokenizer.query_maxlen = self.config.query_maxlen
-    Q = self.checkpoint.queryFromText(queries, bsize=None, to_cpu=False,
-                                      full_length_search=full_length_search)
-    return self.dense_search(Q, k, filter_fn=filter_fn, pids=pids)
-
-
 def _fill_search_knobs(searcher, k: int) -> None:
     """The defaults Searcher.dense_search fills in for k (only knobs still None; they then stick)."""
     if k <= 10:

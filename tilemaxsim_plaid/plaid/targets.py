@@ -107,9 +107,6 @@ _SCORING_TARGETS = (
                 why="device-resident candidate generation, fused stages 2-4, one host sync"),
     PatchTarget(_INDEX_SCORER, "score_pids", _method(scoring.score_pids), "scoring",
                 why="stages 2-4 on our kernels with PLAID's ncells/threshold/ndocs semantics"),
-    PatchTarget("colbert.searcher:Searcher", "search", _method(scoring.search), "scoring",
-                why="query embeddings stay on the device from encoding to scoring (upstream: "
-                    "copied to the host and back, a sync that waits for the encoder)"),
     PatchTarget("colbert.searcher:Searcher", "_search_all_Q", _method(scoring.search_all_Q),
                 "scoring", why="search_all scored many queries per launch (upstream: one by one)"),
     PatchTarget("colbert.modeling.colbert", "colbert_score_packed",
