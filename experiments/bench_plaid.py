@@ -276,9 +276,8 @@ def _search_spans(searcher, texts, Qs, k, provider, cuda, warmup=3) -> list[dict
                 searcher.dense_search(Q[None], k)
             wall = (time.perf_counter() - start) * 1e3
             spans = clock.collect()
-            # Searcher.search itself on the same text: encode and rank back to back (the patched
-            # one keeps the query on the device in between; the spans above time the halves
-            # apart, ranking the bundle's stored query).
+            # Searcher.search itself on the same text: encode and rank back to back, where the
+            # spans above time the halves apart and rank the bundle's stored query.
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()
