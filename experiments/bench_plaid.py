@@ -581,7 +581,7 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
     from colbert.infra.config import ColBERTConfig
     from colbert.modeling.checkpoint import Checkpoint
 
-    from tilemaxsim_plaid.plaid import encoder_graphs, registry
+    from tilemaxsim_plaid.plaid import encoder_graphs, query_tokens, registry
 
     rows = []
     original = searcher.checkpoint
@@ -600,6 +600,8 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
             identical = sum(torch.equal(a, b) for a, b in zip(stock_Q, patched_Q)) / len(probe)
             graphs_made = searcher.checkpoint.__dict__.get(encoder_graphs._CACHE_ATTRIBUTE, {})
             graphed = any(g is not None for g in graphs_made.values())
+            hosts = searcher.checkpoint.query_tokenizer.__dict__.get(query_tokens._CACHE_ATTRIBUTE, {})
+            host_tokens = any(h is not None for h in hosts.values())
             for k in args.ks:
                 # Stock's Python-bound time drifts by tens of percent over a run, so the two
                 # systems alternate in blocks of queries and each median pools every block.
@@ -613,6 +615,7 @@ def _encoder_rows(searcher, texts, Qs, args, tokenizer_dir, cuda) -> list[dict]:
                                  "provider": provider, "ms": stages["search"], **stages,
                                  "queries": len(provider_spans),
                                  "encoder_graph": graphed if provider == PATCHED else False,
+                                 "encoder_host_tokens": host_tokens if provider == PATCHED else False,
                                  "encoder_same_as_stock": identical})
     finally:
         searcher.checkpoint = original

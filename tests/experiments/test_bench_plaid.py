@@ -53,6 +53,9 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
     assert all(r["queries"] == 2 * 2 for r in encoder_rows), "both rounds of 2 queries pooled"
     # Without a GPU nothing is captured, and the patched encoder is colbert-ai's own code.
     assert all(r["encoder_same_as_stock"] == 1.0 and r["encoder_graph"] is False for r in encoder_rows)
+    # The host tokenizer needs no GPU: verified against upstream, then used by the patched side.
+    assert {r["provider"]: r["encoder_host_tokens"] for r in encoder_rows} == {
+        bench_plaid.STOCK: False, bench_plaid.PATCHED: True}
     (equivalence,) = [r for r in rows if r["suite"] == "equivalence"]
     assert equivalence["same_as_exact_rescore"] + equivalence["exact_rescore_ties"] == 1.0
     assert "equivalence" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.plaid.conftest import patch_state
-from tilemaxsim_plaid.plaid import encoder_graphs, graphs
+from tilemaxsim_plaid.plaid import encoder_graphs, graphs, query_tokens
 
 pytestmark = pytest.mark.colbert
 
@@ -130,6 +130,22 @@ def test_calls_the_graph_cannot_serve_go_to_colbert(fake_gpu, two_forms, monkeyp
     seen = []
     encoder_graphs.query(lambda *a, **k: seen.append((a, k)), checkpoint, *args, **kwargs)
     assert len(seen) == 1 and _FakeCapture.made == []
+
+
+@pytest.mark.parametrize("tagged_padding", [True, False])
+def test_the_host_tokenizer_padding_tag_decides_without_reading_the_mask(fake_gpu, two_forms, tagged_padding):
+    """The mask's tag from query_tokens, not its values, decides graph or colbert-ai (the values
+    here say the opposite, so the choice shows which one was read)."""
+    checkpoint, ids, mask = fake_gpu
+    _FakeCapture.outcomes = {"square": 0.0, "padding": 0.0}
+    mask = torch.ones_like(mask) if tagged_padding else mask
+    setattr(mask, query_tokens.HAS_PADDING_ATTRIBUTE, tagged_padding)
+    seen = []
+    encoder_graphs.query(lambda *a, **k: seen.append(a) or eager_encoder(*a), checkpoint, ids, mask)
+    if tagged_padding:
+        assert _FakeCapture.made == ["square"] and len(seen) == 1, "captured (checked once against eager)"
+    else:
+        assert _FakeCapture.made == [] and len(seen) == 1, "colbert-ai's code, no graph"
 
 
 def test_moved_weights_get_a_new_graph(fake_gpu, two_forms):

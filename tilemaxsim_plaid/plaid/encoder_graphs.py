@@ -46,7 +46,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from tilemaxsim_plaid.plaid import graphs
+from tilemaxsim_plaid.plaid import graphs, query_tokens
 
 __all__ = ["MAX_GRAPH_BATCH", "LinearWeightCopies", "query"]
 
@@ -228,11 +228,14 @@ def query(original, checkpoint, *args, to_cpu: bool = False, **kwargs):
     if inputs is None:
         return original(checkpoint, *args, to_cpu=to_cpu, **kwargs)
     input_ids, attention_mask = inputs
-    if bool(attention_mask.all()):
-        # No padding anywhere (every query of the batch has query_maxlen - 2 or more word
-        # pieces, or attend_to_mask_tokens): transformers then drops the mask and SDPA may pick
-        # another kernel than the masked one a graph holds, so colbert-ai's own code runs.
-        # The check reads one byte back right after the tokenizer's synchronous upload.
+    # No padding anywhere (every query of the batch has query_maxlen - 2 or more word pieces,
+    # or attend_to_mask_tokens): transformers then drops the mask and SDPA may pick another
+    # kernel than the masked one a graph holds, so colbert-ai's own code runs. The host
+    # tokenizer (query_tokens) says so on the mask; otherwise one byte is read back.
+    has_padding = getattr(attention_mask, query_tokens.HAS_PADDING_ATTRIBUTE, None)
+    if has_padding is None:
+        has_padding = not bool(attention_mask.all())
+    if not has_padding:
         return original(checkpoint, input_ids, attention_mask, to_cpu=to_cpu)
     cache = checkpoint.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
     key = _key(checkpoint, input_ids, attention_mask)

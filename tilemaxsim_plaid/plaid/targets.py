@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from tilemaxsim_plaid.plaid import encoder_graphs, extensions, scoring, transformers_compat
+from tilemaxsim_plaid.plaid import encoder_graphs, extensions, query_tokens, scoring, transformers_compat
 from tilemaxsim_plaid.plaid.registry import PatchTarget
 
 __all__ = ["TARGETS"]
@@ -116,6 +116,10 @@ _SCORING_TARGETS = (
     PatchTarget("colbert.modeling.checkpoint:Checkpoint", "query", _method(encoder_graphs.query),
                 "scoring", why="query encoder as a CUDA graph, bit-identical to the eager one "
                                "(upstream: hundreds of launches and a host sync per query)"),
+    PatchTarget("colbert.modeling.tokenization.query_tokenization:QueryTokenizer", "tensorize",
+                _method(query_tokens.tensorize), "scoring",
+                why="query tokens built on the host and uploaded once, checked equal to upstream's "
+                    "(upstream: three synchronous uploads and ten launches per query)"),
 )
 
 TARGETS = _EXTENSION_TARGETS + _TRANSFORMERS_TARGETS + _SCORING_TARGETS
