@@ -90,6 +90,63 @@ def profile_encoder(searcher, text: str, label: str, calls: int, lines: int) -> 
     return rows
 
 
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
+def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10) -> dict | None:
+    """Where a patched ``Searcher.search`` call's wall time goes, from one torch.profiler trace
+    of ``calls`` warm calls (medians, ms): host time before the GPU's first operation, the GPU's
+    busy time and idle gaps between its first and last operation, the host tail after the last
+    one, and the host time spent inside ``cudaGraphLaunch``. The profiler adds some host time,
+    so the wall here is a little above the unprofiled one."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    bench_plaid._patch_as(bench_plaid.PATCHED)
+    for _ in range(10):
+        searcher.search(text, k=k)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            with record_function("search_call"):
+                searcher.search(text, k=k)
+            torch.cuda.synchronize()
+    events = list(prof.events())
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "search_call")
+    gpu = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    launches = [(e.time_range.start, e.time_range.end) for e in events
+                if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch"]
+    parts = {key: [] for key in ("wall", "host_before_gpu", "gpu_busy", "gpu_idle", "host_after_gpu",
+                                 "graph_launch_host", "graph_launches")}
+    for start, end in spans:
+        mine = [(a, b) for a, b in gpu if start <= a <= end]
+        if not mine:
+            continue
+        first, last = min(a for a, _ in mine), max(b for _, b in mine)
+        busy = _union_us(mine)
+        in_call = [(a, b) for a, b in launches if start <= a <= end]
+        for key, value in (("wall", end - start), ("host_before_gpu", first - start), ("gpu_busy", busy),
+                           ("gpu_idle", (last - first) - busy), ("host_after_gpu", max(0.0, end - last)),
+                           ("graph_launch_host", sum(b - a for a, b in in_call))):
+            parts[key].append(value / 1e3)
+        parts["graph_launches"].append(len(in_call))
+    if not parts["wall"]:
+        return None
+    row = {"encoder": label, "k": k, **{key: statistics.median(values) for key, values in parts.items()}}
+    print(f"=== {label} tilemaxsim: Searcher.search timeline (k={k}, median of {len(parts['wall'])}, "
+          f"profiled): " + ", ".join(f"{key} {value:.3f}" for key, value in row.items()
+                                     if isinstance(value, float)))
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="profile_encode", description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default="runs/plaid_bench")
@@ -114,7 +171,7 @@ def main(argv=None) -> int:
     text = torch.load(bundle / bench_plaid.BUNDLE_QUERIES)["texts"][0]
     searcher = bench_plaid._searcher(bundle / "indexes", bench_plaid.BUNDLE_INDEX_NAME, encoder)
     work = pathlib.Path(tempfile.mkdtemp(prefix="profile_encode_"))
-    rows = []
+    rows, timelines = [], []
     try:
         for shape in args.encoder_shapes:
             if shape != "bundle":
@@ -122,12 +179,21 @@ def main(argv=None) -> int:
                 checkpoint = Checkpoint(path, colbert_config=ColBERTConfig.load_from_checkpoint(path), verbose=0)
                 searcher.checkpoint = checkpoint.cuda() if torch.cuda.is_available() else checkpoint
             rows += profile_encoder(searcher, text, shape, args.calls, args.lines)
+            timeline = search_timeline(searcher, text, shape, min(args.calls, 50))
+            if timeline is not None:
+                timelines.append(timeline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'encoder':<12} {'system':<12} {'wall ms':>8} {'GPU ms':>8}")
     for row in rows:
         gpu = "-" if row["gpu_kernel_ms"] is None else f"{row['gpu_kernel_ms']:.3f}"
         print(f"{row['encoder']:<12} {row['provider']:<12} {row['wall_ms']:>8.3f} {gpu:>8}")
+    if timelines:
+        keys = ("wall", "host_before_gpu", "gpu_busy", "gpu_idle", "host_after_gpu", "graph_launch_host")
+        print("patched Searcher.search, profiled (ms):")
+        print(f"{'encoder':<12} " + " ".join(f"{key:>17}" for key in keys))
+        for row in timelines:
+            print(f"{row['encoder']:<12} " + " ".join(f"{row[key]:>17.3f}" for key in keys))
     return 0
 
 

@@ -105,3 +105,10 @@ def test_only_sync_warnings_count_as_syncs():
     assert not bench_plaid.is_sync_warning(
         "Synchronization debug mode is a prototype feature and does not detect all "
         "synchronizing operations")
+
+
+def test_union_of_gpu_intervals_counts_overlaps_once():
+    from experiments import profile_encode
+
+    assert profile_encode._union_us([]) == 0.0
+    assert profile_encode._union_us([(0.0, 10.0), (5.0, 12.0), (20.0, 21.0), (11.0, 11.5)]) == 13.0
