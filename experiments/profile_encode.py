@@ -99,7 +99,8 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
-def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10) -> dict | None:
+def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
+                    top_kernels: int = 40) -> dict | None:
     """Where a patched ``Searcher.search`` call's wall time goes, from one torch.profiler trace
     of ``calls`` warm calls (medians, ms): host time before the GPU's first operation, the GPU's
     busy time and idle gaps between its first and last operation, the host tail after the last
@@ -140,6 +141,15 @@ def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10) ->
         parts["graph_launches"].append(len(in_call))
     if not parts["wall"]:
         return None
+    # The GPU operations of a call by name: how many per call and their time per call.
+    per_name: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA and any(a <= e.time_range.start <= b for a, b in spans):
+            per_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    print(f"--- {label}: GPU operations per Searcher.search call (profiled), by total time")
+    print(f"{'us/call':>9} {'count':>6}  name")
+    for name, durations in sorted(per_name.items(), key=lambda item: -sum(item[1]))[:top_kernels]:
+        print(f"{sum(durations) / len(spans):>9.1f} {len(durations) / len(spans):>6.1f}  {name[:110]}")
     row = {"encoder": label, "k": k, **{key: statistics.median(values) for key, values in parts.items()}}
     print(f"=== {label} tilemaxsim: Searcher.search timeline (k={k}, median of {len(parts['wall'])}, "
           f"profiled): " + ", ".join(f"{key} {value:.3f}" for key, value in row.items()
