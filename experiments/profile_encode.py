@@ -99,6 +99,39 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
+def _replay_cost(graph, calls: int = 50) -> tuple[float, float]:
+    """(host ms inside ``graph.replay()``, GPU ms from its first to its last node), medians of
+    unprofiled replays, each started on an idle GPU."""
+    host, device = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        start = time.perf_counter()
+        graph.replay()
+        host.append((time.perf_counter() - start) * 1e3)
+        after.record()
+        torch.cuda.synchronize()
+        device.append(before.elapsed_time(after))
+    return statistics.median(host), statistics.median(device)
+
+
+def _graph_replay_costs(searcher) -> dict:
+    """Replay cost of the encoder's and the search's CUDA graphs that the calls above made."""
+    from tilemaxsim_plaid.plaid import encoder_graphs, graphs
+
+    costs = {}
+    found = {"encoder": searcher.checkpoint.__dict__.get(encoder_graphs._CACHE_ATTRIBUTE, {}),
+             "search": searcher.ranker.__dict__.get(graphs._CACHE_ATTRIBUTE, {})}
+    for name, cache in found.items():
+        captured = [c for c in cache.values() if c is not None]
+        if captured:
+            with torch.inference_mode():
+                host, device = _replay_cost(captured[-1].graph)
+            costs[f"{name}_graph_replay_host"], costs[f"{name}_graph_gpu"] = host, device
+    return costs
+
+
 def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
                     top_kernels: int = 40) -> dict | None:
     """Where a patched ``Searcher.search`` call's wall time goes, from one torch.profiler trace
@@ -122,13 +155,17 @@ def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
             torch.cuda.synchronize()
     events = list(prof.events())
     spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "search_call")
-    gpu = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    # GPU operations, without the annotation's own mirror on the GPU timeline; a call owns those
+    # that start before the next call does (calls are separated by a sync).
+    gpu = [(e.time_range.start, e.time_range.end) for e in events
+           if e.device_type == DeviceType.CUDA and e.name != "search_call"]
     launches = [(e.time_range.start, e.time_range.end) for e in events
                 if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch"]
     parts = {key: [] for key in ("wall", "host_before_gpu", "gpu_busy", "gpu_idle", "host_after_gpu",
                                  "graph_launch_host", "graph_launches")}
-    for start, end in spans:
-        mine = [(a, b) for a, b in gpu if start <= a <= end]
+    bounds = [start for start, _ in spans[1:]] + [float("inf")]
+    for (start, end), next_start in zip(spans, bounds):
+        mine = [(a, b) for a, b in gpu if start <= a < next_start]
         if not mine:
             continue
         first, last = min(a for a, _ in mine), max(b for _, b in mine)
@@ -144,13 +181,14 @@ def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
     # The GPU operations of a call by name: how many per call and their time per call.
     per_name: dict[str, list[float]] = {}
     for e in events:
-        if e.device_type == DeviceType.CUDA and any(a <= e.time_range.start <= b for a, b in spans):
+        if e.device_type == DeviceType.CUDA and e.name != "search_call" and spans[0][0] <= e.time_range.start:
             per_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     print(f"--- {label}: GPU operations per Searcher.search call (profiled), by total time")
     print(f"{'us/call':>9} {'count':>6}  name")
     for name, durations in sorted(per_name.items(), key=lambda item: -sum(item[1]))[:top_kernels]:
         print(f"{sum(durations) / len(spans):>9.1f} {len(durations) / len(spans):>6.1f}  {name[:110]}")
-    row = {"encoder": label, "k": k, **{key: statistics.median(values) for key, values in parts.items()}}
+    row = {"encoder": label, "k": k, **{key: statistics.median(values) for key, values in parts.items()},
+           **_graph_replay_costs(searcher)}
     print(f"=== {label} tilemaxsim: Searcher.search timeline (k={k}, median of {len(parts['wall'])}, "
           f"profiled): " + ", ".join(f"{key} {value:.3f}" for key, value in row.items()
                                      if isinstance(value, float)))
@@ -204,6 +242,11 @@ def main(argv=None) -> int:
         print(f"{'encoder':<12} " + " ".join(f"{key:>17}" for key in keys))
         for row in timelines:
             print(f"{row['encoder']:<12} " + " ".join(f"{row[key]:>17.3f}" for key in keys))
+        keys = ("encoder_graph_replay_host", "encoder_graph_gpu", "search_graph_replay_host", "search_graph_gpu")
+        print("one graph replay on an idle GPU, unprofiled (ms):")
+        print(f"{'encoder':<12} " + " ".join(f"{key:>25}" for key in keys))
+        for row in timelines:
+            print(f"{row['encoder']:<12} " + " ".join(f"{row.get(key, float('nan')):>25.3f}" for key in keys))
     return 0
 
 
