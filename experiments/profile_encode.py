@@ -132,6 +132,65 @@ def _graph_replay_costs(searcher) -> dict:
     return costs
 
 
+_MARKS = (  # (class path, method): each call records a mark before and after it
+    ("tilemaxsim_plaid.plaid.query_tokens:HostQueryTokenizer", "tensorize", "tokens"),
+    ("tilemaxsim_plaid.plaid.encoder_graphs:_CapturedEncoder", "__call__", "encoder_graph"),
+    ("tilemaxsim_plaid.plaid.graphs:_CapturedSearch", "__call__", "search_graph"),
+    ("tilemaxsim_plaid.plaid.scoring:RankedCandidates", "to_lists", "to_lists"),
+)
+
+
+def search_marks(searcher, text: str, calls: int, k: int = 10) -> dict[str, tuple[float, float]]:
+    """Unprofiled timeline of a patched ``Searcher.search`` call: for each mark (before and after
+    the host tokenizer, the encoder graph's replay, the search graph's replay and the transfer
+    of the results), the host time it was reached and the time the GPU reached the CUDA event
+    recorded there, both in ms from the call's start (medians over ``calls``). The call starts
+    on an idle GPU with an event, so the GPU clock's origin is the host's. Marks cost a few us."""
+    import importlib
+
+    bench_plaid._patch_as(bench_plaid.PATCHED)
+    log: list[tuple[str, float, torch.cuda.Event]] = []
+
+    def mark(name):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        log.append((name, time.perf_counter(), event))
+
+    originals = []
+    for path, method, name in _MARKS:
+        module, cls = path.split(":")
+        owner = getattr(importlib.import_module(module), cls)
+        original = getattr(owner, method)
+        originals.append((owner, method, original))
+
+        def marked(*args, _original=original, _name=name, **kwargs):
+            mark(f"{_name} start")
+            result = _original(*args, **kwargs)
+            mark(f"{_name} end")
+            return result
+
+        setattr(owner, method, marked)
+    samples: dict[str, list[tuple[float, float]]] = {}
+    try:
+        for call in range(10 + calls):
+            torch.cuda.synchronize()
+            log.clear()
+            mark("call start")
+            searcher.search(text, k=k)
+            mark("call end")
+            torch.cuda.synchronize()
+            if call < 10:
+                continue  # warm-up: captures, caches
+            _, host0, event0 = log[0]
+            for name, host, event in log:
+                samples.setdefault(name, []).append(((host - host0) * 1e3, event0.elapsed_time(event)))
+    finally:
+        for owner, method, original in originals:
+            setattr(owner, method, original)
+    return {name: (statistics.median(h for h, _ in values), statistics.median(g for _, g in values))
+            for name, values in samples.items()}
+
+
 def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
                     top_kernels: int = 40) -> dict | None:
     """Where a patched ``Searcher.search`` call's wall time goes, from one torch.profiler trace
@@ -227,6 +286,12 @@ def main(argv=None) -> int:
                 checkpoint = Checkpoint(path, colbert_config=ColBERTConfig.load_from_checkpoint(path), verbose=0)
                 searcher.checkpoint = checkpoint.cuda() if torch.cuda.is_available() else checkpoint
             rows += profile_encoder(searcher, text, shape, args.calls, args.lines)
+            if torch.cuda.is_available():
+                marks = search_marks(searcher, text, min(args.calls, 50))
+                print(f"=== {shape} tilemaxsim: Searcher.search marks, unprofiled (ms from the call's start)")
+                print(f"{'mark':<22} {'host':>8} {'GPU':>8}")
+                for name, (host, device) in marks.items():
+                    print(f"{name:<22} {host:>8.3f} {device:>8.3f}")
             timeline = search_timeline(searcher, text, shape, min(args.calls, 50))
             if timeline is not None:
                 timelines.append(timeline)
