@@ -146,3 +146,38 @@ def test_patched_searcher_encodes_as_upstream(tiny_searcher, tiny_plaid_index):
         assert isinstance(hosts[(tiny_searcher.config.query_maxlen, False)], query_tokens.HostQueryTokenizer)
     for expected, got in zip(stock + stock, patched):
         assert torch.equal(got, expected)
+
+
+class _FakeEvent:
+    """A CUDA event whose copy completes when the test says so."""
+
+    def __init__(self):
+        self.done = True  # never recorded: nothing pending
+
+    def record(self, stream=None):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+def test_pinned_uploads_reuse_a_buffer_only_after_its_copy_ran():
+    uploads = query_tokens.PinnedUploads(pin_memory=False, make_event=_FakeEvent)
+    cpu = torch.device("cpu")
+    rows = lambda value: ([[value] * 5], [[1, 1, 1, 0, 0]])  # noqa: E731
+    first = uploads.upload(rows(7), cpu)
+    assert torch.equal(first, torch.tensor(rows(7))) and first.dtype == torch.int64
+    (ring,) = uploads._rings.values()
+    assert len(ring) == 1
+    # Still in flight: the next upload takes a new buffer, and never writes into the first.
+    outs = [uploads.upload(rows(value), cpu) for value in (8, 9, 10)]
+    assert len(ring) == query_tokens.PinnedUploads.RING
+    overflow = uploads.upload(rows(11), cpu)  # every buffer busy: a plain upload
+    assert torch.equal(overflow, torch.tensor(rows(11))) and len(ring) == query_tokens.PinnedUploads.RING
+    ring[2][2].done = True
+    again = uploads.upload(rows(12), cpu)
+    assert torch.equal(again, torch.tensor(rows(12)))
+    assert ring[2][0][0, 0, 0] == 12, "the buffer whose copy completed was reused"
+    # What was handed out is a copy, never the reused buffer itself.
+    assert torch.equal(first, torch.tensor(rows(7)))
+    assert [int(out[0, 0, 0]) for out in outs] == [8, 9, 10]

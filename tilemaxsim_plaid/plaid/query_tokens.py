@@ -10,7 +10,7 @@ Here the same tokenizer backend, configured as transformers configures it for up
 (truncation and padding to ``query_maxlen - 1``, the tokenizer's sides and pad token), encodes
 the texts on the host; the marker column, the ``[MASK]`` swap and ``attend_to_mask_tokens`` are
 applied to the integer lists, and ids and mask travel to the device in one non-blocking copy
-from pinned memory. The mask is tagged with whether any position is padded
+from a reused pinned buffer (:class:`PinnedUploads`). The mask is tagged with whether any position is padded
 (:data:`HAS_PADDING_ATTRIBUTE`), so the encoder graph need not read it back from the device.
 
 The first call for each (tokenizer, ``query_maxlen``) also runs upstream's ``tensorize`` on the
@@ -26,7 +26,7 @@ import logging
 
 import torch
 
-__all__ = ["HAS_PADDING_ATTRIBUTE", "PROBE_TEXTS", "HostQueryTokenizer", "tensorize"]
+__all__ = ["HAS_PADDING_ATTRIBUTE", "PROBE_TEXTS", "HostQueryTokenizer", "PinnedUploads", "tensorize"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class HostQueryTokenizer:
                                        direction=tok.truncation_side)
         self.backend.enable_padding(length=length, direction=tok.padding_side, pad_id=tok.pad_token_id,
                                     pad_token=tok.pad_token, pad_type_id=tok.pad_token_type_id)
+        self.uploads = PinnedUploads()
 
     def rows(self, texts) -> tuple[list[list[int]], list[list[int]]]:
         """Token ids and attention mask per text, as upstream's tensors would hold them."""
@@ -87,16 +88,47 @@ class HostQueryTokenizer:
 
     def tensorize(self, texts, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         ids_rows, mask_rows = self.rows(texts)
-        both = torch.tensor([ids_rows, mask_rows], dtype=torch.int64)
         if device.type == "cuda":
-            # One copy for ids and mask; the caching host allocator keeps the pinned block
-            # until the copy has run, so it is safe to drop here.
-            both = both.pin_memory().to(device, non_blocking=True)
-        elif both.device != device:
-            both = both.to(device)
+            both = self.uploads.upload((ids_rows, mask_rows), device)
+        else:
+            both = torch.tensor([ids_rows, mask_rows], dtype=torch.int64, device=device)
         ids, mask = both[0], both[1]
         setattr(mask, HAS_PADDING_ATTRIBUTE, any(0 in row for row in mask_rows))
         return ids, mask
+
+
+class PinnedUploads:
+    """Pinned int64 host buffers, per shape, for non-blocking uploads.
+
+    Allocating and pinning a tensor per query costs more host time than encoding its text, so
+    each shape keeps up to :attr:`RING` buffers. A buffer is reused only once the CUDA event
+    recorded after its last copy has completed (checked with ``Event.query``, which never
+    waits); when every buffer is still in flight a fresh pinned tensor is used instead.
+    """
+
+    RING = 4
+
+    def __init__(self, pin_memory: bool = True, make_event=None):
+        self.pin_memory = pin_memory
+        self.make_event = torch.cuda.Event if make_event is None else make_event
+        self._rings: dict[tuple, list[tuple]] = {}
+
+    def upload(self, rows, device: torch.device) -> torch.Tensor:
+        """``torch.tensor(rows, dtype=int64)`` on ``device``, copied from pinned memory."""
+        shape = (len(rows), len(rows[0]), len(rows[0][0]))
+        ring = self._rings.setdefault(shape, [])
+        slot = next((entry for entry in ring if entry[2].query()), None)
+        if slot is None and len(ring) < self.RING:
+            buffer = torch.empty(shape, dtype=torch.int64, pin_memory=self.pin_memory)
+            slot = (buffer, buffer.numpy(), self.make_event())
+            ring.append(slot)
+        if slot is None:  # every buffer still being copied: a plain (synchronous) upload
+            return torch.tensor(rows, dtype=torch.int64).to(device)
+        buffer, array, copied = slot
+        array[...] = rows
+        out = buffer.to(device, non_blocking=True, copy=True)
+        copied.record(torch.cuda.current_stream(device) if device.type == "cuda" else None)
+        return out
 
 
 def _same(expected, got) -> str | None:

@@ -64,8 +64,16 @@ class RankedCandidates:
         Through numpy: for a 100k-candidate rerank, torch's masked select and ``tolist`` cost
         ~25 ms on the host against ~4 ms this way.
         """
-        pids, scores = self.pids.cpu().numpy(), self.scores.cpu().numpy()
-        valid = self.valid.cpu().numpy()
+        tensors = (self.pids, self.scores, self.valid)
+        if self.pids.is_cuda:
+            # One wait for the three copies: queued into pinned memory, then one stream sync
+            # (three .cpu() calls would each allocate pageable memory and wait).
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            for target, source in zip(host, tensors):
+                target.copy_(source, non_blocking=True)
+            torch.cuda.current_stream(self.pids.device).synchronize()
+            tensors = host
+        pids, scores, valid = (t.cpu().numpy() for t in tensors)
         if not valid.all():
             pids, scores = pids[valid], scores[valid]
         return pids.tolist(), scores.tolist()
