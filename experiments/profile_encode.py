@@ -132,9 +132,17 @@ def _graph_replay_costs(searcher) -> dict:
     return costs
 
 
-_MARKS = (  # (class path, method): each call records a mark before and after it
+_MARKS = (  # (owner: "module" or "module:Class", attribute, label): a mark before and after each call
     ("tilemaxsim_plaid.plaid.query_tokens:HostQueryTokenizer", "tensorize", "tokens"),
+    ("tilemaxsim_plaid.plaid.query_tokens:HostQueryTokenizer", "rows", "token rows"),
+    ("tilemaxsim_plaid.plaid.query_tokens:PinnedUploads", "upload", "token upload"),
+    ("tilemaxsim_plaid.plaid.encoder_graphs", "_graph_inputs", "graph inputs"),
+    ("tilemaxsim_plaid.plaid.encoder_graphs", "_key", "graph key"),
     ("tilemaxsim_plaid.plaid.encoder_graphs:_CapturedEncoder", "__call__", "encoder_graph"),
+    ("tilemaxsim_plaid.plaid.encoder_graphs:LinearWeightCopies", "refresh", "weight refresh"),
+    ("torch.cuda.graphs:CUDAGraph", "replay", "replay"),
+    ("tilemaxsim_plaid.plaid.scoring", "rank_on_device", "rank_on_device"),
+    ("tilemaxsim_plaid.plaid.scoring", "device_index", "device_index"),
     ("tilemaxsim_plaid.plaid.graphs:_CapturedSearch", "__call__", "search_graph"),
     ("tilemaxsim_plaid.plaid.scoring:RankedCandidates", "to_lists", "to_lists"),
 )
@@ -142,8 +150,7 @@ _MARKS = (  # (class path, method): each call records a mark before and after it
 
 def search_marks(searcher, text: str, calls: int, k: int = 10) -> dict[str, tuple[float, float]]:
     """Unprofiled timeline of a patched ``Searcher.search`` call: for each mark (before and after
-    the host tokenizer, the encoder graph's replay, the search graph's replay and the transfer
-    of the results), the host time it was reached and the time the GPU reached the CUDA event
+    each step in :data:`_MARKS`; a step run twice in a call gets ``#2``), the host time it was reached and the time the GPU reached the CUDA event
     recorded there, both in ms from the call's start (medians over ``calls``). The call starts
     on an idle GPU with an event, so the GPU clock's origin is the host's. Marks cost a few us."""
     import importlib
@@ -154,12 +161,14 @@ def search_marks(searcher, text: str, calls: int, k: int = 10) -> dict[str, tupl
     def mark(name):
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        log.append((name, time.perf_counter(), event))
+        seen = sum(1 for logged, _, _ in log if logged.split("#")[0] == name)
+        log.append((f"{name}#{seen + 1}" if seen else name, time.perf_counter(), event))
 
     originals = []
     for path, method, name in _MARKS:
-        module, cls = path.split(":")
-        owner = getattr(importlib.import_module(module), cls)
+        module, _, cls = path.partition(":")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
         original = getattr(owner, method)
         originals.append((owner, method, original))
 
@@ -187,8 +196,9 @@ def search_marks(searcher, text: str, calls: int, k: int = 10) -> dict[str, tupl
     finally:
         for owner, method, original in originals:
             setattr(owner, method, original)
-    return {name: (statistics.median(h for h, _ in values), statistics.median(g for _, g in values))
-            for name, values in samples.items()}
+    medians = {name: (statistics.median(h for h, _ in values), statistics.median(g for _, g in values))
+               for name, values in samples.items()}
+    return dict(sorted(medians.items(), key=lambda item: item[1][0]))
 
 
 def search_timeline(searcher, text: str, label: str, calls: int, k: int = 10,
