@@ -214,3 +214,18 @@ def test_linear_weight_copies_follow_weight_updates(encoder_copy):
     assert copies.refresh() == 1
     assert torch.equal(copies.projection["weight"], encoder.linear.weight.detach().half())
     assert copies.refresh() == 0
+
+
+def test_token_pair_finds_the_host_tokenizers_single_upload():
+    """The graph copies ids and mask in one go only when they are the two halves, in order, of
+    one contiguous [2, B, L] tensor (what query_tokens uploads); any other pair is copied apart."""
+    both = torch.arange(2 * 3 * 8).reshape(2, 3, 8).clone()  # a tensor of its own, as an upload is
+    assert encoder_graphs.token_pair(both[0], both[1]) is both
+    assert encoder_graphs.token_pair(both[1], both[0]) is None, "swapped halves"
+    ids, mask = both[0].clone(), both[1].clone()
+    assert encoder_graphs.token_pair(ids, mask) is None, "separate tensors"
+    assert encoder_graphs.token_pair(both[0][:, :4], both[1][:, :4]) is None, "slices of the halves"
+    wide = torch.arange(3 * 3 * 8).reshape(3, 3, 8).clone()
+    assert encoder_graphs.token_pair(wide[0], wide[1]) is None, "halves of something else"
+    strided = torch.arange(2 * 8 * 3).reshape(2, 8, 3).clone().transpose(1, 2)
+    assert encoder_graphs.token_pair(strided[0], strided[1]) is None, "not contiguous"

@@ -12,7 +12,7 @@ import torch
 
 from tests.plaid.conftest import patch_state
 from tilemaxsim_plaid import datasets
-from tilemaxsim_plaid.plaid import query_tokens
+from tilemaxsim_plaid.plaid import encoder_graphs, query_tokens
 
 pytestmark = pytest.mark.colbert
 
@@ -85,6 +85,7 @@ def test_patched_tensorize_checks_once_then_stays_on_the_host(tiny_plaid_index, 
         expected_ids, expected_mask = upstream(query_tokenizer, [text])
         assert torch.equal(ids, expected_ids) and torch.equal(mask, expected_mask)
         assert getattr(mask, query_tokens.HAS_PADDING_ATTRIBUTE) == (text == texts[0])
+        assert encoder_graphs.token_pair(ids, mask) is not None, "one buffer: the graph copies it at once"
     assert calls == [], "verified once: later calls never run upstream"
     assert torch.equal(first[0], upstream(query_tokenizer, texts[:1])[0])
 
