@@ -4,14 +4,16 @@ Upstream tokenizes with the HF tokenizer (pad and truncate to ``query_maxlen - 1
 ``BatchEncoding`` to the GPU (``input_ids``, ``token_type_ids`` and ``attention_mask``: three
 synchronous copies), then inserts the ``[Q]`` marker column with two ``torch.cat`` and swaps
 ``[PAD]`` for ``[MASK]`` with a masked fill, all on the device: about ten launches and three
-host syncs for 64 integers, a third of a millisecond before the encoder can start.
+host syncs for 64 integers before the encoder can start.
 
 Here the same tokenizer backend, configured as transformers configures it for upstream's call
 (truncation and padding to ``query_maxlen - 1``, the tokenizer's sides and pad token), encodes
 the texts on the host; the marker column, the ``[MASK]`` swap and ``attend_to_mask_tokens`` are
 applied to the integer lists, and ids and mask travel to the device in one non-blocking copy
-from a reused pinned buffer (:class:`PinnedUploads`). The mask is tagged with whether any position is padded
-(:data:`HAS_PADDING_ATTRIBUTE`), so the encoder graph need not read it back from the device.
+from a reused pinned buffer (:class:`PinnedUploads`). The mask is tagged with whether any
+position is padded (:data:`HAS_PADDING_ATTRIBUTE`), so the encoder graph need not read it back.
+On the H200 this took one BERT-base query's encode from 1.91 to 1.12 ms
+(results/plaid/h200-host-tokens).
 
 The first call for each (tokenizer, ``query_maxlen``) also runs upstream's ``tensorize`` on the
 same texts and on :data:`PROBE_TEXTS` (empty, over-long, special-token strings) and compares:
