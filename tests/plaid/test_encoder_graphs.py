@@ -36,8 +36,9 @@ def test_captured_computation_is_colbert_query_bit_for_bit(checkpoint_and_inputs
     forms = encoder_graphs._mask_forms()
     assert forms
     for form in forms:
-        got = encoder_graphs._encode(checkpoint, ids, mask, form)
-        assert got.dtype == expected.dtype and torch.equal(got, expected), form
+        for cast_once in (True, False):
+            got = encoder_graphs._encode(checkpoint, ids, mask, form, cast_once=cast_once)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (form, cast_once)
 
 
 class _FakeCapture:
@@ -45,8 +46,10 @@ class _FakeCapture:
 
     outcomes: dict = {}
     made: list = []
+    tried: list = []
 
-    def __init__(self, checkpoint, input_ids, attention_mask, form):
+    def __init__(self, checkpoint, input_ids, attention_mask, form, cast_once=False):
+        self.tried.append((form, cast_once))
         outcome = self.outcomes[form]
         if outcome == "fail":  # a sync inside the capture
             raise RuntimeError("operation not permitted when stream is capturing")
@@ -68,6 +71,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(graphs, "enabled_for_device", lambda device: True)
     monkeypatch.setattr(encoder_graphs, "_CapturedEncoder", _FakeCapture)
     _FakeCapture.made = []
+    _FakeCapture.tried = []
     embeddings = types.SimpleNamespace(weight=torch.zeros(2))
     checkpoint = types.SimpleNamespace(
         training=False, device=torch.device("cpu"), linear=types.SimpleNamespace(weight=torch.zeros(3)),
@@ -90,6 +94,8 @@ def test_first_exact_form_is_kept_and_replayed(fake_gpu, two_forms):
     assert torch.equal(out, eager_encoder(None, ids, mask))
     encoder_graphs.query(eager_encoder, checkpoint, ids, mask, to_cpu=True)
     assert _FakeCapture.made == ["padding"], "captured once, on the second form, then replayed"
+    # Each form first with the attention inputs cast once, then as autocast casts them.
+    assert _FakeCapture.tried == [("square", True), ("square", False), ("padding", True)]
 
 
 def test_a_graph_that_is_not_bit_identical_is_never_used(fake_gpu, two_forms, caplog):
@@ -229,3 +235,30 @@ def test_token_pair_finds_the_host_tokenizers_single_upload():
     assert encoder_graphs.token_pair(wide[0], wide[1]) is None, "halves of something else"
     strided = torch.arange(2 * 8 * 3).reshape(2, 8, 3).clone().transpose(1, 2)
     assert encoder_graphs.token_pair(strided[0], strided[1]) is None, "not contiguous"
+
+
+def test_attention_inputs_cast_once_changes_no_bit(encoder_copy):
+    """Casting each self-attention block's input once, instead of once per query/key/value
+    Linear, gives exactly autocast's output (CPU autocast, bf16, stands in for the GPU's fp16),
+    and the q/k/v layers do receive the cast input."""
+    encoder, ids, mask = encoder_copy
+    copies = encoder_graphs.LinearWeightCopies(encoder, torch.bfloat16)
+    seen = []
+    probe = next(m for m in encoder.bert.modules() if isinstance(getattr(m, "query", None), torch.nn.Linear))
+    handle = probe.query.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            expected = _forward(encoder, ids, mask, copies)
+            with encoder_graphs.attention_inputs_cast_once(encoder.bert) as blocks:
+                got = _forward(encoder, ids, mask, copies)
+    finally:
+        handle.remove()
+    assert blocks == encoder.bert.config.num_hidden_layers
+    assert seen == [torch.float32, torch.bfloat16], "autocast casts inside the Linear; the hook before it"
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    # The hooks are gone after the block, and do nothing without autocast.
+    with torch.no_grad():
+        plain = _forward(encoder, ids, mask)
+        with encoder_graphs.attention_inputs_cast_once(encoder.bert):
+            assert torch.equal(_forward(encoder, ids, mask), plain)
+    assert not any(m._forward_pre_hooks for m in encoder.bert.modules())

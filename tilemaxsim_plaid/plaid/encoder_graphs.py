@@ -37,12 +37,19 @@ update (the tensor's version counter) or a replaced parameter (its storage). Edi
 searching should turn the graphs off. Moving the model (``.to()``) makes new parameter storage and
 a new key. ``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` and :func:`tilemaxsim_plaid.plaid.graphs.disabled`
 turn these graphs off.
+
+Autocast also casts each self-attention block's fp32 input three times, once in each of its
+``query``, ``key`` and ``value`` layers. The graph is first captured with that input cast once
+(:func:`attention_inputs_cast_once`; the same ``.to(fp16)``, so the same values), which removes
+two cast kernels per layer; if that graph were not bit-identical, the plain form is tried next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +160,42 @@ def _linear_weight_copies(checkpoint, device: torch.device):
     return copies[key]
 
 
-def _encode(checkpoint, input_ids, attention_mask, mask_form: str, weights=None):
+def _cast_hidden_states_once(module, args, kwargs):
+    """Forward pre-hook of a self-attention block: its input in the autocast dtype.
+
+    Under autocast each of the block's ``query``, ``key`` and ``value`` Linear layers casts the
+    same fp32 input to fp16 on its own: three cast kernels per layer where one gives the same
+    values (autocast's cast is a plain ``.to(dtype)``, and it leaves an input already in its
+    dtype alone). The residual path keeps the fp32 tensor: only this block's input changes.
+    """
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(hidden, torch.Tensor) or hidden.dtype != torch.float32:
+        return None
+    device_type = hidden.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    cast = hidden.to(torch.get_autocast_dtype(device_type))
+    if args:
+        return (cast, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": cast}
+
+
+@contextlib.contextmanager
+def attention_inputs_cast_once(bert: torch.nn.Module) -> Iterator[int]:
+    """Within the block, every self-attention module of ``bert`` (one with ``query``, ``key``
+    and ``value`` Linear children) casts its input once (:func:`_cast_hidden_states_once`).
+    Yields how many modules that is (0 for an architecture without such blocks)."""
+    blocks = [module for module in bert.modules()
+              if all(isinstance(getattr(module, name, None), torch.nn.Linear) for name in ("query", "key", "value"))]
+    handles = [block.register_forward_pre_hook(_cast_hidden_states_once, with_kwargs=True) for block in blocks]
+    try:
+        yield len(handles)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _encode(checkpoint, input_ids, attention_mask, mask_form: str, weights=None, cast_once: bool = False):
     """``ColBERT.query`` without host work: the token mask is computed on the device. With
     ``weights`` (a :class:`LinearWeightCopies`) the Linear layers read those copies."""
     if mask_form == "square":
@@ -164,7 +206,8 @@ def _encode(checkpoint, input_ids, attention_mask, mask_form: str, weights=None)
     projection_params = weights.projection if weights is not None else {}
     # Autocast's weight-cast cache must stay off inside a graph (the casts are re-run by every
     # replay instead of being cached outside it); the casts themselves are the same.
-    with torch.no_grad(), torch.autocast("cuda", enabled=amp and input_ids.is_cuda, cache_enabled=False):
+    casts = attention_inputs_cast_once(checkpoint.bert) if cast_once else contextlib.nullcontext()
+    with torch.no_grad(), torch.autocast("cuda", enabled=amp and input_ids.is_cuda, cache_enabled=False), casts:
         # tie_weights=False: only the Linear weights are substituted, never a tensor tied to one.
         Q = torch.func.functional_call(checkpoint.bert, bert_params, (input_ids,),
                                        {"attention_mask": attention_mask}, tie_weights=False)[0]
@@ -196,11 +239,11 @@ class _CapturedEncoder:
     (an inference tensor cannot be updated in place outside it); the output handed back is a
     clone made in the caller's mode, a normal tensor as colbert-ai returns."""
 
-    def __init__(self, checkpoint, input_ids, attention_mask, mask_form: str):
+    def __init__(self, checkpoint, input_ids, attention_mask, mask_form: str, cast_once: bool = False):
         with torch.inference_mode():
-            self._capture(checkpoint, input_ids, attention_mask, mask_form)
+            self._capture(checkpoint, input_ids, attention_mask, mask_form, cast_once)
 
-    def _capture(self, checkpoint, input_ids, attention_mask, mask_form: str):
+    def _capture(self, checkpoint, input_ids, attention_mask, mask_form: str, cast_once: bool):
         self.weights = _linear_weight_copies(checkpoint, input_ids.device)
         # ids and mask in one buffer when their dtypes allow: the host tokenizer uploads them
         # as the two halves of one tensor, which then arrive here in one copy.
@@ -214,11 +257,12 @@ class _CapturedEncoder:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up outside the graph: lazy init, kernel selection
-            _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights)
+            _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights, cast_once)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights)
+            self.out = _encode(checkpoint, self.input_ids, self.attention_mask, mask_form, self.weights,
+                               cast_once)
 
     def __call__(self, input_ids, attention_mask):
         with torch.inference_mode():
@@ -246,17 +290,19 @@ def _capture(original, checkpoint, input_ids, attention_mask):
     """A graph bit-identical to colbert-ai's eager encoder on this input, or None (logged)."""
     expected = original(checkpoint, input_ids, attention_mask)
     reasons = []
-    for form in _mask_forms():
+    # Each mask form with the self-attention inputs cast once first, then as autocast casts them.
+    for form, cast_once in ((form, cast_once) for form in _mask_forms() for cast_once in (True, False)):
+        variant = f"{form} mask" + (", q/k/v input cast once" if cast_once else "")
         try:
-            captured = _CapturedEncoder(checkpoint, input_ids, attention_mask, form)
-        except Exception as error:  # noqa: BLE001 (any failure means: not this form)
-            reasons.append(f"{form} mask: capture failed ({type(error).__name__}: {error})")
+            captured = _CapturedEncoder(checkpoint, input_ids, attention_mask, form, cast_once=cast_once)
+        except Exception as error:  # noqa: BLE001 (any failure means: not this variant)
+            reasons.append(f"{variant}: capture failed ({type(error).__name__}: {error})")
             continue
         got = captured(input_ids, attention_mask)
         if got.dtype == expected.dtype and torch.equal(got, expected):
             return captured
         diff = (got.double() - expected.double()).abs().max().item()
-        reasons.append(f"{form} mask: differs from the eager encoder by {diff:.3g}")
+        reasons.append(f"{variant}: differs from the eager encoder by {diff:.3g}")
     logger.warning("query encoder runs eagerly for inputs of shape %s: %s",
                    tuple(input_ids.shape), "; ".join(reasons))
     return None
