@@ -86,7 +86,9 @@ def _graph_inputs(checkpoint, args, kwargs):
         return None
     if not 0 < input_ids.shape[0] <= MAX_GRAPH_BATCH:
         return None
-    device = checkpoint.device
+    # The projection's device is the model's (colbert-ai keeps the model on one device), and
+    # reading it skips transformers' walk over the parameters behind ``checkpoint.device``.
+    device = checkpoint.linear.weight.device
     if not graphs.enabled_for_device(device):
         return None
     return input_ids.to(device), attention_mask.to(device)
