@@ -87,3 +87,46 @@ def test_bad_inputs_name_the_argument(mutate, error, match):
     mutate(args)
     with pytest.raises(error, match=match):
         centroid_interaction(args.pop("centroid_scores"), args.pop("codes"), args.pop("offsets"), **args)
+
+
+@pytest.mark.parametrize("Lq", [32, 130], ids=["one-launch", "two-launches"])
+def test_unmatched_documents_score_the_floor_per_query_token(Lq, device):
+    """PLAID's semantics fused into the kernel: a used slot whose document keeps no token (or has
+    none) scores unmatched * Lq; unused slots stay -inf; every other score is unchanged."""
+    codes, offsets = _packed_index([6, 0, 9, 4, 7], 16, device)
+    centroid_scores = torch.randn(16, Lq, device=device)
+    keep = torch.zeros(16, dtype=torch.bool, device=device)
+    keep[codes[int(offsets[0]) : int(offsets[1])].long()] = True  # doc 0 keeps all its tokens
+    keep[codes[int(offsets[2])].long()] = True  # doc 2 keeps some of them
+    pids = torch.tensor([0, 1, 2, 3, 4, 4], device=device)
+    valid = torch.tensor([True, True, True, True, True, False], device=device)
+    plain = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid)
+    floored = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid,
+                                   unmatched=-9999.0)
+    unmatched = torch.isneginf(plain) & valid
+    assert unmatched.any() and (~unmatched & valid).any(), "both kinds of used slot are present"
+    assert torch.equal(floored[unmatched], torch.full_like(floored[unmatched], -9999.0 * Lq))
+    assert torch.equal(floored[~unmatched & valid], plain[~unmatched & valid])
+    assert torch.isneginf(floored[~valid]).all()
+    # Without a valid mask every slot is used: the empty document 1 is floored too.
+    every = centroid_interaction(centroid_scores, codes, offsets, keep=keep, unmatched=-9999.0)
+    assert every[1] == -9999.0 * Lq and not torch.isneginf(every).any()
+
+
+def test_torch_backend_floors_unmatched_documents_as_the_kernel_does():
+    """The CPU backend (reference + floor) and the fused kernel agree on the floor."""
+    import types
+
+    from tilemaxsim_plaid.plaid import backends
+
+    codes, offsets = _packed_index([6, 0, 9, 4, 7], 16, "cpu")
+    index = types.SimpleNamespace(device=torch.device("cpu"), codes=codes, offsets=offsets)
+    assert backends.backend_for(index.device) == "torch"
+    centroid_scores = torch.randn(16, 32)
+    keep = torch.rand(16) < 0.3
+    pids = torch.tensor([0, 1, 2, 3, 4, 4])
+    valid = torch.tensor([True, True, True, True, True, False])
+    on_cpu = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid, unmatched=-9999.0)
+    fused = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid, unmatched=-9999.0)
+    assert torch.equal(torch.isneginf(on_cpu), torch.isneginf(fused)) and torch.isneginf(on_cpu[5])
+    assert_close(on_cpu[:5], fused[:5], "centroid_interaction", torch.float32)

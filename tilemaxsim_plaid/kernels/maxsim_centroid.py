@@ -16,9 +16,11 @@ def _centroid_interaction_kernel(
     p_valid,  # [M] int8 (unused when not HAS_VALID)
     p_out,  # [M] fp32
     Lq,
+    unmatched,  # fp32 score of one query token with no kept document token (HAS_UNMATCHED)
     HAS_PIDS: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     HAS_VALID: tl.constexpr,
+    HAS_UNMATCHED: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_Q: tl.constexpr,
 ):
@@ -28,6 +30,8 @@ def _centroid_interaction_kernel(
     gathers the BLOCK_Q-wide row of centroid scores of each token's code and keeps a running
     max per query token. Query columns >= Lq are masked out of the sum. A slot with no kept
     token, or whose valid flag is 0, gets -inf (every running max stays -inf); Lq = 0 gives 0.
+    With HAS_UNMATCHED a valid slot's -inf maxima count as ``unmatched`` each instead (PLAID's
+    score for a candidate none of whose tokens survives pruning); unused slots stay -inf.
     """
     pid_m = tl.program_id(0)
     if HAS_PIDS:
@@ -56,5 +60,10 @@ def _centroid_interaction_kernel(
         ).to(tl.float32)  # [BLOCK_T, BLOCK_Q]
         b_max = tl.maximum(b_max, tl.max(b_scores, axis=0))  # [BLOCK_Q]
     # where(), not a masked max: padded query columns must add 0, and 0 * -inf would be NaN.
+    if HAS_UNMATCHED:
+        unmatched_q = b_max == float("-inf")
+        if HAS_VALID:
+            unmatched_q = unmatched_q & (tl.load(p_valid + pid_m) != 0)
+        b_max = tl.where(unmatched_q, unmatched, b_max)
     b_total = tl.sum(tl.where(mask_q, b_max, 0.0), axis=0)
     tl.store(p_out + pid_m, b_total)

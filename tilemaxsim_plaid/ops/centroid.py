@@ -55,6 +55,7 @@ def centroid_interaction(
     *,
     keep: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
+    unmatched: float | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """PLAID's centroid interaction, stages 2-3, fused into one launch.
@@ -72,6 +73,9 @@ def centroid_interaction(
         pids: optional [M] int32/int64 documents to score (default: all N).
         keep: optional [C] bool pruning mask (stage 2); None keeps every centroid (stage 3).
         valid: optional [M] bool; False marks an unused slot of a fixed-size candidate list.
+        unmatched: optional score of one query token for which a used slot's document has no
+            kept token; such a document then scores ``unmatched * Lq`` instead of -inf (PLAID's
+            -9999 per token). Unused slots stay -inf.
         validate: False skips the checks that read device values (pid and code ranges,
             monotonic offsets), so the call does not synchronise with the host.
 
@@ -96,9 +100,11 @@ def centroid_interaction(
         _centroid_interaction_kernel[(num_slots,)](
             columns, columns.stride(0), columns.stride(1),
             codes, offsets, pids_arg, keep_arg, valid_arg, target, width,
+            0.0 if unmatched is None else float(unmatched),
             HAS_PIDS=pids is not None,
             HAS_KEEP=keep is not None,
             HAS_VALID=valid is not None,
+            HAS_UNMATCHED=unmatched is not None,
             BLOCK_T=BLOCK_T,
             BLOCK_Q=max(16, triton.next_power_of_2(max(width, 1))),
             num_warps=NUM_WARPS,

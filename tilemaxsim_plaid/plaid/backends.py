@@ -98,17 +98,23 @@ def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
     return embeddings.reshape(*rows.shape, index.dim)
 
 
-def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None) -> torch.Tensor:
-    """Stages 2-3 on the index's backend. Shapes as in :func:`tilemaxsim_plaid.ops.centroid.centroid_interaction`."""
+def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None, unmatched=None) -> torch.Tensor:
+    """Stages 2-3 on the index's backend. Arguments and shapes as in
+    :func:`tilemaxsim_plaid.ops.centroid.centroid_interaction` (``unmatched`` included)."""
     if backend_for(index.device) == "triton":
         from tilemaxsim_plaid.ops.centroid import centroid_interaction as fused
 
         return fused(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
-                     validate=False)
+                     unmatched=unmatched, validate=False)
     from tilemaxsim_plaid.reference import centroid_interaction as vectorised
 
-    return vectorised(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
-                      dtype=torch.float32)
+    scores = vectorised(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
+                        dtype=torch.float32)
+    if unmatched is None:
+        return scores
+    # A document scores -inf exactly when every query token's max is -inf: all of them unmatched.
+    floored = torch.isneginf(scores) if valid is None else torch.isneginf(scores) & valid
+    return scores.masked_fill(floored, unmatched * centroid_scores.shape[1])
 
 
 @functools.cache

@@ -119,14 +119,6 @@ def _as_pid_tensor(pids, index: DeviceIndex) -> torch.Tensor:
     return host.to(index.device)
 
 
-def _floor_unmatched(scores: torch.Tensor, valid: torch.Tensor | None, num_query_tokens: int):
-    """Map -inf of a real candidate to upstream's -9999 * Lq; unused slots stay -inf."""
-    unmatched = torch.isneginf(scores)
-    if valid is not None:
-        unmatched &= valid
-    return scores.masked_fill(unmatched, UNMATCHED_TOKEN_SCORE * num_query_tokens)
-
-
 def _keep_top(pids, valid, scores, count: int):
     """Top ``count`` slots by score when there are more slots than that (upstream: more candidates)."""
     if count >= pids.numel():
@@ -137,12 +129,13 @@ def _keep_top(pids, valid, scores, count: int):
 
 def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
-    Lq = centroid_scores.shape[1]
-    pruned = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid)
-    pruned = _floor_unmatched(pruned, valid, Lq)
+    # A real candidate none of whose tokens survives scores UNMATCHED_TOKEN_SCORE per query
+    # token, as upstream's; unused slots stay -inf, so they rank last.
+    pruned = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid,
+                                           unmatched=UNMATCHED_TOKEN_SCORE)
     pids, valid = _keep_top(pids, valid, pruned, config.ndocs)
-    full = backends.centroid_interaction(index, centroid_scores, pids, valid=valid)
-    full = _floor_unmatched(full, valid, Lq)
+    full = backends.centroid_interaction(index, centroid_scores, pids, valid=valid,
+                                         unmatched=UNMATCHED_TOKEN_SCORE)
     return _keep_top(pids, valid, full, config.ndocs // 4)
 
 
