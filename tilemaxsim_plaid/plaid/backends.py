@@ -30,6 +30,7 @@ __all__ = [
     "stage_4_products",
     "backend_for",
     "centroid_interaction",
+    "mark_probed_documents",
     "exact_scores",
     "decompress_tokens",
     "segment_maxsim",
@@ -115,6 +116,27 @@ def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None,
     # A document scores -inf exactly when every query token's max is -inf: all of them unmatched.
     floored = torch.isneginf(scores) if valid is None else torch.isneginf(scores) & valid
     return scores.masked_fill(floored, unmatched * centroid_scores.shape[1])
+
+
+def mark_probed_documents(index, cells: torch.Tensor) -> torch.Tensor:
+    """[num_docs + 1] bool: True for every document in the inverted list of any of ``cells``
+    (slot num_docs is scratch). No host sync on either backend."""
+    bitmap = torch.zeros(index.num_docs + 1, dtype=torch.bool, device=index.device)
+    if backend_for(index.device) == "triton":
+        from tilemaxsim_plaid.ops.ivf import mark_probed_documents as fused
+
+        fused(bitmap, cells, index.ivf_offsets, index.ivf_lengths, index.ivf_pids, index.max_ivf_length)
+        return bitmap
+    # Every probed list padded to the longest list (a host constant): fixed shape.
+    width = max(index.max_ivf_length, 1)
+    positions = torch.arange(width, device=index.device)
+    in_list = positions[None, :] < index.ivf_lengths[cells][:, None]
+    entries = (index.ivf_offsets[cells][:, None] + positions[None, :]).clamp_(max=max(index.ivf_pids.numel() - 1, 0))
+    members = torch.where(in_list, index.ivf_pids[entries].long(), index.num_docs)
+    # Slot num_docs collects the padding. index_fill_ takes the value as a kernel argument;
+    # `bitmap[i] = True` would copy a host scalar, which a CUDA graph cannot capture.
+    bitmap.index_fill_(0, members.flatten(), True)
+    return bitmap
 
 
 @functools.cache

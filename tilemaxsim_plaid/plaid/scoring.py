@@ -168,16 +168,7 @@ def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tens
         cells = centroid_scores.argmax(dim=0)
     else:
         cells = centroid_scores.topk(ncells, dim=0, sorted=False).indices.flatten()
-    # Every probed list padded to the longest list (a host constant): fixed shape.
-    width = max(index.max_ivf_length, 1)
-    positions = torch.arange(width, device=index.device)
-    in_list = positions[None, :] < index.ivf_lengths[cells][:, None]
-    entries = (index.ivf_offsets[cells][:, None] + positions[None, :]).clamp_(max=max(index.ivf_pids.numel() - 1, 0))
-    members = torch.where(in_list, index.ivf_pids[entries].long(), index.num_docs)
-    bitmap = torch.zeros(index.num_docs + 1, dtype=torch.bool, device=index.device)
-    # Slot num_docs collects the padding. index_fill_ takes the value as a kernel argument;
-    # `bitmap[i] = True` would copy a host scalar, which a CUDA graph cannot capture.
-    bitmap.index_fill_(0, members.flatten(), True)
+    bitmap = backends.mark_probed_documents(index, cells)
     capacity = index.candidate_capacity(cells.numel())
     pids = torch.nonzero_static(bitmap[: index.num_docs], size=capacity, fill_value=-1).flatten()
     valid = pids >= 0
