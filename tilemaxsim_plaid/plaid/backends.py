@@ -31,6 +31,7 @@ __all__ = [
     "backend_for",
     "centroid_interaction",
     "mark_probed_documents",
+    "sort_candidates",
     "exact_scores",
     "decompress_tokens",
     "segment_maxsim",
@@ -137,6 +138,21 @@ def mark_probed_documents(index, cells: torch.Tensor) -> torch.Tensor:
     # `bitmap[i] = True` would copy a host scalar, which a CUDA graph cannot capture.
     bitmap.index_fill_(0, members.flatten(), True)
     return bitmap
+
+
+def sort_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor | None):
+    """``(pids, scores, valid)`` in descending score order (unused slots last; valid may be None).
+
+    On the Triton backend a list of up to :data:`~tilemaxsim_plaid.ops.sort.MAX_SORTED_IN_ONE_PROGRAM`
+    slots (every search's final list) is sorted in one launch, ties by pid; longer ones (reranks)
+    and the torch backend use ``torch.sort``, whose ties fall in any order."""
+    if backend_for(index.device) == "triton" and index.num_docs < 2**31:
+        from tilemaxsim_plaid.ops.sort import MAX_SORTED_IN_ONE_PROGRAM, sort_candidates as fused
+
+        if 0 < pids.numel() <= MAX_SORTED_IN_ONE_PROGRAM:
+            return fused(pids, scores, valid)
+    order = torch.sort(scores, descending=True).indices
+    return pids[order], scores[order], None if valid is None else valid[order]
 
 
 @functools.cache

@@ -143,8 +143,7 @@ def _stage_4(index, Q, pids, valid, sharded=None, centroid_scores=None) -> Ranke
     if sharded is not None:
         return _stage_4_sharded(sharded, Q, pids, valid)
     scores = backends.exact_scores(index, Q, pids, valid, centroid_scores)
-    order = torch.sort(scores, descending=True).indices
-    return RankedCandidates(pids[order], scores[order], None if valid is None else valid[order])
+    return RankedCandidates(*backends.sort_candidates(index, pids, scores, valid))
 
 
 def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:

@@ -1,0 +1,48 @@
+"""The one-program candidate sort against torch: same order up to the tie rule, exact values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tilemaxsim_plaid.ops.sort import MAX_SORTED_IN_ONE_PROGRAM, sort_candidates
+
+
+def _expected(pids, scores, valid):
+    used = torch.ones_like(pids, dtype=torch.bool) if valid is None else valid
+    # -0.0 ranks just below +0.0: the kernel orders the floats' bit patterns.
+    rows = sorted((-float(s), math.copysign(1.0, float(s)) < 0, int(p), float(s))
+                  for p, s, u in zip(pids, scores, used) if u)
+    return [row[2] for row in rows], [row[3] for row in rows], int(used.sum())
+
+
+@pytest.mark.parametrize("K", [1, 5, 64, 100, 1024, MAX_SORTED_IN_ONE_PROGRAM])
+@pytest.mark.parametrize("with_valid", [False, True])
+def test_sorts_by_score_then_pid_with_unused_slots_last(K, with_valid):
+    generator = torch.Generator().manual_seed(K)
+    # Large ids (the key keeps 31 bits of them); a repeated id (a rerank may repeat) is fine.
+    pids = torch.randint(0, 2**31 - 1, (K,), generator=generator)
+    pids[-1] = 2**31 - 1 if K > 1 else pids[-1]
+    # Ties (rounded scores), both signs, zeros of both signs, infinities and PLAID's floor.
+    scores = (torch.randn(K, generator=generator) * 8).round() / 4
+    scores[: K // 7] = torch.tensor([-0.0, 0.0, float("inf"), float("-inf"), -9999.0 * 32, 1e-30, -1e-30])[
+        torch.arange(K // 7) % 7]
+    valid = (torch.rand(K, generator=generator) < 0.8) if with_valid else None
+    got_pids, got_scores, got_valid = sort_candidates(pids, scores, valid)
+    expected_pids, expected_scores, used = _expected(pids, scores, valid)
+    assert int(got_valid.sum()) == used and bool(got_valid[:used].all())
+    assert got_pids[:used].tolist() == expected_pids
+    # Bit-exact values (the float round trip through the key), -0.0 included.
+    assert torch.equal(got_scores[:used].view(torch.int32),
+                       torch.tensor(expected_scores, dtype=torch.float32).view(torch.int32))
+    assert bool(torch.isneginf(got_scores[used:]).all()) and bool((got_pids[used:] == 0).all())
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(TypeError, match="int64"):
+        sort_candidates(torch.zeros(3, dtype=torch.int32), torch.zeros(3), None)
+    with pytest.raises(ValueError, match="slots"):
+        sort_candidates(torch.zeros(MAX_SORTED_IN_ONE_PROGRAM + 1, dtype=torch.int64),
+                        torch.zeros(MAX_SORTED_IN_ONE_PROGRAM + 1), None)
