@@ -46,3 +46,28 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="slots"):
         sort_candidates(torch.zeros(MAX_SORTED_IN_ONE_PROGRAM + 1, dtype=torch.int64),
                         torch.zeros(MAX_SORTED_IN_ONE_PROGRAM + 1), None)
+
+
+@pytest.mark.parametrize("with_valid", [False, True])
+def test_top_candidates_keep_the_same_scores_on_both_backends(with_valid, monkeypatch):
+    """The head of the one-program sort and torch.topk keep the same multiset of scores (which of
+    several tied slots at the cut is kept may differ: the sort keeps the smaller pid)."""
+    import types
+
+    from tilemaxsim_plaid.plaid import backends
+
+    generator = torch.Generator().manual_seed(7)
+    index = types.SimpleNamespace(device=torch.device("cpu"), num_docs=10_000)
+    pids = torch.randperm(10_000, generator=generator)[:1000]
+    scores = (torch.randn(1000, generator=generator) * 4).round()  # many ties
+    valid = (torch.rand(1000, generator=generator) < 0.9) if with_valid else None
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
+    kept = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
+        top_pids, top_valid = backends.top_candidates(index, pids, scores, valid, 250)
+        assert top_pids.shape == (250,) and (top_valid is None or top_valid.shape == (250,))
+        score_of = dict(zip(pids.tolist(), scores.tolist()))
+        kept[backend] = sorted((score_of[p] for p in top_pids.tolist()), reverse=True)
+    assert kept["torch"] == kept["triton"]

@@ -32,6 +32,7 @@ __all__ = [
     "centroid_interaction",
     "mark_probed_documents",
     "sort_candidates",
+    "top_candidates",
     "exact_scores",
     "decompress_tokens",
     "segment_maxsim",
@@ -146,13 +147,34 @@ def sort_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torc
     On the Triton backend a list of up to :data:`~tilemaxsim_plaid.ops.sort.MAX_SORTED_IN_ONE_PROGRAM`
     slots (every search's final list) is sorted in one launch, ties by pid; longer ones (reranks)
     and the torch backend use ``torch.sort``, whose ties fall in any order."""
-    if backend_for(index.device) == "triton" and index.num_docs < 2**31:
-        from tilemaxsim_plaid.ops.sort import MAX_SORTED_IN_ONE_PROGRAM, sort_candidates as fused
+    if _sorts_in_one_program(index, pids):
+        from tilemaxsim_plaid.ops.sort import sort_candidates as fused
 
-        if 0 < pids.numel() <= MAX_SORTED_IN_ONE_PROGRAM:
-            return fused(pids, scores, valid)
+        return fused(pids, scores, valid)
     order = torch.sort(scores, descending=True).indices
     return pids[order], scores[order], None if valid is None else valid[order]
+
+
+def top_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor | None, count: int):
+    """``(pids, valid)`` of the ``count`` best-scoring slots (``count < len(pids)``).
+
+    Where the one-program sort applies (:func:`sort_candidates`) the best ``count`` are the
+    head of the sorted list, views with no further launch (ties at the cut by pid); otherwise
+    ``torch.topk`` and two gathers (ties at the cut in any order, as upstream's)."""
+    if _sorts_in_one_program(index, pids):
+        from tilemaxsim_plaid.ops.sort import sort_candidates as fused
+
+        pids, _, valid = fused(pids, scores, valid)
+        return pids[:count], valid[:count]
+    top = torch.topk(scores, k=count).indices
+    return pids[top], (None if valid is None else valid[top])
+
+
+def _sorts_in_one_program(index, pids: torch.Tensor) -> bool:
+    from tilemaxsim_plaid.ops.sort import MAX_SORTED_IN_ONE_PROGRAM
+
+    return (backend_for(index.device) == "triton" and index.num_docs < 2**31
+            and 0 < pids.numel() <= MAX_SORTED_IN_ONE_PROGRAM)
 
 
 @functools.cache

@@ -119,12 +119,11 @@ def _as_pid_tensor(pids, index: DeviceIndex) -> torch.Tensor:
     return host.to(index.device)
 
 
-def _keep_top(pids, valid, scores, count: int):
+def _keep_top(index, pids, valid, scores, count: int):
     """Top ``count`` slots by score when there are more slots than that (upstream: more candidates)."""
     if count >= pids.numel():
         return pids, valid
-    top = torch.topk(scores, k=count).indices
-    return pids[top], (None if valid is None else valid[top])
+    return backends.top_candidates(index, pids, scores, valid, count)
 
 
 def _stages_2_and_3(index, config, centroid_scores, pids, valid):
@@ -133,10 +132,10 @@ def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     # token, as upstream's; unused slots stay -inf, so they rank last.
     pruned = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid,
                                            unmatched=UNMATCHED_TOKEN_SCORE)
-    pids, valid = _keep_top(pids, valid, pruned, config.ndocs)
+    pids, valid = _keep_top(index, pids, valid, pruned, config.ndocs)
     full = backends.centroid_interaction(index, centroid_scores, pids, valid=valid,
                                          unmatched=UNMATCHED_TOKEN_SCORE)
-    return _keep_top(pids, valid, full, config.ndocs // 4)
+    return _keep_top(index, pids, valid, full, config.ndocs // 4)
 
 
 def _stage_4(index, Q, pids, valid, sharded=None, centroid_scores=None) -> RankedCandidates:
