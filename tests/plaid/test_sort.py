@@ -71,3 +71,28 @@ def test_top_candidates_keep_the_same_scores_on_both_backends(with_valid, monkey
         score_of = dict(zip(pids.tolist(), scores.tolist()))
         kept[backend] = sorted((score_of[p] for p in top_pids.tolist()), reverse=True)
     assert kept["torch"] == kept["triton"]
+
+
+def test_sorted_lists_are_packed_and_clone_in_one_buffer():
+    """The sort writes one byte buffer; RankedCandidates clones it whole (one copy per graph
+    replay) and keeps pids, scores and valid as before."""
+    from tilemaxsim_plaid.ops.packed_lists import packed_base
+    from tilemaxsim_plaid.plaid.scoring import RankedCandidates
+
+    pids = torch.tensor([5, 3, 9, 1], dtype=torch.int64)
+    scores = torch.tensor([0.5, 2.0, -1.0, 2.0])
+    valid = torch.tensor([True, True, False, True])
+    ranked = RankedCandidates(*sort_candidates(pids, scores, valid))
+    base = packed_base(ranked.pids, ranked.scores, ranked.valid)
+    assert base is not None and base.numel() == 13 * 4
+    copy = ranked.clone()
+    copy_base = packed_base(copy.pids, copy.scores, copy.valid)
+    assert copy_base is not None and copy_base.data_ptr() != base.data_ptr()
+    base.zero_()  # what the next replay would do to the original
+    assert copy.pids.tolist() == [1, 3, 5, 0] and copy.scores.tolist()[:3] == [2.0, 2.0, 0.5]
+    assert copy.valid.tolist() == [True, True, True, False]
+    assert copy.to_lists() == ([1, 3, 5], [2.0, 2.0, 0.5])
+    # Tensors that live apart are not mistaken for a packed list, and clone one by one.
+    apart = RankedCandidates(pids.clone(), scores.clone(), valid.clone())
+    assert packed_base(apart.pids, apart.scores, apart.valid) is None
+    assert torch.equal(apart.clone().pids, pids)

@@ -6,6 +6,7 @@ import torch
 import triton
 
 from tilemaxsim_plaid.kernels.sort_candidates import _sort_candidates_kernel
+from tilemaxsim_plaid.ops.packed_lists import packed_triple
 
 __all__ = ["MAX_SORTED_IN_ONE_PROGRAM", "sort_candidates"]
 
@@ -25,7 +26,8 @@ def sort_candidates(pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tenso
         valid: optional [K] bool; False marks an unused slot.
 
     Returns:
-        Three new [K] tensors: int64 pids, fp32 scores, bool valid.
+        Three new [K] tensors, int64 pids, fp32 scores and bool valid, laid out by
+        :func:`tilemaxsim_plaid.ops.packed_lists.packed_triple` (one buffer).
     """
     K = pids.numel()
     if pids.dtype != torch.int64 or scores.dtype != torch.float32 or scores.shape != pids.shape:
@@ -33,8 +35,7 @@ def sort_candidates(pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tenso
                         f"{tuple(pids.shape)} and {scores.dtype} {tuple(scores.shape)}")
     if not 0 < K <= MAX_SORTED_IN_ONE_PROGRAM:
         raise ValueError(f"sort_candidates sorts 1 to {MAX_SORTED_IN_ONE_PROGRAM} slots, got {K}")
-    out_pids, out_scores = torch.empty_like(pids), torch.empty_like(scores)
-    out_valid = torch.empty(K, dtype=torch.bool, device=pids.device)
+    out_pids, out_scores, out_valid = packed_triple(K, pids.device)
     valid_arg = valid.view(torch.int8) if valid is not None else out_valid.view(torch.int8)
     block = triton.next_power_of_2(K)
     _sort_candidates_kernel[(1,)](

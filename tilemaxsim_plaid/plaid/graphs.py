@@ -84,9 +84,8 @@ class _CapturedSearch:
     def __call__(self, Q: torch.Tensor):
         self.Q.copy_(Q)
         self.graph.replay()
-        # The outputs are overwritten by the next replay: hand out copies.
-        return type(self.out)(self.out.pids.clone(), self.out.scores.clone(),
-                              self.out.valid.clone())
+        # The outputs are overwritten by the next replay: hand out a copy.
+        return self.out.clone()
 
 
 def _search_key(index, config, Q: torch.Tensor) -> tuple:
