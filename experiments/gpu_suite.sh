@@ -7,7 +7,7 @@
 #                                           # one call that re-measures after a change
 #   bash experiments/gpu_suite.sh plaid-only  # residual kernel tests and end-to-end PLAID
 #                                           # (carry runs/plaid_bench)
-#   bash experiments/gpu_suite.sh plaid-bench # end-to-end PLAID only (carry runs/plaid_bench)
+#   bash experiments/gpu_suite.sh plaid-bench # search-path kernel tests, end-to-end PLAID (carry runs/plaid_bench)
 #   bash experiments/gpu_suite.sh packed-ceiling  # main shapes, and the per-document read ceiling
 #   bash experiments/gpu_suite.sh profile-encode  # where one query's encode spends its time
 #                                           # (carry runs/plaid_bench)
@@ -96,7 +96,9 @@ case "$part" in
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
     ;;
-  plaid-bench)  # end-to-end PLAID alone (carry runs/plaid_bench)
+  plaid-bench)  # the search path's own kernels on the GPU, then end-to-end PLAID (carry runs/plaid_bench)
+    step plaid_kernel_tests 120 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/plaid/test_centroid.py tests/plaid/test_ivf.py tests/plaid/test_sort.py
     bench_plaid
     ;;
   packed-ceiling)  # main shapes vs flash-maxsim, with the packed shape's per-document floors

@@ -113,7 +113,7 @@ def test_unmatched_documents_score_the_floor_per_query_token(Lq, device):
     assert every[1] == -9999.0 * Lq and not torch.isneginf(every).any()
 
 
-def test_torch_backend_floors_unmatched_documents_as_the_kernel_does():
+def test_torch_backend_floors_unmatched_documents_as_the_kernel_does(device):
     """The CPU backend (reference + floor) and the fused kernel agree on the floor."""
     import types
 
@@ -127,6 +127,7 @@ def test_torch_backend_floors_unmatched_documents_as_the_kernel_does():
     pids = torch.tensor([0, 1, 2, 3, 4, 4])
     valid = torch.tensor([True, True, True, True, True, False])
     on_cpu = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid, unmatched=-9999.0)
-    fused = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid, unmatched=-9999.0)
+    fused = centroid_interaction(centroid_scores.to(device), codes.to(device), offsets.to(device), pids.to(device),
+                                 keep=keep.to(device), valid=valid.to(device), unmatched=-9999.0).cpu()
     assert torch.equal(torch.isneginf(on_cpu), torch.isneginf(fused)) and torch.isneginf(on_cpu[5])
     assert_close(on_cpu[:5], fused[:5], "centroid_interaction", torch.float32)
