@@ -173,7 +173,7 @@ def test_pinned_uploads_reuse_a_buffer_only_after_its_copy_ran():
     # Still in flight: the next upload takes a new buffer, and never writes into the first.
     outs = [uploads.upload(rows(value), cpu) for value in (8, 9, 10)]
     assert len(ring) == query_tokens.PinnedUploads.RING
-    overflow = uploads.upload(rows(11), cpu)  # every buffer busy: a plain upload
+    overflow = uploads.upload(rows(11), cpu)  # every buffer busy: a spare tensor, not one of the ring's
     assert torch.equal(overflow, torch.tensor(rows(11))) and len(ring) == query_tokens.PinnedUploads.RING
     ring[2][2].done = True
     again = uploads.upload(rows(12), cpu)

@@ -105,7 +105,9 @@ class PinnedUploads:
     Allocating and pinning a tensor per query costs more host time than encoding its text, so
     each shape keeps up to :attr:`RING` buffers. A buffer is reused only once the CUDA event
     recorded after its last copy has completed (checked with ``Event.query``, which never
-    waits); when every buffer is still in flight a fresh pinned tensor is used instead.
+    waits). When every buffer is still in flight (a caller encoding query after query without
+    reading any result) the copy comes from a fresh pinned tensor of torch's caching host
+    allocator, which keeps it until its copy has run, so the host never waits on the GPU's queue.
     """
 
     RING = 4
@@ -124,8 +126,9 @@ class PinnedUploads:
             buffer = torch.empty(shape, dtype=torch.int64, pin_memory=self.pin_memory)
             slot = (buffer, buffer.numpy(), self.make_event())
             ring.append(slot)
-        if slot is None:  # every buffer still being copied: a plain (synchronous) upload
-            return torch.tensor(rows, dtype=torch.int64).to(device)
+        if slot is None:  # every buffer still being copied
+            spare = torch.tensor(rows, dtype=torch.int64).pin_memory() if self.pin_memory else torch.tensor(rows)
+            return spare.to(device, non_blocking=True, copy=True)
         buffer, array, copied = slot
         array[...] = rows
         out = buffer.to(device, non_blocking=True, copy=True)
