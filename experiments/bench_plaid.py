@@ -200,8 +200,8 @@ def _instrumented(clock: StageClock, provider: str):
             setattr(owner, name, original)
 
 
-# The stage-4 products modes timed and checked beside the default (plaid/backends.py).
-FAST_PRODUCTS = ("fp16x2", "fp16")
+# The stage-4 products modes timed and checked beside the default, "auto" (plaid/backends.py).
+OTHER_PRODUCTS = ("tf32x3", "fp16x2", "fp16")
 
 
 @contextlib.contextmanager
@@ -300,7 +300,7 @@ def _search_spans(searcher, texts, Qs, k, provider, cuda, warmup=3) -> list[dict
 def _equivalence(searcher, Qs, k, cuda):
     """Identical top-k fractions of the plugin vs stock GPU PLAID, vs exact rescoring of the
     same candidates, and vs exhaustive exact MaxSim over the collection."""
-    from tilemaxsim_plaid.plaid.backends import decompress_tokens, segment_maxsim
+    from tilemaxsim_plaid.plaid.backends import decompress_tokens, products_for, segment_maxsim
     from tilemaxsim_plaid.plaid.device_index import device_index
 
     from tilemaxsim_plaid.plaid import graphs
@@ -313,7 +313,7 @@ def _equivalence(searcher, Qs, k, cuda):
 
     stock, ours, eager = ranked(STOCK), ranked(PATCHED), ranked(PATCHED_EAGER)
     faster = {}
-    for products in FAST_PRODUCTS:
+    for products in OTHER_PRODUCTS:
         with _stage_4_products(products):
             faster[products] = ranked(PATCHED)
     index = device_index(searcher.ranker)
@@ -321,9 +321,9 @@ def _equivalence(searcher, Qs, k, cuda):
     rows = torch.arange(index.num_tokens, device=index.device)
     D = decompress_tokens(index, rows)  # the whole collection, fp32 (small real index)
     counts = dict(same_as_stock=0, same_as_stock_up_to_ties=0, same_as_exact_rescore=0,
-                  exact_rescore_ties=0, same_as_exhaustive=0, exhaustive_ties=0, exhaustive_recall=0.0,
-                  fp16x2_same_as_exact_rescore=0, fp16x2_exact_rescore_ties=0,
-                  fp16_same_as_exact_rescore=0, fp16_exact_rescore_ties=0)
+                  exact_rescore_ties=0, same_as_exhaustive=0, exhaustive_ties=0, exhaustive_recall=0.0)
+    for products in OTHER_PRODUCTS:
+        counts[f"{products}_same_as_exact_rescore"] = counts[f"{products}_exact_rescore_ties"] = 0
     for i, (Q, (s_pids, _, _), (o_pids, _, o_scores)) in enumerate(zip(Qs, stock, ours)):
         exact = segment_maxsim(D @ Q.to(index.device, torch.float32).T, index.doclens)
         candidates = torch.tensor(o_pids, device=index.device)
@@ -340,7 +340,7 @@ def _equivalence(searcher, Qs, k, cuda):
             key = "same_as_stock" if name == "stock" else f"same_as_{name}"
             counts[key] += same
             counts["same_as_stock_up_to_ties" if name == "stock" else f"{name}_ties"] += tie
-        # The faster stage-4 products, against the exact order of their own candidates.
+        # The other stage-4 products, against the exact order of their own candidates.
         for products, lists in faster.items():
             f_pids = lists[i][0]
             reference = top(torch.tensor(f_pids, device=index.device))
@@ -353,7 +353,8 @@ def _equivalence(searcher, Qs, k, cuda):
     # The graph replays must give the eager path's lists and scores exactly (same kernels).
     counts["graph_equals_eager"] = sum(a == b for a, b in zip(ours, eager))
     _patch_as(PATCHED)
-    return {key: value / len(Qs) for key, value in counts.items()} | {"queries": len(Qs), "k": k}
+    return ({key: value / len(Qs) for key, value in counts.items()}
+            | {"queries": len(Qs), "k": k, "default_products": products_for(index)})
 
 
 # --------------------------------------------------------------------------- rerank
@@ -375,7 +376,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
         if cuda:
             ours = time_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev), warmup_ms=50, rep_ms=500)
             fast = {}
-            for products in FAST_PRODUCTS:
+            for products in OTHER_PRODUCTS:
                 with _stage_4_products(products):
                     fast[products] = time_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev),
                                              warmup_ms=50, rep_ms=500)
@@ -383,14 +384,14 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
             start = time.perf_counter()
             backends.exact_scores(index, Q_dev, pids_dev)
             ours = ((time.perf_counter() - start) * 1e3,) * 3
-            fast = {products: (None,) * 3 for products in FAST_PRODUCTS}
+            fast = {products: (None,) * 3 for products in OTHER_PRODUCTS}
         start = time.perf_counter()
         searcher.ranker.rank(searcher.config, Q[None], pids=pids.tolist())
         ours_rank_wall = (time.perf_counter() - start) * 1e3
         row = {"size": size, "tokens": int(searcher.ranker.doclens[pids].sum()),
                "ours_scoring_ms": ours[0], "ours_scoring_p20": ours[1], "ours_scoring_p80": ours[2],
-               "ours_rank_wall_ms": ours_rank_wall, "ours_fp16x2_scoring_ms": fast["fp16x2"][0],
-               "ours_fp16_scoring_ms": fast["fp16"][0]}
+               "ours_rank_wall_ms": ours_rank_wall, "default_products": backends.products_for(index)}
+        row |= {f"ours_{products}_scoring_ms": fast[products][0] for products in OTHER_PRODUCTS}
         if size <= stock_max:
             _patch_as(STOCK)
             # Q on the scoring device: with a CPU Q, stock's rank() indexes CPU pids with CUDA

@@ -50,7 +50,7 @@ def test_failed_capture_falls_back_to_eager_once(monkeypatch, caplog):
 
     monkeypatch.setattr(graphs, "_CapturedSearch", Failing)
     scorer = types.SimpleNamespace()
-    index = types.SimpleNamespace(source_key=("index", 1))
+    index = types.SimpleNamespace(source_key=("index", 1), inv_norms=None, bucket_weights_in_fp16=False)
     config = types.SimpleNamespace(ncells=1, centroid_score_threshold=0.5, ndocs=256, query_maxlen=32)
     Q = torch.zeros(32, 8)
 
@@ -62,6 +62,6 @@ def test_failed_capture_falls_back_to_eager_once(monkeypatch, caplog):
     assert len(attempts) == 1, "a key whose capture failed is not captured again"
     assert "CUDA graph capture failed" in caplog.text
     # A new index copy drops the old keys (and their graphs).
-    index2 = types.SimpleNamespace(source_key=("index", 2))
+    index2 = types.SimpleNamespace(source_key=("index", 2), inv_norms=None, bucket_weights_in_fp16=False)
     graphs.replay(scorer, index2, config, Q, pipeline)
     assert all(key[0] == ("index", 2) for key in vars(scorer)[graphs._CACHE_ATTRIBUTE])

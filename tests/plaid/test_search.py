@@ -163,8 +163,9 @@ def test_rerank_is_chunked_without_changing_scores(tiny_searcher, tiny_query_emb
 # Largest |score - exact| each way of multiplying the fp32 query may give on this index. Measured
 # here: tf32x3 1.3e-6; fp16x2 6.4e-4 and fp16 6.8e-4, both dominated by rounding the residual
 # weights to fp16 (the query's own rounding adds little), which grows with the bucket weights of
-# the index: this tiny index's coarse codec has large ones.
-PRODUCTS_ERROR = {"tf32x3": 1e-5, "fp16x2": 2e-3, "fp16": 2e-3}
+# the index: this tiny index's coarse codec has large ones. Its CPU codec keeps fp32 weights, so
+# "auto" is tf32x3 here.
+PRODUCTS_ERROR = {"auto": 1e-5, "tf32x3": 1e-5, "fp16x2": 2e-3, "fp16": 2e-3}
 
 
 @pytest.mark.parametrize("products", backends.PRODUCTS)
@@ -182,6 +183,30 @@ def test_each_products_mode_stays_within_its_error(tiny_searcher, tiny_query_emb
     exact = _token_maxima(tiny_searcher, Q, everything.tolist()).sum(1)
     error = (scores.double() - exact).abs().max().item()
     assert error <= PRODUCTS_ERROR[products], f"{products}: max error {error:.2e}"
+
+
+def test_auto_products_take_fp16x2_only_where_the_weights_are_fp16_values(
+        tiny_searcher, tiny_query_embeddings, monkeypatch):
+    """With the bucket weights rounded to fp16, as colbert-ai's GPU codec holds them, "auto" is
+    fp16x2 and exact to tf32x3's bound against float64 MaxSim of colbert-ai's decompression with
+    those same weights; with the CPU codec's fp32 weights it stays tf32x3."""
+    Q = tiny_query_embeddings[7]
+    everything = torch.arange(300)
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
+    monkeypatch.delenv(backends.PRODUCTS_ENV_VAR, raising=False)
+    codec = tiny_searcher.ranker.codec
+    with patch_state(ALL_GROUPS):
+        index = device_index(tiny_searcher.ranker)
+        assert not index.bucket_weights_in_fp16 and backends.products_for(index) == "tf32x3"
+        monkeypatch.setattr(codec, "bucket_weights", codec.bucket_weights.half().float())
+        index = device_index(tiny_searcher.ranker)  # rebuilt: the weights tensor changed
+        assert index.bucket_weights_in_fp16 and backends.products_for(index) == "fp16x2"
+        scores = backends.exact_scores(index, Q.float(), everything)
+        monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "tf32x3")
+        assert backends.products_for(index) == "tf32x3"  # an explicit choice wins
+    exact = _token_maxima(tiny_searcher, Q, everything.tolist()).sum(1)
+    error = (scores.double() - exact).abs().max().item()
+    assert error <= PRODUCTS_ERROR["tf32x3"], f"auto (fp16x2) on fp16 weights: max error {error:.2e}"
 
 
 @pytest.mark.parametrize(

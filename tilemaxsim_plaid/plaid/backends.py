@@ -28,6 +28,7 @@ __all__ = [
     "BACKEND_ENV_VAR",
     "PRODUCTS_ENV_VAR",
     "stage_4_products",
+    "products_for",
     "backend_for",
     "centroid_interaction",
     "mark_probed_documents",
@@ -42,17 +43,21 @@ logger = logging.getLogger(__name__)
 
 BACKEND_ENV_VAR = "TILEMAXSIM_PLAID_BACKEND"
 # How the fused stage-4 kernel multiplies the fp32 query (kernels/maxsim_residual.py):
-#   "tf32x3" (default): three tf32 tensor-core products per fp32 product, ~1e-6 per score;
+#   "tf32x3": three tf32 tensor-core products per fp32 product, ~1e-6 per score;
 #   "fp16x2": the query's fp16 head and tail against fp16 residual weights, about 2.5x faster;
 #   "fp16": the residual part against the query rounded to fp16 once (one product per tile
-#           instead of two), about 3.1x faster (100k candidates on an H200).
+#           instead of two), about 3.1x faster (100k candidates on an H200);
+#   "auto" (default): fp16x2 where every bucket weight is an fp16 value, else tf32x3.
 # Both fp16 modes keep the centroid part in fp32 (the centroid-score table) and round each
-# residual weight to fp16, which dominates their error: it grows with the index's bucket
-# weights (6e-4 and 7e-4 per score on the test index's coarse codec, tests/plaid/test_search.py),
-# below colbert-ai's own GPU path, which rounds the query and every decompressed embedding to
-# fp16.
+# residual weight to fp16. Where the weights are fp16 values already (colbert-ai's GPU codec
+# holds them in fp16, so on a GPU they always are) that rounding is exact and fp16x2 rounds
+# only the query's tail (2**-22 of the query): tf32x3's accuracy, which is why "auto" takes it.
+# Where they are not (a CPU codec keeps fp32 weights), the rounding dominates the error of both
+# fp16 modes: 6e-4 and 7e-4 per score on the test index's coarse codec
+# (tests/plaid/test_search.py), still below colbert-ai's own GPU path, which rounds the query
+# and every decompressed embedding to fp16.
 PRODUCTS_ENV_VAR = "TILEMAXSIM_PLAID_PRODUCTS"
-PRODUCTS = ("tf32x3", "fp16x2", "fp16")
+PRODUCTS = ("auto", "tf32x3", "fp16x2", "fp16")
 # Decompressed tokens per stage-4 chunk: 2**18 x 128 dims x 4 B = 128 MiB of fp32 at most,
 # so a rerank of 1M candidates streams through a bounded buffer instead of running out of memory.
 TOKENS_PER_CHUNK = 1 << 18
@@ -69,10 +74,21 @@ def backend_for(device: torch.device) -> str:
 
 
 def stage_4_products() -> str:
-    """One of PRODUCTS (see PRODUCTS_ENV_VAR; ``"tf32x3"`` when unset); read at every call."""
-    choice = os.environ.get(PRODUCTS_ENV_VAR, "tf32x3").strip().lower()
+    """One of PRODUCTS (see PRODUCTS_ENV_VAR; ``"auto"`` when unset); read at every call."""
+    choice = os.environ.get(PRODUCTS_ENV_VAR, "auto").strip().lower()
     if choice not in PRODUCTS:
         raise ValueError(f"{PRODUCTS_ENV_VAR} must be one of {PRODUCTS}, got {choice!r}")
+    return choice
+
+
+def products_for(index: DeviceIndex) -> str:
+    """The products the fused stage 4 uses on ``index``: ``"auto"`` resolved, and tf32x3
+    wherever the fp16 modes cannot run (no precomputed inverse norms: no centroid table)."""
+    if index.inv_norms is None:
+        return "tf32x3"
+    choice = stage_4_products()
+    if choice == "auto":
+        return "fp16x2" if index.bucket_weights_in_fp16 else "tf32x3"
     return choice
 
 
@@ -193,7 +209,7 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
     if residual_kernel is not None:
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
-        products = stage_4_products() if index.inv_norms is not None else "tf32x3"
+        products = products_for(index)
         if products == "fp16":
             # The centroid part from the fp32 query (exact), only the residual part in fp16.
             if centroid_scores is None:

@@ -47,6 +47,9 @@ class DeviceIndex:
         source_key: identity of the host tensors this copy was made from.
         inv_norms: [T] fp32 inverse norm of every decompressed token, or None. Precomputed
             for the Triton backend, whose residual kernel then skips normalising each token.
+        bucket_weights_in_fp16: every bucket weight is an fp16 value (always so for colbert-ai's
+            GPU codec, which holds them in fp16): fp16 tensor-core products then read them
+            exactly (``backends.products_for``).
     """
 
     device: torch.device
@@ -69,6 +72,7 @@ class DeviceIndex:
     ivf_lengths_desc_cumsum: torch.Tensor
     source_key: tuple
     inv_norms: torch.Tensor | None = None
+    bucket_weights_in_fp16: bool = False
 
     def candidate_capacity(self, num_lists: int) -> int:
         """Most distinct documents that ``num_lists`` probed inverted lists can hold."""
@@ -120,6 +124,7 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
     residuals = embeddings.residuals[: 0 if sharded else num_tokens]
     reversed_bit_map = codec.reversed_bit_map.cpu().long()
     bucket_table = codec.decompression_lookup_table.cpu()[reversed_bit_map]
+    weights = codec.bucket_weights.detach().to(device="cpu", dtype=torch.float32)
     return DeviceIndex(
         device=device,
         codes=embeddings.codes[:num_tokens].to(device=device, dtype=torch.int32).contiguous(),
@@ -127,7 +132,8 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
         offsets=offsets.to(device),
         doclens=doclens.to(device),
         centroids=codec.centroids.to(device=device, dtype=torch.float32).contiguous(),
-        bucket_weights=codec.bucket_weights.to(device=device, dtype=torch.float32).contiguous(),
+        bucket_weights=weights.to(device).contiguous(),
+        bucket_weights_in_fp16=bool(torch.equal(weights.half().float(), weights)),
         bucket_table=bucket_table.to(device).contiguous(),
         ivf_pids=scorer.ivf.tensor[:num_entries].to(device=device, dtype=torch.int32).contiguous(),
         ivf_offsets=ivf_offsets.to(device),
