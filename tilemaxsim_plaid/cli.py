@@ -9,6 +9,7 @@
     tilemaxsim pq-agreement       PQ ranking agreement vs exact MaxSim
     tilemaxsim equivalence CONFIG candidate sets and top-k vs stock and vs exact MaxSim, per query
     tilemaxsim plots FILE         plots of a dense benchmark result file
+    tilemaxsim plots-plaid RUN..  plots of end-to-end PLAID benchmark runs
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ COMMANDS = {
     "pq-agreement": "experiments.pq_agreement",
     "equivalence": "experiments.equivalence",
     "plots": "experiments.plots_bench",
+    "plots-plaid": "experiments.plots_plaid",
 }
 
 
