@@ -185,6 +185,27 @@ def test_each_products_mode_stays_within_its_error(tiny_searcher, tiny_query_emb
     assert error <= PRODUCTS_ERROR[products], f"{products}: max error {error:.2e}"
 
 
+def test_triton_backend_takes_centroid_scores_from_its_own_kernel(tiny_searcher, tiny_query_embeddings,
+                                                                  monkeypatch):
+    """On the Triton backend candidate generation's table, which stage 4 reuses as the exact
+    centroid part of every score, comes from the tf32x3 kernel rather than cuBLAS, whose fp32
+    products a process-wide TF32 setting would round; it is within 1e-6 of float64."""
+    from tilemaxsim_plaid.ops.residual import query_centroid_scores
+    from tilemaxsim_plaid.plaid import scoring
+
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
+    config = _configure(tiny_searcher, 10)
+    Q = tiny_query_embeddings[3].float()
+    with patch_state(ALL_GROUPS):
+        index = device_index(tiny_searcher.ranker)
+        table = scoring._centroid_scores(index, config, Q)
+    rows = Q[: config.query_maxlen]
+    assert table.shape == (index.centroids.shape[0], rows.shape[0]) and table.dtype == torch.float32
+    assert torch.equal(table, query_centroid_scores(rows[None], index.centroids))
+    exact = index.centroids.double() @ rows.double().T
+    torch.testing.assert_close(table.double(), exact, rtol=0, atol=1e-6)
+
+
 def test_auto_products_take_fp16x2_only_where_the_weights_are_fp16_values(
         tiny_searcher, tiny_query_embeddings, monkeypatch):
     """With the bucket weights rounded to fp16, as colbert-ai's GPU codec holds them, "auto" is

@@ -165,8 +165,18 @@ def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:
 
 
 def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tensor:
+    """[C, Lq] fp32 ``centroids @ Q.T``: candidate generation's scores, and the exact centroid
+    part of every stage-4 score on the Triton backend."""
     # Candidate generation reads only the first query_maxlen tokens, as upstream's retrieve().
-    return index.centroids @ Q[: config.query_maxlen].T  # [C, dim] @ [dim, Lq] -> [C, Lq]
+    Q = Q[: config.query_maxlen]
+    if backends.backend_for(index.device) == "triton":
+        from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+        # Our kernel (tf32x3) rather than cuBLAS: a process that enabled TF32 for fp32 matmuls
+        # (torch.set_float32_matmul_precision("high")) would otherwise round this table, and
+        # with it every exact score, to 10 mantissa bits.
+        return query_centroid_scores(Q[None], index.centroids)
+    return index.centroids @ Q.T  # [C, dim] @ [dim, Lq] -> [C, Lq]
 
 
 def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
