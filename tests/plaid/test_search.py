@@ -11,6 +11,8 @@ at 0, and that the plugin's order is the exact order.
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -185,25 +187,49 @@ def test_each_products_mode_stays_within_its_error(tiny_searcher, tiny_query_emb
     assert error <= PRODUCTS_ERROR[products], f"{products}: max error {error:.2e}"
 
 
-def test_triton_backend_takes_centroid_scores_from_its_own_kernel(tiny_searcher, tiny_query_embeddings,
-                                                                  monkeypatch):
-    """On the Triton backend candidate generation's table, which stage 4 reuses as the exact
-    centroid part of every score, comes from the tf32x3 kernel rather than cuBLAS, whose fp32
-    products a process-wide TF32 setting would round; it is within 1e-6 of float64."""
+class _MatmulFlags:
+    """Stand-in for ``torch.backends.cuda.matmul``: the legacy flag, or the newer API's
+    precision, which torch refuses to read through the legacy flag once it was set."""
+
+    def __init__(self, allow_tf32=None, fp32_precision="none"):
+        self._allow_tf32, self.fp32_precision = allow_tf32, fp32_precision
+
+    @property
+    def allow_tf32(self):
+        if self._allow_tf32 is None:
+            raise RuntimeError("mix of the legacy and new APIs")
+        return self._allow_tf32
+
+
+def test_centroid_scores_never_use_tf32(tiny_searcher, tiny_query_embeddings, monkeypatch):
+    """Candidate generation's table, which stage 4 reuses as the exact centroid part of every
+    score, comes from the tf32x3 kernel on a GPU whose process lets cuBLAS multiply fp32 as TF32
+    (through either API), and from a plain fp32 matmul otherwise; both within 1e-6 of float64."""
     from tilemaxsim_plaid.ops.residual import query_centroid_scores
     from tilemaxsim_plaid.plaid import scoring
 
-    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
     config = _configure(tiny_searcher, 10)
     Q = tiny_query_embeddings[3].float()
+    rows = Q[: config.query_maxlen]
     with patch_state(ALL_GROUPS):
         index = device_index(tiny_searcher.ranker)
-        table = scoring._centroid_scores(index, config, Q)
-    rows = Q[: config.query_maxlen]
-    assert table.shape == (index.centroids.shape[0], rows.shape[0]) and table.dtype == torch.float32
-    assert torch.equal(table, query_centroid_scores(rows[None], index.centroids))
+    # Only the choice depends on the device: a stand-in index that says "cuda" makes it here.
+    gpu_index = types.SimpleNamespace(device=torch.device("cuda"), centroids=index.centroids)
+    tables = {}
+    for name, flags, exact_fp32 in [("legacy off", _MatmulFlags(allow_tf32=False), True),
+                                    ("legacy on", _MatmulFlags(allow_tf32=True), False),
+                                    ("new api tf32", _MatmulFlags(fp32_precision="tf32"), False),
+                                    ("new api ieee", _MatmulFlags(fp32_precision="ieee"), True)]:
+        monkeypatch.setattr(torch.backends.cuda, "matmul", flags)
+        assert scoring._cublas_fp32_is_exact() == exact_fp32, name
+        tables[name] = scoring._centroid_scores(gpu_index, config, Q)
+        expected = (index.centroids @ rows.T if exact_fp32
+                    else query_centroid_scores(rows[None], index.centroids))
+        assert torch.equal(tables[name], expected), name
     exact = index.centroids.double() @ rows.double().T
-    torch.testing.assert_close(table.double(), exact, rtol=0, atol=1e-6)
+    for name, table in tables.items():
+        assert table.shape == exact.shape and table.dtype == torch.float32, name
+        torch.testing.assert_close(table.double(), exact, rtol=0, atol=1e-6)
 
 
 def test_auto_products_take_fp16x2_only_where_the_weights_are_fp16_values(
