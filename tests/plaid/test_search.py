@@ -202,9 +202,10 @@ class _MatmulFlags:
 
 
 def test_centroid_scores_never_use_tf32(tiny_searcher, tiny_query_embeddings, monkeypatch):
-    """Candidate generation's table, which stage 4 reuses as the exact centroid part of every
-    score, comes from the tf32x3 kernel on a GPU whose process lets cuBLAS multiply fp32 as TF32
-    (through either API), and from a plain fp32 matmul otherwise; both within 1e-6 of float64."""
+    """The centroid-score table (candidate generation's, which stage 4 reuses as the exact
+    centroid part of every score, and a rerank's own) comes from the tf32x3 kernel on a GPU whose
+    process lets cuBLAS multiply fp32 as TF32 (through either API), and from a plain fp32 matmul
+    otherwise; both within 1e-6 of float64."""
     from tilemaxsim_plaid.ops.residual import query_centroid_scores
     from tilemaxsim_plaid.plaid import scoring
 
@@ -221,7 +222,7 @@ def test_centroid_scores_never_use_tf32(tiny_searcher, tiny_query_embeddings, mo
                                     ("new api tf32", _MatmulFlags(fp32_precision="tf32"), False),
                                     ("new api ieee", _MatmulFlags(fp32_precision="ieee"), True)]:
         monkeypatch.setattr(torch.backends.cuda, "matmul", flags)
-        assert scoring._cublas_fp32_is_exact() == exact_fp32, name
+        assert backends.cublas_fp32_is_exact() == exact_fp32, name
         tables[name] = scoring._centroid_scores(gpu_index, config, Q)
         expected = (index.centroids @ rows.T if exact_fp32
                     else query_centroid_scores(rows[None], index.centroids))

@@ -29,6 +29,8 @@ __all__ = [
     "PRODUCTS_ENV_VAR",
     "stage_4_products",
     "products_for",
+    "centroid_table",
+    "cublas_fp32_is_exact",
     "backend_for",
     "centroid_interaction",
     "mark_probed_documents",
@@ -204,19 +206,40 @@ def _residual_kernel():
     return maxsim_residual
 
 
+def centroid_table(index: DeviceIndex, Q: torch.Tensor) -> torch.Tensor:
+    """[C, Lq] fp32 ``centroids @ Q.T``: candidate generation's scores, and the exact centroid
+    part of every stage-4 score on the Triton backend."""
+    if index.device.type == "cuda" and not cublas_fp32_is_exact():
+        from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+        # The process enabled TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")):
+        # cuBLAS would round this table, and with it every exact score, to 10 mantissa bits, so
+        # our tf32x3 kernel computes it instead (46 us for C = 65,536 and 32 query tokens on an
+        # H200; cuBLAS's fp32 GEMM is faster, which is why it stays the default).
+        return query_centroid_scores(Q[None], index.centroids)
+    return index.centroids @ Q.T  # [C, dim] @ [dim, Lq] -> [C, Lq]
+
+
+def cublas_fp32_is_exact() -> bool:
+    """Whether cuBLAS multiplies fp32 matrices in fp32 (not TF32) under the current settings."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        return not matmul.allow_tf32
+    except RuntimeError:  # set through the newer ``fp32_precision`` API, which then must be read
+        return getattr(matmul, "fp32_precision", "tf32") == "ieee"
+
+
 def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
     residual_kernel = _residual_kernel()
     if residual_kernel is not None:
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
+        if centroid_scores is None and index.inv_norms is not None:
+            # A rerank (no stage 1): the same table, rather than the residual kernel's own.
+            centroid_scores = centroid_table(index, Q)
         products = products_for(index)
         if products == "fp16":
-            # The centroid part from the fp32 query (exact), only the residual part in fp16.
-            if centroid_scores is None:
-                from tilemaxsim_plaid.ops.residual import query_centroid_scores
-
-                centroid_scores = query_centroid_scores(Q[None], index.centroids)
-            Q = Q.half()
+            Q = Q.half()  # the centroid part comes from the fp32 query's table: exact
         scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,
                                  index.centroids, index.bucket_weights, index.nbits, pids,
                                  inv_norms=index.inv_norms, centroid_scores=centroid_scores,

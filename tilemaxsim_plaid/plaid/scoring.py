@@ -165,28 +165,8 @@ def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:
 
 
 def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tensor:
-    """[C, Lq] fp32 ``centroids @ Q.T``: candidate generation's scores, and the exact centroid
-    part of every stage-4 score on the Triton backend."""
     # Candidate generation reads only the first query_maxlen tokens, as upstream's retrieve().
-    Q = Q[: config.query_maxlen]
-    if index.device.type == "cuda" and not _cublas_fp32_is_exact():
-        from tilemaxsim_plaid.ops.residual import query_centroid_scores
-
-        # The process enabled TF32 for fp32 matmuls (torch.set_float32_matmul_precision("high")):
-        # cuBLAS would round this table, and with it every exact score, to 10 mantissa bits, so
-        # our tf32x3 kernel computes it instead (46 us for C = 65,536 and 32 query tokens on an
-        # H200; cuBLAS's fp32 GEMM is faster, which is why it stays the default).
-        return query_centroid_scores(Q[None], index.centroids)
-    return index.centroids @ Q.T  # [C, dim] @ [dim, Lq] -> [C, Lq]
-
-
-def _cublas_fp32_is_exact() -> bool:
-    """Whether cuBLAS multiplies fp32 matrices in fp32 (not TF32) under the current settings."""
-    matmul = torch.backends.cuda.matmul
-    try:
-        return not matmul.allow_tf32
-    except RuntimeError:  # set through the newer ``fp32_precision`` API, which then must be read
-        return getattr(matmul, "fp32_precision", "tf32") == "ieee"
+    return backends.centroid_table(index, Q[: config.query_maxlen])
 
 
 def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
