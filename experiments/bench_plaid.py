@@ -356,7 +356,7 @@ def _equivalence(searcher, Qs, k, cuda):
     counts["graph_equals_eager"] = sum(a == b for a, b in zip(ours, eager))
     _patch_as(PATCHED)
     return ({key: value / len(Qs) for key, value in counts.items()}
-            | {"queries": len(Qs), "k": k, "default_products": products_for(index)})
+            | {"queries": len(Qs), "k": k, "default_products": products_for(index, Qs[0].shape[0])})
 
 
 # --------------------------------------------------------------------------- rerank
@@ -411,7 +411,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
         row = {"size": size, "tokens": int(searcher.ranker.doclens[pids].sum()),
                "ours_scoring_ms": ours[0], "ours_scoring_p20": ours[1], "ours_scoring_p80": ours[2],
                "ours_scoring_graph_ms": graph_ms, "ours_rank_wall_ms": ours_rank_wall,
-               "default_products": backends.products_for(index)}
+               "default_products": backends.products_for(index, Q_dev.shape[0])}
         row |= {f"ours_{products}_scoring_ms": fast[products][0] for products in OTHER_PRODUCTS}
         if size <= stock_max:
             _patch_as(STOCK)

@@ -245,16 +245,48 @@ def test_auto_products_take_fp16x2_only_where_the_weights_are_fp16_values(
     codec = tiny_searcher.ranker.codec
     with patch_state(ALL_GROUPS):
         index = device_index(tiny_searcher.ranker)
-        assert not index.bucket_weights_in_fp16 and backends.products_for(index) == "tf32x3"
+        assert not index.bucket_weights_in_fp16 and backends.products_for(index, Q.shape[0]) == "tf32x3"
         monkeypatch.setattr(codec, "bucket_weights", codec.bucket_weights.half().float())
         index = device_index(tiny_searcher.ranker)  # rebuilt: the weights tensor changed
-        assert index.bucket_weights_in_fp16 and backends.products_for(index) == "fp16x2"
+        assert index.bucket_weights_in_fp16 and backends.products_for(index, Q.shape[0]) == "fp16x2"
         scores = backends.exact_scores(index, Q.float(), everything)
         monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "tf32x3")
-        assert backends.products_for(index) == "tf32x3"  # an explicit choice wins
+        assert backends.products_for(index, Q.shape[0]) == "tf32x3"  # an explicit choice wins
     exact = _token_maxima(tiny_searcher, Q, everything.tolist()).sum(1)
     error = (scores.double() - exact).abs().max().item()
     assert error <= PRODUCTS_ERROR["tf32x3"], f"auto (fp16x2) on fp16 weights: max error {error:.2e}"
+
+
+@pytest.mark.parametrize("products", ["auto", "fp16x2", "fp16"])
+def test_fp16_products_fall_back_to_tf32x3_without_the_centroid_table(
+        tiny_searcher, tiny_query_embeddings, monkeypatch, caplog, products):
+    """An index whose centroid-score table is too large for the table path (MS MARCO's full
+    index has 2**18 centroids) or a query longer than one launch: every mode scores as tf32x3,
+    exactly, instead of failing (split_query needs the table) or losing the centroid part's
+    precision; an explicit fp16 mode says so in the log."""
+    from tilemaxsim_plaid.ops import residual
+
+    Q = tiny_query_embeddings[2].float()
+    everything = torch.arange(300)
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
+    codec = tiny_searcher.ranker.codec
+    monkeypatch.setattr(codec, "bucket_weights", codec.bucket_weights.half().float())
+    monkeypatch.setattr(backends, "_warned_no_table", {})
+    with patch_state(ALL_GROUPS):
+        index = device_index(tiny_searcher.ranker)
+        monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "tf32x3")
+        expected = backends.exact_scores(index, Q, everything)
+        monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, products)
+        assert backends.products_for(index, Q.shape[0]) == ("fp16x2" if products == "auto" else products)
+        assert backends.products_for(index, 129) == "tf32x3"  # scored in two launches
+        # A table of one row's size or less: this tiny index now looks like a huge one.
+        monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", 4 * Q.shape[0])
+        assert backends.products_for(index, Q.shape[0]) == "tf32x3"
+        with caplog.at_level("WARNING", logger=backends.logger.name):
+            scores = backends.exact_scores(index, Q, everything)
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-5)
+    warned = "stage 4 multiplies as tf32x3" in caplog.text
+    assert warned == (products != "auto"), caplog.text
 
 
 @pytest.mark.parametrize(

@@ -187,9 +187,15 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Te
     return out
 
 
+def centroid_table_fits(num_centroids: int, num_rows: int) -> bool:
+    """Whether a [C, rows] fp32 centroid-score table is small enough for the table path (see
+    MAX_CENTROID_TABLE_BYTES); the default configuration gathers centroid rows otherwise."""
+    return num_centroids * num_rows * 4 <= MAX_CENTROID_TABLE_BYTES
+
+
 def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int) -> bool:
     if cfg.centroid_table is None:
-        return inv_norms is not None and num_centroids * num_rows * 4 <= MAX_CENTROID_TABLE_BYTES
+        return inv_norms is not None and centroid_table_fits(num_centroids, num_rows)
     if cfg.centroid_table and inv_norms is None:
         raise ValueError(
             "config.centroid_table=True needs inv_norms (codecs.residual_inverse_norms): the "

@@ -83,12 +83,35 @@ def stage_4_products() -> str:
     return choice
 
 
-def products_for(index: DeviceIndex) -> str:
-    """The products the fused stage 4 uses on ``index``: ``"auto"`` resolved, and tf32x3
-    wherever the fp16 modes cannot run (no precomputed inverse norms: no centroid table)."""
-    if index.inv_norms is None:
-        return "tf32x3"
+# Products modes already warned about falling back to tf32x3 (once per process each).
+_warned_no_table: dict[str, bool] = {}
+
+
+def _table_path(index: DeviceIndex, num_query_tokens: int) -> bool:
+    """Whether stage 4 takes the centroid part of its scores from one centroid-score table for
+    the whole query: precomputed inverse norms, a query the kernel scores in one launch, and a
+    table that fits the table path (colbert-ai gives MS MARCO's full index 2**18 centroids:
+    a 32-token table of 32 MB does not)."""
+    from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
+    from tilemaxsim_plaid.ops.residual import centroid_table_fits
+
+    return (index.inv_norms is not None and num_query_tokens <= MAX_LQ_PER_LAUNCH
+            and centroid_table_fits(index.centroids.shape[0], num_query_tokens))
+
+
+def products_for(index: DeviceIndex, num_query_tokens: int) -> str:
+    """The products the fused stage 4 uses on ``index`` for a query of ``num_query_tokens``:
+    ``"auto"`` resolved, and tf32x3 wherever the fp16 modes cannot keep the centroid part of
+    each score exact, which takes the table path (:func:`_table_path`)."""
     choice = stage_4_products()
+    if not _table_path(index, num_query_tokens):
+        if choice in ("fp16x2", "fp16") and not _warned_no_table.get(choice):
+            _warned_no_table[choice] = True
+            logger.warning("%s=%s needs one centroid-score table per query, which this index or "
+                           "query cannot use (%d centroids, %d query tokens): stage 4 multiplies "
+                           "as tf32x3", PRODUCTS_ENV_VAR, choice, index.centroids.shape[0],
+                           num_query_tokens)
+        return "tf32x3"
     if choice == "auto":
         return "fp16x2" if index.bucket_weights_in_fp16 else "tf32x3"
     return choice
@@ -234,10 +257,10 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
     if residual_kernel is not None:
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
-        if centroid_scores is None and index.inv_norms is not None:
-            # A rerank (no stage 1): the same table, rather than the residual kernel's own.
+        products = products_for(index, Q.shape[0])
+        if centroid_scores is None and _table_path(index, Q.shape[0]):
+            # A rerank (no stage 1): the same table as candidate generation's, from cuBLAS.
             centroid_scores = centroid_table(index, Q)
-        products = products_for(index)
         if products == "fp16":
             Q = Q.half()  # the centroid part comes from the fp32 query's table: exact
         scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,

@@ -91,7 +91,7 @@ class _CapturedSearch:
 def _search_key(index, config, Q: torch.Tensor) -> tuple:
     return (index.source_key, int(Q.shape[0]), int(config.ncells),
             float(config.centroid_score_threshold), int(config.ndocs), int(config.query_maxlen),
-            backends.products_for(index))
+            backends.products_for(index, int(Q.shape[0])))
 
 
 def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable):
