@@ -20,6 +20,7 @@
 #   bash experiments/gpu_suite.sh kernels-quick   # dense kernel tests, packed config sweep, main shapes
 #   bash experiments/gpu_suite.sh profile-kernels # interleaved timing + ncu of packed and residual kernels
 #   bash experiments/gpu_suite.sh compressed-sweep  # residual/PQ main rows and launch-config sweep
+#   bash experiments/gpu_suite.sh residual-loads  # residual tests, PTX vs tl.load loads, main rows
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -28,7 +29,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -92,6 +93,14 @@ case "$part" in
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section SchedulerStats --section WarpStateStats --section SourceCounters \
       python3 -m experiments.profile_kernels profile
+    ;;
+  residual-loads)  # residual kernel tests, then inline-PTX against tl.load residual/table loads
+                   # in interleaved rounds (one-query shape and the rerank path), then main rows
+    step residual_tests 200 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_residual.py
+    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 8 \
+      --only "residual default,residual 16/2w tl.load,residual 32/2w,rerank fp16"
+    step bench_compressed 150 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"

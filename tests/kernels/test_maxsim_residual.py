@@ -126,6 +126,38 @@ def test_byte_loads_for_unaligned_rows(device, poisoned_outputs, nbits, decode):
     assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
 
 
+@pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
+                                         pytest.param(torch.float32, True, id="fp32-split"),
+                                         pytest.param(torch.float32, False, id="fp32")])
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim):
+    """Residual words and pair-table entries read by inline PTX (the GPU default) or by tl.load
+    give the same scores: same decode, same products, only where the loaded values live differs.
+    Covers full and masked tiles (documents of 0-83 tokens), a masked d-chunk (d = 96), three
+    chunks (d = 384) and both table widths (32-bit fp16 pairs, 64-bit fp32 pairs). On the CPU
+    the interpreter runs no PTX, so both calls take tl.load."""
+    nbits = 2
+    index = random_index(device, dim, nbits)
+    Q = unit_queries(1, 32, dim, dtype, device)
+    pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
+    out = {ptx: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
+                      split_query=split, config=ResidualConfig(block_t=32, ptx_loads=ptx))
+           for ptx in (True, False)}
+    torch.testing.assert_close(out[True], out[False], rtol=0, atol=1e-6)
+    assert_close(out[True], expected(Q, index, nbits, pids=pids),
+                 "maxsim_residual_split" if split else "maxsim_residual", dtype)
+
+
+def test_ptx_loads_are_off_in_the_interpreter(monkeypatch):
+    from tilemaxsim_plaid.ops import residual
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not residual._ptx_loads(ResidualConfig(ptx_loads=True))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert residual._ptx_loads(ResidualConfig())
+    assert not residual._ptx_loads(ResidualConfig(ptx_loads=False))
+
+
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.float32, id="fp32")])
@@ -290,11 +322,12 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     centroid_table=st.sampled_from([None, True, False]),
     decode=st.sampled_from(["pairs", "select"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
+    ptx_loads=st.sampled_from([None, True, False]),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
-                                        decode, maxnreg, with_pids):
+                                        decode, maxnreg, ptx_loads, with_pids):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
     index = random_index(device, dim, nbits)
@@ -302,7 +335,8 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
     pids = torch.tensor([4, 0, 2, 2, 5], device=device) if with_pids else None
     config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
-                            centroid_table=centroid_table, decode=decode, maxnreg=maxnreg)
+                            centroid_table=centroid_table, decode=decode, maxnreg=maxnreg,
+                            ptx_loads=ptx_loads)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
     except ValueError as error:

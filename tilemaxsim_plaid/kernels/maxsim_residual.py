@@ -111,9 +111,44 @@ def _unit_shifts(NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, WIDTH: tl.conste
 
 
 @triton.jit
+def _ptx_load_words(ptrs, mask, MASKED: tl.constexpr):
+    """int32 words at ``ptrs`` (0 where masked), streamed (L1 evict-first), by inline PTX.
+
+    An inline-asm load is an elementwise op, so it takes whatever layout its consumer needs,
+    here the tensor-core operand's: the words land in the threads that decode them. A tl.load is
+    given a coalesced layout of its own, and its result crosses shared memory (store, barrier,
+    load) to reach the operand's layout on every tile.
+    """
+    if MASKED:
+        words = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b32 $0, 0; "
+            "@p ld.global.L1::evict_first.b32 $0, [$1]; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        words = tl.inline_asm_elementwise("ld.global.L1::evict_first.b32 $0, [$1];", "=r,l",
+                                          [ptrs], dtype=tl.int32, is_pure=True, pack=1)
+    return words
+
+
+@triton.jit
+def _ptx_load_table(ptrs, ELEM_BITS: tl.constexpr):
+    """Pair-table entries at ``ptrs`` through the read-only path (L1 evict-last), by inline PTX:
+    like _ptx_load_words, the entries arrive in the operand's layout, with no shared-memory
+    round trip per tile."""
+    if ELEM_BITS == 16:
+        entry = tl.inline_asm_elementwise("ld.global.nc.L1::evict_last.b32 $0, [$1];", "=r,l",
+                                          [ptrs], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        entry = tl.inline_asm_elementwise("ld.global.nc.L1::evict_last.b64 $0, [$1];", "=l,l",
+                                          [ptrs], dtype=tl.int64, is_pure=True, pack=1)
+    return entry
+
+
+@triton.jit
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
-                  ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                  ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PTX_LOADS: tl.constexpr):
     """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
 
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
@@ -125,8 +160,11 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
         shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
         idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (2 * NBITS)) - 1)
         # [BLOCK_T, BLOCK_D // 2]: 2**(2 * NBITS) entries (64 B at nbits = 2), L1-resident.
-        entry = tl.load(p_table + tl.reshape(idx, [BLOCK_T, BLOCK_D // 2]),
-                        eviction_policy="evict_last")
+        p_entry = p_table + tl.reshape(idx, [BLOCK_T, BLOCK_D // 2])
+        if PTX_LOADS:
+            entry = _ptx_load_table(p_entry, ELEM_BITS)
+        else:
+            entry = tl.load(p_entry, eviction_policy="evict_last")
         if ELEM_BITS == 16:
             lo = entry.to(tl.int16)
             hi = (entry >> 16).to(tl.int16)
@@ -155,17 +193,22 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
                    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
-                   SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                   FULL: tl.constexpr, EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr):
     """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms).
     SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied."""
     UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
     offs_u = kd * UNITS + tl.arange(0, UNITS)
     # [BLOCK_T, UNITS]: whole rows, streamed once.
-    b_units = tl.load(p_rows[:, None] + offs_u[None, :],
-                      mask=mask_t[:, None] & (offs_u < units_per_row)[None, :], other=0,
-                      eviction_policy="evict_first").to(tl.int32)
+    p_units = p_rows[:, None] + offs_u[None, :]
+    mask_units = mask_t[:, None] & (offs_u < units_per_row)[None, :]
+    if PTX_LOADS and UNIT_BYTES == 4:
+        b_units = _ptx_load_words(p_units, mask_units, not (FULL and EVEN_D))
+    else:
+        b_units = tl.load(p_units, mask=mask_units, other=0,
+                          eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
-                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D)
+                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
     if not CENTROID_TABLE:
         offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
         mask_d = offs_d < dim
@@ -197,6 +240,7 @@ def _residual_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
@@ -223,7 +267,7 @@ def _residual_tile_scores(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
             w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
             DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            SPLIT_Q, INPUT_PRECISION, UPCAST)
+            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
@@ -241,7 +285,7 @@ def _residual_tile_scores(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
                 w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
                 DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                SPLIT_Q, INPUT_PRECISION, UPCAST)
+                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -265,7 +309,8 @@ def _maxsim_residual_kernel(
     NUM_D_BLOCKS: tl.constexpr, DOCS_PER_PROGRAM: tl.constexpr,
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    PTX_LOADS: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
@@ -329,7 +374,8 @@ def _maxsim_residual_kernel(
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
+                EVEN_D, PTX_LOADS)
             tile_max = tl.maximum(tile_max, scores)
         row_max = tl.max(tile_max, axis=0)
         for t0 in range(full_end, end, BLOCK_T_TAIL):
@@ -340,7 +386,8 @@ def _maxsim_residual_kernel(
                 dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST)
+                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
+                EVEN_D, PTX_LOADS)
             row_max = tl.maximum(row_max, tl.max(scores, axis=0))
         _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                             valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)

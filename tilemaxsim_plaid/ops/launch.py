@@ -18,9 +18,14 @@ def dot_precision(dtype: torch.dtype) -> str:
     return FP32_INPUT_PRECISION if dtype == torch.float32 else "tf32"
 
 
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def interpreter_upcast(dtype: torch.dtype) -> bool:
     """True when tile_dot must multiply in fp32 (bf16 under TRITON_INTERPRET=1, see tile_dot)."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    return dtype == torch.bfloat16 and interpreting()
 
 
 # Query tokens per launch are padded to a power of two in registers (tl.arange needs one); longer

@@ -18,6 +18,7 @@ from tilemaxsim_plaid.ops.launch import (
     MAX_LQ_PER_LAUNCH,
     dot_precision,
     interpreter_upcast,
+    interpreting,
     launch_in_query_chunks,
 )
 
@@ -72,6 +73,10 @@ class ResidualConfig:
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. Fewer registers let more programs share an SM, which hides the latency of
             each program's dependent loads; too few make the compiler spill.
+        ptx_loads: read residual words and pair-table entries with inline-PTX loads, which
+            land in the tensor-core operand's layout instead of crossing shared memory on every
+            tile (kernels/maxsim_residual._ptx_load_words). None: on a GPU; the CPU interpreter
+            cannot run PTX, so there it is always off.
     """
 
     block_t: int = 16
@@ -86,6 +91,7 @@ class ResidualConfig:
     # 100k MS MARCO-like documents; deeper pipelining costs registers and occupancy here.
     num_stages: int = 1
     maxnreg: int | None = None
+    ptx_loads: bool | None = None
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -152,6 +158,12 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
         return weights[index]
     bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
     return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
+
+
+def _ptx_loads(cfg: ResidualConfig) -> bool:
+    if interpreting():
+        return False  # the interpreter runs no PTX
+    return True if cfg.ptx_loads is None else cfg.ptx_loads
 
 
 def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
@@ -284,6 +296,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
+        EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
