@@ -10,7 +10,8 @@ folds what it computed into one number per document so that nothing is optimised
 * ``read``: sums the low byte of every code and residual word, and the inverse norms.
 * ``gather``: also keeps the running max of each query row's S entry, as the kernel's score
   starts from (the centroid part of the score).
-* ``decode``: also decodes every residual word with the kernel's own decoder and sums the weights.
+* ``decode``: also decodes every residual word with the kernel's own decoder (its pair-table
+  loads as the kernel makes them: inline PTX on a GPU) and sums the weights.
 
 The full kernel's time minus the last floor is what the products and the rest cost.
 ``tilemaxsim bench-compressed`` reports the floors beside the kernel.
@@ -24,6 +25,7 @@ import triton.language as tl
 
 from tilemaxsim_plaid.codecs.residual import decompress_residuals
 from tilemaxsim_plaid.kernels.maxsim_residual import _decode_chunk
+from tilemaxsim_plaid.ops.launch import interpreting
 from tilemaxsim_plaid.ops.residual import decode_table
 
 STAGES = ("read", "gather", "decode")
@@ -35,7 +37,7 @@ CONFIGS = [(32, 2), (32, 4), (64, 4)]
 def _residual_floor_kernel(p_codes, p_words, p_inv_norms, p_offsets, p_scores, p_table, p_out,
                            words_per_row, num_cols, stride_sc,
                            NBITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_Q: tl.constexpr, STAGE: tl.constexpr):
+                           BLOCK_Q: tl.constexpr, STAGE: tl.constexpr, PTX_LOADS: tl.constexpr):
     doc = tl.program_id(0)
     start = tl.load(p_offsets + doc)
     end = tl.load(p_offsets + doc + 1)
@@ -62,7 +64,7 @@ def _residual_floor_kernel(p_codes, p_words, p_inv_norms, p_offsets, p_scores, p
             best = tl.maximum(best, tl.max(s_rows, axis=0))
         if STAGE >= 2:
             decoded = _decode_chunk(words, p_table, 0.0, 0.0, 0.0, 0.0, tl.float16, NBITS, 4,
-                                    True, 16, BLOCK_T, BLOCK_D)
+                                    True, 16, BLOCK_T, BLOCK_D, PTX_LOADS)
             # Rows past the document decode the zero word to real weights: leave them out.
             weights += tl.sum(tl.where(mask_t[:, None], decoded.to(tl.float32), 0.0), axis=1)
     total = tl.sum(low_bytes, axis=0) + tl.sum(norms, axis=0) + tl.sum(weights, axis=0)
@@ -102,7 +104,8 @@ def residual_floor(stage: str, codes, residuals, inv_norms, offsets, scores, buc
         codes, words, inv_norms, offsets, scores, table, out,
         words.shape[1], scores.shape[1], scores.stride(0),
         NBITS=nbits, BLOCK_T=block_t, BLOCK_D=dim, BLOCK_Q=triton.next_power_of_2(scores.shape[1]),
-        STAGE=STAGES.index(stage), num_warps=num_warps, num_stages=1)
+        STAGE=STAGES.index(stage), PTX_LOADS=not interpreting(), num_warps=num_warps,
+        num_stages=1)
     return out
 
 
