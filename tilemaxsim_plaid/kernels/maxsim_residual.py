@@ -34,6 +34,12 @@ kernel is built around the instructions per embedding element:
   Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,
   32-token tiles), warp instructions per token: ~100 for the former byte-wise select through a
   [tokens, bytes, slots] tensor; ~42 select (2 warps); ~23 pairs (2 warps, 3 stages).
+* Loads by inline PTX (PTX_LOADS, on a GPU). A tl.load gets a coalesced layout of its own; the
+  residual words and the pair-table entries then reached the tensor-core operand's layout through
+  shared memory on every tile (sm_90, triton 3.6: 8 store / barrier / load rounds per 32-token
+  tile for the entries alone). tl.inline_asm_elementwise loads are elementwise, so they take the
+  operand's layout and each value lands in the thread that decodes it: 11-15 % faster on the
+  H200 (results/compressed/h200-ptx-loads). The interpreter cannot run PTX and takes tl.load.
 * Tiles: documents are walked in tiles of BLOCK_T tokens, then the remainder in tiles of
   BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128. Main tiles are full by
   construction: their loads are unmasked and their scores go into an elementwise running max,

@@ -57,7 +57,9 @@ class ResidualConfig:
     tile size buys: 32-token tiles compile to 156 registers (6 programs per SM), 16-token tiles
     to 96 (10), 0.890 -> 0.815 ms for 100k MS MARCO-like documents at nbits = 2 (interleaved
     rounds of experiments/profile_kernels.py; Nsight Compute then finds L1 the busiest unit, at
-    85 %). ``--sweep`` of experiments/bench_compressed.py times the alternatives on the GPU.
+    85 %). With the inline-PTX loads (ptx_loads) 16-token tiles compile to 72 registers and take
+    0.728 ms, 32-token tiles 0.757 ms. ``--sweep`` of experiments/bench_compressed.py times the
+    alternatives on the GPU.
 
     Attributes:
         block_t: tokens per main tile (the tensor-core M dimension).
@@ -117,8 +119,9 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     """Deterministic heuristic, no autotuning at call time.
 
     One query: the ResidualConfig defaults; with split_query (two fp16 products per tile, which
-    the smaller 16-token tile does not make up for) 32-token tiles, 1.09 against 1.12 ms for
-    100k shuffled pids on the H200 (experiments/profile_kernels.py). Several: a query block of
+    the smaller 16-token tile does not make up for) 32-token tiles, 0.927 against 1.020 ms for
+    100k shuffled pids on the H200 with the inline-PTX loads (1.09 against 1.12 ms without;
+    experiments/profile_kernels.py). Several: a query block of
     up to 64 rows (two 32-token queries) fills the tensor-core N dimension without spilling the
     [BLOCK_T, 64] score block, with 4 warps to share it.
     """
