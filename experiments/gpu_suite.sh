@@ -94,12 +94,12 @@ case "$part" in
       --section SchedulerStats --section WarpStateStats --section SourceCounters \
       python3 -m experiments.profile_kernels profile
     ;;
-  residual-loads)  # residual kernel tests, then inline-PTX against tl.load residual/table loads
+  residual-loads)  # residual kernel tests, then shuffled / PTX-loaded / tl.load pair tables and words
                    # in interleaved rounds (one-query shape and the rerank path), then main rows
     step residual_tests 200 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_residual.py
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 8 \
-      --only "residual default,residual 16/2w tl.load,residual 32/2w,rerank fp16"
+      --only "residual default,residual 16,residual 32/2w,rerank fp16x2,rerank fp16 16/2w,rerank fp16 32/2w"
     step bench_compressed 150 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep

@@ -59,8 +59,10 @@ RESIDUAL_CONFIGS = {
     "residual 16/2w maxnreg80": ResidualConfig(block_t=16, maxnreg=80),
     "residual 32/4w": ResidualConfig(block_t=32, num_warps=4),
     "residual 32/4w maxnreg80": ResidualConfig(block_t=32, num_warps=4, maxnreg=80),
+    "residual 16/2w loads": ResidualConfig(shuffle_table=False),
     "residual 16/2w tl.load": ResidualConfig(ptx_loads=False),
     "residual 32/2w tl.load": ResidualConfig(block_t=32, ptx_loads=False),
+    "residual 16/1w": ResidualConfig(num_warps=1),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -69,8 +71,11 @@ RERANK_CONFIGS = {
     "16/2w": ResidualConfig(block_t=16, num_warps=2),
     "16/4w": ResidualConfig(block_t=16, num_warps=4),
     "32/2w": ResidualConfig(block_t=32, num_warps=2),
-    # tl.load for residual words and pair-table entries (their results cross shared memory on
-    # every tile) instead of the inline-PTX loads that are the default on a GPU.
+    # Pair-table entries loaded by inline PTX instead of looked up by warp shuffle (the GPU
+    # default), and tl.load for residual words and entries (their results cross shared memory on
+    # every tile).
+    "16/2w loads": ResidualConfig(block_t=16, num_warps=2, shuffle_table=False),
+    "32/2w loads": ResidualConfig(block_t=32, num_warps=2, shuffle_table=False),
     "16/2w tl.load": ResidualConfig(block_t=16, num_warps=2, ptx_loads=False),
     "32/2w tl.load": ResidualConfig(block_t=32, num_warps=2, ptx_loads=False),
 }

@@ -130,25 +130,30 @@ def test_byte_loads_for_unaligned_rows(device, poisoned_outputs, nbits, decode):
                                          pytest.param(torch.float32, True, id="fp32-split"),
                                          pytest.param(torch.float32, False, id="fp32")])
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
-def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim):
-    """Residual words and pair-table entries read by inline PTX (the GPU default) or by tl.load
-    give the same scores: same decode, same products, only where the loaded values live differs.
-    Covers full and masked tiles (documents of 0-83 tokens), a masked d-chunk (d = 96), three
-    chunks (d = 384) and both table widths (32-bit fp16 pairs, 64-bit fp32 pairs). On the CPU
-    the interpreter runs no PTX, so both calls take tl.load."""
-    nbits = 2
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
+def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim, nbits):
+    """Residual words and pair-table entries read by inline PTX (the GPU default), with the
+    table looked up by warp shuffle (the default where it applies: 16-bit weights, nbits <= 2) or
+    loaded, or everything by tl.load: the same scores. Same decode, same products; only where
+    the loaded values live differs. Covers full and masked tiles (documents of 0-83 tokens), a
+    masked d-chunk (d = 96), three chunks (d = 384) and both table widths (32-bit fp16 pairs,
+    64-bit fp32 pairs). On the CPU the interpreter runs no PTX, so every call takes tl.load."""
     index = random_index(device, dim, nbits)
     Q = unit_queries(1, 32, dim, dtype, device)
     pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
-    out = {ptx: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
-                      split_query=split, config=ResidualConfig(block_t=32, ptx_loads=ptx))
-           for ptx in (True, False)}
-    torch.testing.assert_close(out[True], out[False], rtol=0, atol=1e-6)
-    assert_close(out[True], expected(Q, index, nbits, pids=pids),
+    configs = {"shuffle": ResidualConfig(block_t=32),
+               "ptx loads": ResidualConfig(block_t=32, shuffle_table=False),
+               "tl.load": ResidualConfig(block_t=32, ptx_loads=False)}
+    out = {name: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
+                       split_query=split, config=cfg)
+           for name, cfg in configs.items()}
+    for name in ("shuffle", "ptx loads"):
+        torch.testing.assert_close(out[name], out["tl.load"], rtol=0, atol=1e-6, msg=name)
+    assert_close(out["shuffle"], expected(Q, index, nbits, pids=pids),
                  "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
-def test_ptx_loads_are_off_in_the_interpreter(monkeypatch):
+def test_ptx_loads_and_shuffled_table_only_where_they_apply(monkeypatch):
     from tilemaxsim_plaid.ops import residual
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -156,6 +161,14 @@ def test_ptx_loads_are_off_in_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     assert residual._ptx_loads(ResidualConfig())
     assert not residual._ptx_loads(ResidualConfig(ptx_loads=False))
+    # A warp holds one 32-bit entry per lane: 2**(2 * nbits) <= 32, 16-bit weights, pairs.
+    assert residual._shuffle_table(ResidualConfig(), 2, True, 2)
+    assert residual._shuffle_table(ResidualConfig(), 1, True, 2)
+    assert not residual._shuffle_table(ResidualConfig(), 4, True, 2)
+    assert not residual._shuffle_table(ResidualConfig(), 2, True, 4)
+    assert not residual._shuffle_table(ResidualConfig(), 2, False, 2)
+    assert not residual._shuffle_table(ResidualConfig(shuffle_table=False), 2, True, 2)
+    assert not residual._shuffle_table(ResidualConfig(ptx_loads=False), 2, True, 2)
 
 
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
@@ -323,11 +336,12 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     decode=st.sampled_from(["pairs", "select"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
+    shuffle_table=st.sampled_from([None, False]),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
-                                        decode, maxnreg, ptx_loads, with_pids):
+                                        decode, maxnreg, ptx_loads, shuffle_table, with_pids):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
     index = random_index(device, dim, nbits)
@@ -336,7 +350,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
     config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
                             centroid_table=centroid_table, decode=decode, maxnreg=maxnreg,
-                            ptx_loads=ptx_loads)
+                            ptx_loads=ptx_loads, shuffle_table=shuffle_table)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
     except ValueError as error:

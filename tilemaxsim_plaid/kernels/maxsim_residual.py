@@ -151,10 +151,31 @@ def _ptx_load_table(ptrs, ELEM_BITS: tl.constexpr):
 
 
 @triton.jit
+def _shuffle_table_lookup(p_table, idx, NBITS: tl.constexpr):
+    """Pair-table entries by warp shuffle (nbits <= 2, 16-bit weights): lane l holds entry
+    l mod 2**(2 * NBITS) (one load per thread, hoisted out of the tile loop), and each lookup is
+    one shfl.sync.idx from the lane named by the index: no address arithmetic, no L1 access."""
+    zeros = tl.zeros(idx.shape, tl.int32)
+    if NBITS == 1:
+        lane_entry = tl.inline_asm_elementwise(
+            "{ .reg .u32 l; .reg .u64 a; mov.u32 l, %laneid; and.b32 l, l, 3; "
+            "mul.wide.u32 a, l, 4; add.u64 a, a, $1; ld.global.nc.b32 $0, [a]; }",
+            "=r,l", [p_table + zeros], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        lane_entry = tl.inline_asm_elementwise(
+            "{ .reg .u32 l; .reg .u64 a; mov.u32 l, %laneid; and.b32 l, l, 15; "
+            "mul.wide.u32 a, l, 4; add.u64 a, a, $1; ld.global.nc.b32 $0, [a]; }",
+            "=r,l", [p_table + zeros], dtype=tl.int32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;",
+                                     "=r,r,r", [lane_entry, idx], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
                   ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                  PTX_LOADS: tl.constexpr):
+                  PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr):
     """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
 
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
@@ -166,11 +187,13 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
         shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
         idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (2 * NBITS)) - 1)
         # [BLOCK_T, BLOCK_D // 2]: 2**(2 * NBITS) entries (64 B at nbits = 2), L1-resident.
-        p_entry = p_table + tl.reshape(idx, [BLOCK_T, BLOCK_D // 2])
-        if PTX_LOADS:
-            entry = _ptx_load_table(p_entry, ELEM_BITS)
+        idx = tl.reshape(idx, [BLOCK_T, BLOCK_D // 2])
+        if SHUFFLE_TABLE:
+            entry = _shuffle_table_lookup(p_table, idx, NBITS)
+        elif PTX_LOADS:
+            entry = _ptx_load_table(p_table + idx, ELEM_BITS)
         else:
-            entry = tl.load(p_entry, eviction_policy="evict_last")
+            entry = tl.load(p_table + idx, eviction_policy="evict_last")
         if ELEM_BITS == 16:
             lo = entry.to(tl.int16)
             hi = (entry >> 16).to(tl.int16)
@@ -200,7 +223,8 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
                    SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                   FULL: tl.constexpr, EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr):
+                   FULL: tl.constexpr, EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
+                   SHUFFLE_TABLE: tl.constexpr):
     """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms).
     SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied."""
     UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
@@ -214,7 +238,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
         b_units = tl.load(p_units, mask=mask_units, other=0,
                           eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
-                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
+                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS, SHUFFLE_TABLE)
     if not CENTROID_TABLE:
         offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
         mask_d = offs_d < dim
@@ -246,7 +270,7 @@ def _residual_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
+    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
@@ -273,7 +297,7 @@ def _residual_tile_scores(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
             w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
             DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
+            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
@@ -291,7 +315,7 @@ def _residual_tile_scores(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
                 w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
                 DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
+                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -316,7 +340,7 @@ def _maxsim_residual_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr,
+    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
@@ -381,7 +405,7 @@ def _maxsim_residual_kernel(
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
                 NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                EVEN_D, PTX_LOADS)
+                EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
             tile_max = tl.maximum(tile_max, scores)
         row_max = tl.max(tile_max, axis=0)
         for t0 in range(full_end, end, BLOCK_T_TAIL):
@@ -393,7 +417,7 @@ def _maxsim_residual_kernel(
                 stride_cd, stride_sc,
                 NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
                 NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                EVEN_D, PTX_LOADS)
+                EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
             row_max = tl.maximum(row_max, tl.max(scores, axis=0))
         _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                             valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)

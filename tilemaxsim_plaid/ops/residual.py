@@ -79,6 +79,9 @@ class ResidualConfig:
             land in the tensor-core operand's layout instead of crossing shared memory on every
             tile (kernels/maxsim_residual._ptx_load_words). None: on a GPU; the CPU interpreter
             cannot run PTX, so there it is always off.
+        shuffle_table: with ptx_loads, look pair-table entries up by warp shuffle (each lane
+            holds one entry) instead of loading them: nbits <= 2 with fp16/bf16 queries and the
+            pair decoder. None: wherever that applies.
     """
 
     block_t: int = 16
@@ -94,6 +97,7 @@ class ResidualConfig:
     num_stages: int = 1
     maxnreg: int | None = None
     ptx_loads: bool | None = None
+    shuffle_table: bool | None = None
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -167,6 +171,13 @@ def _ptx_loads(cfg: ResidualConfig) -> bool:
     if interpreting():
         return False  # the interpreter runs no PTX
     return True if cfg.ptx_loads is None else cfg.ptx_loads
+
+
+def _shuffle_table(cfg: ResidualConfig, nbits: int, pairs: bool, element_size: int) -> bool:
+    """Whether the pair table fits one entry per lane of a warp (2**(2 * nbits) <= 32 entries
+    of 32 bits) and the config lets the kernel use it that way."""
+    applies = _ptx_loads(cfg) and pairs and nbits <= 2 and element_size == 2
+    return applies and cfg.shuffle_table is not False
 
 
 def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
@@ -300,6 +311,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
+        SHUFFLE_TABLE=_shuffle_table(cfg, nbits, pairs, Q3.element_size()),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
