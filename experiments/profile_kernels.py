@@ -63,6 +63,10 @@ RESIDUAL_CONFIGS = {
     "residual 16/2w tl.load": ResidualConfig(ptx_loads=False),
     "residual 32/2w tl.load": ResidualConfig(block_t=32, ptx_loads=False),
     "residual 16/1w": ResidualConfig(num_warps=1),
+    "residual 16/1w loads": ResidualConfig(num_warps=1, shuffle_table=False),
+    "residual 16/1w 2docs": ResidualConfig(num_warps=1, docs_per_program=2),
+    "residual 16/1w maxnreg96": ResidualConfig(num_warps=1, maxnreg=96),
+    "residual 32/1w": ResidualConfig(block_t=32, num_warps=1),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -78,6 +82,12 @@ RERANK_CONFIGS = {
     "32/2w loads": ResidualConfig(block_t=32, num_warps=2, shuffle_table=False),
     "16/2w tl.load": ResidualConfig(block_t=16, num_warps=2, ptx_loads=False),
     "32/2w tl.load": ResidualConfig(block_t=32, num_warps=2, ptx_loads=False),
+    # One warp per document: no decode repeated across warps (with 2 warps on a 16-token tile
+    # both decode the whole tile for their halves of the query columns).
+    "16/1w": ResidualConfig(block_t=16, num_warps=1),
+    "16/1w loads": ResidualConfig(block_t=16, num_warps=1, shuffle_table=False),
+    "32/1w": ResidualConfig(block_t=32, num_warps=1),
+    "32/1w loads": ResidualConfig(block_t=32, num_warps=1, shuffle_table=False),
 }
 
 
