@@ -67,6 +67,11 @@ RESIDUAL_CONFIGS = {
     "residual 16/1w 2docs": ResidualConfig(num_warps=1, docs_per_program=2),
     "residual 16/1w maxnreg96": ResidualConfig(num_warps=1, maxnreg=96),
     "residual 32/1w": ResidualConfig(block_t=32, num_warps=1),
+    # One-warp programs around the best of the rounds above: register caps x documents per
+    # program, pair table loaded ("ld") or shuffled ("sh").
+    **{f"residual 1w r{reg} d{docs} {'sh' if shuffle else 'ld'}":
+       ResidualConfig(num_warps=1, maxnreg=reg, docs_per_program=docs, shuffle_table=shuffle)
+       for reg in (None, 80, 96, 112) for docs in (1, 2, 4) for shuffle in (True, False)},
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -88,6 +93,9 @@ RERANK_CONFIGS = {
     "16/1w loads": ResidualConfig(block_t=16, num_warps=1, shuffle_table=False),
     "32/1w": ResidualConfig(block_t=32, num_warps=1),
     "32/1w loads": ResidualConfig(block_t=32, num_warps=1, shuffle_table=False),
+    **{f"1w r{reg} d{docs}": ResidualConfig(block_t=16, num_warps=1, maxnreg=reg,
+                                            docs_per_program=docs, shuffle_table=False)
+       for reg in (None, 96, 112, 128) for docs in (1, 2)},
 }
 
 
