@@ -72,6 +72,9 @@ RESIDUAL_CONFIGS = {
     **{f"residual 1w r{reg} d{docs} {'sh' if shuffle else 'ld'}":
        ResidualConfig(num_warps=1, maxnreg=reg, docs_per_program=docs, shuffle_table=shuffle)
        for reg in (None, 80, 96, 112) for docs in (1, 2, 4) for shuffle in (True, False)},
+    **{f"residual 1w r{reg} d{docs} ld": ResidualConfig(num_warps=1, maxnreg=reg, docs_per_program=docs)
+       for reg in (88, 104) for docs in (4, 8)},
+    **{f"residual 1w r96 d8 ld": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=8)},
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -96,6 +99,9 @@ RERANK_CONFIGS = {
     **{f"1w r{reg} d{docs}": ResidualConfig(block_t=16, num_warps=1, maxnreg=reg,
                                             docs_per_program=docs, shuffle_table=False)
        for reg in (None, 96, 112, 128) for docs in (1, 2)},
+    **{f"1w r{reg} d{docs}": ResidualConfig(block_t=16, num_warps=1, maxnreg=reg,
+                                            docs_per_program=docs, shuffle_table=False)
+       for reg in (120, 128, 144) for docs in (3, 4)},
 }
 
 
