@@ -141,8 +141,8 @@ def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim, n
     index = random_index(device, dim, nbits)
     Q = unit_queries(1, 32, dim, dtype, device)
     pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
-    configs = {"shuffle": ResidualConfig(block_t=32),
-               "ptx loads": ResidualConfig(block_t=32, shuffle_table=False),
+    configs = {"shuffle": ResidualConfig(block_t=32, shuffle_table=True),
+               "ptx loads": ResidualConfig(block_t=32),
                "tl.load": ResidualConfig(block_t=32, ptx_loads=False)}
     out = {name: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
                        split_query=split, config=cfg)
@@ -150,6 +150,38 @@ def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim, n
     for name in ("shuffle", "ptx loads"):
         torch.testing.assert_close(out[name], out["tl.load"], rtol=0, atol=1e-6, msg=name)
     assert_close(out["shuffle"], expected(Q, index, nbits, pids=pids),
+                 "maxsim_residual_split" if split else "maxsim_residual", dtype)
+
+
+def test_default_config_by_number_of_documents():
+    from tilemaxsim_plaid.ops.residual import MANY_DOCS, default_residual_config
+
+    few, many = MANY_DOCS - 1, MANY_DOCS
+    assert default_residual_config(1, 32, num_docs=few) == ResidualConfig()
+    assert default_residual_config(1, 32, split_query=True, num_docs=few) == ResidualConfig(block_t=32)
+    fp16 = default_residual_config(1, 32, num_docs=many)
+    split = default_residual_config(1, 32, split_query=True, num_docs=many, element_size=2)
+    assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program) == (1, 96, 4)
+    assert (split.num_warps, split.maxnreg, split.docs_per_program) == (1, 128, 4)
+    # tf32x3 tiles need ~200 registers: no cap for them.
+    assert default_residual_config(1, 32, num_docs=many, element_size=4) == ResidualConfig()
+    assert default_residual_config(8, 32, num_docs=many).num_warps == 4
+
+
+@pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
+                                         pytest.param(torch.float32, True, id="fp32-split")])
+def test_many_document_defaults_are_exact(device, poisoned_outputs, monkeypatch, dtype, split):
+    """The one-warp, several-documents-per-program default for large candidate sets, exercised
+    on a small index by lowering the threshold: 7 pids over 6 documents leave the last program
+    with 3 empty slots."""
+    from tilemaxsim_plaid.ops import residual
+
+    monkeypatch.setattr(residual, "MANY_DOCS", 2)
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 32, 128, dtype, device)
+    pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
+    out = score(Q, index, 2, pids=pids, inv_norms=norms_of(index, 2), split_query=split)
+    assert_close(out, expected(Q, index, 2, pids=pids),
                  "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
@@ -162,13 +194,14 @@ def test_ptx_loads_and_shuffled_table_only_where_they_apply(monkeypatch):
     assert residual._ptx_loads(ResidualConfig())
     assert not residual._ptx_loads(ResidualConfig(ptx_loads=False))
     # A warp holds one 32-bit entry per lane: 2**(2 * nbits) <= 32, 16-bit weights, pairs.
-    assert residual._shuffle_table(ResidualConfig(), 2, True, 2)
-    assert residual._shuffle_table(ResidualConfig(), 1, True, 2)
-    assert not residual._shuffle_table(ResidualConfig(), 4, True, 2)
-    assert not residual._shuffle_table(ResidualConfig(), 2, True, 4)
-    assert not residual._shuffle_table(ResidualConfig(), 2, False, 2)
-    assert not residual._shuffle_table(ResidualConfig(shuffle_table=False), 2, True, 2)
-    assert not residual._shuffle_table(ResidualConfig(ptx_loads=False), 2, True, 2)
+    shuffled = ResidualConfig(shuffle_table=True)
+    assert residual._shuffle_table(shuffled, 2, True, 2)
+    assert residual._shuffle_table(shuffled, 1, True, 2)
+    assert not residual._shuffle_table(shuffled, 4, True, 2)
+    assert not residual._shuffle_table(shuffled, 2, True, 4)
+    assert not residual._shuffle_table(shuffled, 2, False, 2)
+    assert not residual._shuffle_table(ResidualConfig(), 2, True, 2)  # opt-in
+    assert not residual._shuffle_table(ResidualConfig(shuffle_table=True, ptx_loads=False), 2, True, 2)
 
 
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
@@ -336,7 +369,7 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     decode=st.sampled_from(["pairs", "select"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
-    shuffle_table=st.sampled_from([None, False]),
+    shuffle_table=st.booleans(),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,

@@ -41,6 +41,10 @@ TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
 MAX_INT32_OFFSET = 2**31 - 1
 # Residual rows are read as 32-bit words when rows, row stride and base are 4-byte aligned.
 WORD_BYTES = 4
+# From this many scored documents on, one query is scored by one-warp programs that walk several
+# documents each (default_residual_config): enough programs to fill the GPU (132 SMs x ~20
+# resident one-warp programs x 4 documents is ~10k) and to pay for the longer program.
+MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
 DECODERS = ("pairs", "select")
@@ -80,8 +84,9 @@ class ResidualConfig:
             tile (kernels/maxsim_residual._ptx_load_words). None: on a GPU; the CPU interpreter
             cannot run PTX, so there it is always off.
         shuffle_table: with ptx_loads, look pair-table entries up by warp shuffle (each lane
-            holds one entry) instead of loading them: nbits <= 2 with fp16/bf16 queries and the
-            pair decoder. None: wherever that applies.
+            holds one entry) instead of loading them, where that applies (nbits <= 2, 16-bit
+            products, the pair decoder). Off by default: on the H200 it saved 1 % at 2 warps and
+            nothing at 1, and cost 10 % with split_query (results/compressed/h200-one-warp).
     """
 
     block_t: int = 16
@@ -97,7 +102,7 @@ class ResidualConfig:
     num_stages: int = 1
     maxnreg: int | None = None
     ptx_loads: bool | None = None
-    shuffle_table: bool | None = None
+    shuffle_table: bool = False
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -119,19 +124,35 @@ def default_block_d(dim: int) -> int:
     return block if dim % block == 0 else MAX_BLOCK_D
 
 
-def default_residual_config(num_queries: int, Lq: int, split_query: bool = False) -> ResidualConfig:
+def default_residual_config(num_queries: int, Lq: int, split_query: bool = False,
+                            num_docs: int = 0, element_size: int = 2) -> ResidualConfig:
     """Deterministic heuristic, no autotuning at call time.
 
-    One query: the ResidualConfig defaults; with split_query (two fp16 products per tile, which
-    the smaller 16-token tile does not make up for) 32-token tiles, 0.927 against 1.020 ms for
-    100k shuffled pids on the H200 with the inline-PTX loads (1.09 against 1.12 ms without;
-    experiments/profile_kernels.py). Several: a query block of
-    up to 64 rows (two 32-token queries) fills the tensor-core N dimension without spilling the
-    [BLOCK_T, 64] score block, with 4 warps to share it.
+    One query (a query block of at most 32 rows), measured on the H200 in interleaved rounds of
+    experiments/profile_kernels.py (results/compressed/h200-one-warp), 100k documents of MS
+    MARCO-like lengths:
+
+    * At least MANY_DOCS documents with 16-bit products (fp16/bf16 queries, or split_query):
+      one-warp programs of 16-token tiles walking several documents each, with a register cap.
+      A 2-warp program splits a 16-token tile's products by query columns, so both warps decode
+      the whole tile; one warp decodes it once, and the cap (96; 128 with split_query's second
+      query operand) fits more programs per SM. fp16: 0.512 ms against 0.718 for the 2-warp
+      default; split_query: 0.746 against 0.924-0.943 at 32-token tiles, 2 warps.
+    * Fewer documents (the search path's stage 4 scores at most a few thousand): the 2-warp
+      configs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
+      tiles with split_query (0.927 against 1.020 ms at 16 for 100k documents).
+    * fp32 products (tf32x3, element_size 4): the defaults; their 200-register tiles would spill
+      under a cap.
+
+    Several queries: a query block of up to 64 rows (two 32-token queries) fills the tensor-core
+    N dimension without spilling the [BLOCK_T, 64] score block, with 4 warps to share it.
     """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if queries_per_block * lq <= 32:
+        if num_docs >= MANY_DOCS and (split_query or element_size == 2):
+            return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
+                                  maxnreg=128 if split_query else 96, docs_per_program=4)
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
@@ -177,7 +198,7 @@ def _shuffle_table(cfg: ResidualConfig, nbits: int, pairs: bool, element_size: i
     """Whether the pair table fits one entry per lane of a warp (2**(2 * nbits) <= 32 entries
     of 32 bits) and the config lets the kernel use it that way."""
     applies = _ptx_loads(cfg) and pairs and nbits <= 2 and element_size == 2
-    return applies and cfg.shuffle_table is not False
+    return applies and bool(cfg.shuffle_table)
 
 
 def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
@@ -248,7 +269,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                    split_query=False):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_residual_config(B, Lq, split_query)
+    cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size())
     block_d = cfg.block_d or default_block_d(dim)
     if block_d < MIN_DOT_DIM or block_d & (block_d - 1):
         raise ValueError(f"config.block_d must be a power of two >= {MIN_DOT_DIM}, got {block_d}")
