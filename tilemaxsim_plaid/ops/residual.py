@@ -62,7 +62,8 @@ class ResidualConfig:
     to 96 (10), 0.890 -> 0.815 ms for 100k MS MARCO-like documents at nbits = 2 (interleaved
     rounds of experiments/profile_kernels.py; Nsight Compute then finds L1 the busiest unit, at
     85 %). With the inline-PTX loads (ptx_loads) 16-token tiles compile to 72 registers and take
-    0.728 ms, 32-token tiles 0.757 ms. ``--sweep`` of experiments/bench_compressed.py times the
+    0.728 ms, 32-token tiles 0.757 ms. Large candidate sets get one-warp programs instead
+    (default_residual_config). ``--sweep`` of experiments/bench_compressed.py times the
     alternatives on the GPU.
 
     Attributes:
