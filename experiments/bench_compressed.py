@@ -292,8 +292,9 @@ def floor_rows(shape, Q, index, nbytes, num_docs, ceilings, time_ms) -> list[dic
 
 def residual_sweep_configs() -> list[ResidualConfig]:
     """Each decoder x num_warps {2, 4} x main tile {16, 32, 64} x num_stages {1, 3} (24 configs),
-    plus, around the default, several documents per program, a 32-token tail and register caps
-    (ptxas .maxnreg) that trade a few spills for more programs per SM (5 more)."""
+    plus, around the small-set default, several documents per program, a 32-token tail and
+    register caps (ptxas .maxnreg) that trade a few spills for more programs per SM (5 more),
+    and one-warp programs around the large-set default (1 warp, cap 96, 4 documents; 5 more)."""
     configs = [ResidualConfig(decode=decode, num_warps=warps, block_t=block_t, num_stages=stages)
                for decode in ("pairs", "select") for warps in (2, 4) for block_t in (16, 32, 64)
                for stages in (1, 3)]
@@ -303,6 +304,8 @@ def residual_sweep_configs() -> list[ResidualConfig]:
                 dataclasses.replace(default, block_t=32, maxnreg=128),
                 dataclasses.replace(default, block_t=16, maxnreg=80),
                 dataclasses.replace(default, block_t=64, block_t_tail=32, num_warps=4)]
+    configs += [ResidualConfig(num_warps=1, maxnreg=reg, docs_per_program=docs)
+                for reg, docs in ((None, 1), (96, 1), (96, 2), (96, 4), (112, 4))]
     return configs
 
 
