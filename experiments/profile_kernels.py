@@ -75,6 +75,8 @@ RESIDUAL_CONFIGS = {
     **{f"residual 1w r{reg} d{docs} ld": ResidualConfig(num_warps=1, maxnreg=reg, docs_per_program=docs)
        for reg in (88, 104) for docs in (4, 8)},
     **{f"residual 1w r96 d8 ld": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=8)},
+    "residual 1w r96 d4 persistent": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=4,
+                                                    persistent=True),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -102,6 +104,11 @@ RERANK_CONFIGS = {
     **{f"1w r{reg} d{docs}": ResidualConfig(block_t=16, num_warps=1, maxnreg=reg,
                                             docs_per_program=docs, shuffle_table=False)
        for reg in (120, 128, 144) for docs in (3, 4)},
+    # The large-set default with a persistent grid (chunks of documents from an atomic counter).
+    "1w r128 d4 persistent": ResidualConfig(num_warps=1, maxnreg=128, docs_per_program=4,
+                                            persistent=True),
+    "1w r144 d4 persistent": ResidualConfig(num_warps=1, maxnreg=144, docs_per_program=4,
+                                            persistent=True),
 }
 
 

@@ -185,6 +185,26 @@ def test_many_document_defaults_are_exact(device, poisoned_outputs, monkeypatch,
                  "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
+@pytest.mark.parametrize("docs_per_program", [1, 3])
+@pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
+                                         pytest.param(torch.float32, True, id="fp32-split")])
+def test_persistent_programs_are_exact(device, poisoned_outputs, dtype, split, docs_per_program):
+    """persistent=True: a fixed grid takes chunks of documents from an atomic counter (in the
+    interpreter two programs, so each walks several chunks; a chunk may run past the last
+    document). Every document is scored once, exactly; two query blocks are refused."""
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 32, 128, dtype, device)
+    pids = torch.tensor([3, 0, 2, 5, 1, 4, 3, 0, 5], device=device)
+    cfg = ResidualConfig(persistent=True, docs_per_program=docs_per_program, num_warps=1)
+    out = score(Q, index, 2, pids=pids, inv_norms=norms_of(index, 2), split_query=split,
+                config=cfg)
+    assert_close(out, expected(Q, index, 2, pids=pids),
+                 "maxsim_residual_split" if split else "maxsim_residual", dtype)
+    with pytest.raises(ValueError, match="config.persistent"):
+        score(unit_queries(3, 32, 128, dtype, device), index, 2, inv_norms=norms_of(index, 2),
+              split_query=split, config=cfg)
+
+
 def test_ptx_loads_and_shuffled_table_only_where_they_apply(monkeypatch):
     from tilemaxsim_plaid.ops import residual
 
@@ -370,11 +390,13 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
     shuffle_table=st.booleans(),
+    persistent=st.booleans(),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
-                                        decode, maxnreg, ptx_loads, shuffle_table, with_pids):
+                                        decode, maxnreg, ptx_loads, shuffle_table, persistent,
+                                        with_pids):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
     index = random_index(device, dim, nbits)
@@ -383,7 +405,8 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
     config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
                             centroid_table=centroid_table, decode=decode, maxnreg=maxnreg,
-                            ptx_loads=ptx_loads, shuffle_table=shuffle_table)
+                            ptx_loads=ptx_loads, shuffle_table=shuffle_table,
+                            persistent=persistent)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
     except ValueError as error:

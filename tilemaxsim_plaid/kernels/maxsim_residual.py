@@ -40,6 +40,8 @@ kernel is built around the instructions per embedding element:
   tile for the entries alone). tl.inline_asm_elementwise loads are elementwise, so they take the
   operand's layout and each value lands in the thread that decodes it: 11-15 % faster on the
   H200 (results/compressed/h200-ptx-loads). The interpreter cannot run PTX and takes tl.load.
+* Grid: one program per DOCS_PER_PROGRAM documents, or (PERSISTENT) a fixed grid whose programs
+  take chunks of documents from an atomic counter, so none is left running a last wave alone.
 * Tiles: documents are walked in tiles of BLOCK_T tokens, then the remainder in tiles of
   BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128. Main tiles are full by
   construction: their loads are unmasked and their scores go into an elementwise running max,
@@ -327,10 +329,59 @@ def _residual_tile_scores(
 
 
 @triton.jit
+def _score_document(
+    out_idx, pid_qblock, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+    p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
+    p_centroid_scores, p_out, w0, w1, w2, w3,
+    num_out_docs, num_queries, dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut,
+    stride_cc, stride_cd, stride_sc, stride_ob, stride_on,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr, HAS_PIDS: tl.constexpr,
+    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
+):
+    """Scores the out_idx-th scored document against the program's query block and stores them
+    (nothing for a slot past the last document)."""
+    valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
+
+    # Main tiles are full: an elementwise running max, reduced over tokens once per document.
+    tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
+    for t0 in range(start, full_end, BLOCK_T):
+        scores = _residual_tile_scores(
+            t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+            p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
+            p_centroid_scores, w0, w1, w2, w3,
+            dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
+            stride_cd, stride_sc,
+            NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
+            NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
+            EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+        tile_max = tl.maximum(tile_max, scores)
+    row_max = tl.max(tile_max, axis=0)
+    for t0 in range(full_end, end, BLOCK_T_TAIL):
+        scores = _residual_tile_scores(
+            t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+            p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
+            p_centroid_scores, w0, w1, w2, w3,
+            dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
+            stride_cd, stride_sc,
+            NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
+            NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
+            EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+        row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+    _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
+                        valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+
+
+@triton.jit
 def _maxsim_residual_kernel(
     p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
-    p_centroid_scores, p_query_lengths, p_out,
-    num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks,
+    p_centroid_scores, p_query_lengths, p_out, p_counter,
+    num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks, num_chunks,
     stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
     stride_ob, stride_on,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
@@ -340,7 +391,7 @@ def _maxsim_residual_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
+    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
@@ -349,7 +400,9 @@ def _maxsim_residual_kernel(
     table: the pair table (DECODE_PAIRS: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit
     weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
     float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32, row stride stride_sc (when
-    CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]."""
+    CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
+    block): int32 [1], zero at launch, the next chunk of DOCS_PER_PROGRAM documents to score, of
+    num_chunks."""
     # Query blocks vary fastest: programs reading the same documents run side by side, so every
     # document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -388,36 +441,35 @@ def _maxsim_residual_kernel(
     if UNIT_BYTES == 4:
         p_units = p_units.to(tl.pointer_type(tl.int32))
 
-    for doc_step in range(DOCS_PER_PROGRAM):
-        out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
-        valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs,
-                                                  HAS_PIDS)
-        full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
-
-        # Main tiles are full: an elementwise running max, reduced over tokens once per document.
-        tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
-        for t0 in range(start, full_end, BLOCK_T):
-            scores = _residual_tile_scores(
-                t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
-                p_centroid_scores, w0, w1, w2, w3,
-                dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
-                stride_cd, stride_sc,
-                NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
-            tile_max = tl.maximum(tile_max, scores)
-        row_max = tl.max(tile_max, axis=0)
-        for t0 in range(full_end, end, BLOCK_T_TAIL):
-            scores = _residual_tile_scores(
-                t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
-                p_centroid_scores, w0, w1, w2, w3,
-                dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
-                stride_cd, stride_sc,
-                NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
-                NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
-            row_max = tl.maximum(row_max, tl.max(scores, axis=0))
-        _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
-                            valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+    if PERSISTENT:
+        # Chunks of DOCS_PER_PROGRAM documents go to whichever program asks next (an atomic
+        # counter, zeroed by the host), so programs finish within about one chunk of each other
+        # instead of the last wave of a static grid running alone.
+        chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+        while chunk < num_chunks:
+            for doc_step in range(DOCS_PER_PROGRAM):
+                _score_document(
+                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q0_lo,
+                    offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_q_lo, p_codes, p_units,
+                    p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
+                    w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
+                    stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
+                    stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
+                    BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
+                    CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
+                    PTX_LOADS, SHUFFLE_TABLE)
+            chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+    else:
+        # The static grid keeps its plain loop (no while, no atomic): the configuration the
+        # benchmarks timed compiles exactly as before.
+        for doc_step in range(DOCS_PER_PROGRAM):
+            _score_document(
+                pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q0_lo,
+                offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_q_lo, p_codes, p_units,
+                p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
+                w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
+                stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
+                stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
+                BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
+                CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
+                PTX_LOADS, SHUFFLE_TABLE)

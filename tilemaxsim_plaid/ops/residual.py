@@ -45,6 +45,9 @@ WORD_BYTES = 4
 # documents each (default_residual_config): enough programs to fill the GPU (132 SMs x ~20
 # resident one-warp programs x 4 documents is ~10k) and to pay for the longer program.
 MANY_DOCS = 16384
+# persistent=True launches this many programs per SM (the most a Hopper SM holds at once);
+# those that find the counter exhausted exit at once.
+PERSISTENT_PROGRAMS_PER_SM = 32
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
 DECODERS = ("pairs", "select")
@@ -88,6 +91,10 @@ class ResidualConfig:
             holds one entry) instead of loading them, where that applies (nbits <= 2, 16-bit
             products, the pair decoder). Off by default: on the H200 it saved 1 % at 2 warps and
             nothing at 1, and cost 10 % with split_query (results/compressed/h200-one-warp).
+        persistent: a fixed grid of programs (PERSISTENT_PROGRAMS_PER_SM per SM) that take
+            chunks of docs_per_program documents from an atomic counter until none are left,
+            instead of one program per chunk: no last wave running alone. One query block only.
+            Not yet timed on a GPU; off by default.
     """
 
     block_t: int = 16
@@ -104,6 +111,7 @@ class ResidualConfig:
     maxnreg: int | None = None
     ptx_loads: bool | None = None
     shuffle_table: bool = False
+    persistent: bool = False
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -193,6 +201,14 @@ def _ptx_loads(cfg: ResidualConfig) -> bool:
     if interpreting():
         return False  # the interpreter runs no PTX
     return True if cfg.ptx_loads is None else cfg.ptx_loads
+
+
+def _persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: PERSISTENT_PROGRAMS_PER_SM per SM; in the CPU
+    interpreter two, so that each walks several chunks."""
+    if device.type != "cuda":
+        return 2
+    return PERSISTENT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _shuffle_table(cfg: ResidualConfig, nbits: int, pairs: bool, element_size: int) -> bool:
@@ -311,16 +327,24 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     pairs = cfg.decode == "pairs" and not (unit_bytes == 1 and block_d < MAX_BLOCK_D)
     table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
     dummy = out  # pointer arguments behind a False constexpr are never read
-    num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
-    _maxsim_residual_kernel[(num_doc_programs * num_qblocks,)](
+    num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    grid = num_chunks * num_qblocks
+    counter = dummy
+    if cfg.persistent:
+        if num_qblocks != 1:
+            raise ValueError(f"config.persistent needs one query block, got {num_qblocks} "
+                             f"(B={B} queries, {queries_per_block} per block)")
+        counter = torch.zeros(1, dtype=torch.int32, device=Q3.device)
+        grid = min(num_chunks, _persistent_programs(Q3.device))
+    _maxsim_residual_kernel[(grid,)](
         Q3, Q_lo if Q_lo is not None else Q3, codes, residuals, offsets,
         pids if pids is not None else dummy,
         centroids, table,
         inv_norms if inv_norms is not None else dummy,
         scores_table if use_table else dummy,
         query_lengths if query_lengths is not None else dummy,
-        out,
-        num_out_docs, B, Lq, dim, residuals.shape[1] // unit_bytes, num_qblocks,
+        out, counter,
+        num_out_docs, B, Lq, dim, residuals.shape[1] // unit_bytes, num_qblocks, num_chunks,
         Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0) // unit_bytes,
         centroids.stride(0), centroids.stride(1),
         scores_table.stride(0) if use_table else 0,
@@ -334,6 +358,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
         SHUFFLE_TABLE=_shuffle_table(cfg, nbits, pairs, Q3.element_size()),
+        PERSISTENT=cfg.persistent,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
