@@ -361,24 +361,8 @@ def _equivalence(searcher, Qs, k, cuda):
 
 # --------------------------------------------------------------------------- rerank
 
-def _graph_replay_ms(fn) -> float:
-    """Median ms of ``fn`` captured in a CUDA graph and replayed: its GPU time alone, without
-    the host's launch work (Python, argument checks, one launch per operation)."""
-    from experiments.harness import time_ms
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compiled and warm before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, warmup_ms=50, rep_ms=500)[0]
-
-
 def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
-    from experiments.harness import time_ms
+    from experiments.harness import graph_replay_ms, time_ms
     from tilemaxsim_plaid.plaid import backends
     from tilemaxsim_plaid.plaid.device_index import device_index
 
@@ -394,7 +378,7 @@ def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
         graph_ms = None
         if cuda:
             ours = time_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev), warmup_ms=50, rep_ms=500)
-            graph_ms = _graph_replay_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev))
+            graph_ms = graph_replay_ms(lambda: backends.exact_scores(index, Q_dev, pids_dev))
             fast = {}
             for products in OTHER_PRODUCTS:
                 with _stage_4_products(products):

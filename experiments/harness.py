@@ -86,6 +86,20 @@ def time_ms(fn, warmup_ms: int = 25, rep_ms: int = 200) -> tuple[float, float, f
     return float(med), float(p20), float(p80)
 
 
+def graph_replay_ms(fn, warmup_ms: int = 50, rep_ms: int = 500) -> float:
+    """Median ms of ``fn`` captured in a CUDA graph and replayed: its GPU time alone, without
+    the host's launch work (Python, argument checks, one launch per operation)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiled and warm before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)[0]
+
+
 def fastest(configs, run, check, time_fn=None):
     """(timing, config) of the fastest ``run(config)``; each config's output goes through
     ``check`` (which raises on a wrong result) before it is timed."""

@@ -27,7 +27,7 @@ import dataclasses
 import torch
 
 from experiments.bench_compressed import make_index, queries
-from experiments.harness import time_ms
+from experiments.harness import graph_replay_ms, time_ms
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
 from tilemaxsim_plaid.plaid import backends
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex
@@ -55,18 +55,6 @@ def random_device_index(num_docs: int, device: torch.device) -> DeviceIndex:
         num_tokens=parts["codes"].numel(), max_doclen=int(doclens.max()), max_ivf_length=0,
         ivf_lengths_desc_cumsum=torch.zeros(0, dtype=torch.int64), source_key=("random", num_docs),
         inv_norms=inv_norms.float(), bucket_weights_in_fp16=True)
-
-
-def graph_ms(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, warmup_ms=30, rep_ms=300)[0]
 
 
 def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
@@ -102,7 +90,7 @@ def main(argv=None) -> None:
 
         call()
         torch.cuda.synchronize()
-        ms, graph = time_ms(call, warmup_ms=30, rep_ms=300)[0], graph_ms(call)
+        ms, graph = time_ms(call, warmup_ms=30, rep_ms=300)[0], graph_replay_ms(call)
         print(f"== {size} candidates, products {backends.products_for(index, QUERY_LEN)}: "
               f"{ms:.4f} ms from Python, {graph:.4f} ms as a graph", flush=True)
         for name, us in kernel_times(call)[:8]:
