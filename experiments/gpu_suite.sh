@@ -22,6 +22,7 @@
 #   bash experiments/gpu_suite.sh compressed-sweep  # residual/PQ main rows and launch-config sweep
 #   bash experiments/gpu_suite.sh residual-loads  # residual tests, PTX vs tl.load loads, main rows
 #   bash experiments/gpu_suite.sh profile-rerank  # a rerank's kernels: what does not grow with the candidates
+#   bash experiments/gpu_suite.sh persistent-check  # residual kernel tests, then profile-rerank
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -30,7 +31,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|persistent-check|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -106,6 +107,11 @@ case "$part" in
     ;;
   profile-rerank)  # a rerank's scoring split into the residual kernel and its fixed part
     step profile_rerank 200 python3 -m experiments.profile_rerank
+    ;;
+  persistent-check)  # residual kernel tests (the persistent grid included), then profile-rerank
+    step residual_tests 270 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_residual.py
+    step profile_rerank 220 python3 -m experiments.profile_rerank
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"
