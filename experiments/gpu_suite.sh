@@ -108,10 +108,13 @@ case "$part" in
   profile-rerank)  # a rerank's scoring split into the residual kernel and its fixed part
     step profile_rerank 200 python3 -m experiments.profile_rerank
     ;;
-  persistent-check)  # residual kernel tests (the persistent grid included), then profile-rerank
-    step residual_tests 270 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+  persistent-check)  # residual kernel tests (the persistent grid included), the fp16 kernel with
+                     # and without a persistent grid in interleaved rounds, then profile-rerank
+    step residual_tests 250 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_residual.py
-    step profile_rerank 220 python3 -m experiments.profile_rerank
+    step kernel_rounds 110 python3 -m experiments.profile_kernels time --rounds 8 \
+      --only "residual default,residual 1w r96 d4 persistent,residual 1w r96 d2 persistent,rerank fp16x2 1w r128 d4"
+    step profile_rerank 150 python3 -m experiments.profile_rerank
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"

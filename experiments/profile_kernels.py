@@ -77,6 +77,8 @@ RESIDUAL_CONFIGS = {
     **{f"residual 1w r96 d8 ld": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=8)},
     "residual 1w r96 d4 persistent": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=4,
                                                     persistent=True),
+    "residual 1w r96 d2 persistent": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=2,
+                                                    persistent=True),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,

@@ -9,7 +9,10 @@ query, ``size`` random pids. For each size it prints:
 
 * the call's median time from Python and replayed as a CUDA graph;
 * the GPU time of every kernel of one call (torch.profiler), so the fixed part (centroid table,
-  query casts, decode table) is seen apart from the residual kernel;
+  query halves, decode table) is seen apart from the residual kernel;
+* the centroid table's builds (cuBLAS fp32, our tf32x3 kernel, and the fp16 head + tail build
+  that also writes the query halves, which the plugin takes when the centroids are fp16 values),
+  and the whole call with the cuBLAS table;
 * the residual kernel alone at 1, 2 and 4 documents per program, the default's neighbours (more
   documents per program amortise a program's start but leave a longer last wave), each with one
   program per chunk of documents and with a persistent grid that hands chunks out by an atomic
@@ -31,7 +34,12 @@ from experiments.harness import graph_replay_ms, time_ms
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
 from tilemaxsim_plaid.plaid import backends
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex
-from tilemaxsim_plaid.ops.residual import default_residual_config, maxsim_residual
+from tilemaxsim_plaid.ops.residual import (
+    default_residual_config,
+    maxsim_residual,
+    query_centroid_scores,
+    split_query_centroid_scores,
+)
 
 QUERY_LEN, DIM, NBITS, NUM_CENTROIDS = 32, 128, 2, 65_536
 
@@ -54,7 +62,8 @@ def random_device_index(num_docs: int, device: torch.device) -> DeviceIndex:
         ivf_lengths=empty, dim=DIM, nbits=NBITS, num_docs=num_docs,
         num_tokens=parts["codes"].numel(), max_doclen=int(doclens.max()), max_ivf_length=0,
         ivf_lengths_desc_cumsum=torch.zeros(0, dtype=torch.int64), source_key=("random", num_docs),
-        inv_norms=inv_norms.float(), bucket_weights_in_fp16=True)
+        inv_norms=inv_norms.float(), bucket_weights_in_fp16=True,
+        centroids_half=parts["centroids"].half())
 
 
 def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
@@ -96,6 +105,21 @@ def main(argv=None) -> None:
         for name, us in kernel_times(call)[:8]:
             print(f"   {us:9.1f} us  {name[:90]}")
         table = backends.centroid_table(index, Q)
+        if size == args.sizes[0]:
+            table_builds = {
+                "cuBLAS fp32 (centroids @ Q.T)": lambda: backends.centroid_table(index, Q),
+                "tf32x3 Triton": lambda: query_centroid_scores(Q[None], index.centroids),
+                "fp16 head + tail, with the query halves": lambda: split_query_centroid_scores(
+                    Q[None], index.centroids_half),
+            }
+            for name, fn in table_builds.items():
+                print(f"   centroid table, {name}: {time_ms(fn, warmup_ms=30, rep_ms=200)[0] * 1e3:.1f} us")
+        # The whole call with the table from cuBLAS (and the query split by torch), as before
+        # the split table build: the fixed part it removes.
+        cublas_table = dataclasses.replace(index, centroids_half=None)
+        ms_cublas = time_ms(lambda: backends.exact_scores(cublas_table, Q, pids),
+                            warmup_ms=30, rep_ms=300)[0]
+        print(f"   whole call with the cuBLAS table: {ms_cublas:.4f} ms")
         base = default_residual_config(1, QUERY_LEN, True, size)
         for docs in (1, 2, 4):
             for persistent in (False, True):

@@ -52,3 +52,10 @@ TOLERANCES.update({
     # normalisation and of fp32 dot products of length 128.
     ("plaid_exact", torch.float32): (1e-5, 1e-4),
 })
+
+TOLERANCES.update({
+    # The centroid table: one dot product of length d per entry. Built from an fp32 query's fp16
+    # head and tail against fp16 centroids, every product is exact in fp32 and the tail's own
+    # rounding is ~2**-22 of each query element: the error of an fp32 dot product.
+    ("centroid_table", torch.float32): (1e-6, 1e-6),
+})

@@ -1,6 +1,8 @@
 """The rerank profile's random DeviceIndex is a valid index: stage 4 on it equals the float64
 reference of residual MaxSim."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -24,3 +26,6 @@ def test_random_device_index_scores_like_the_reference(monkeypatch, backend):
                                      index.centroids, index.bucket_weights, NBITS, pids)
     assert_close(got, want, "maxsim_residual_split" if backend == "triton" else "maxsim_residual",
                  torch.float32)
+    # The table from the fp16 centroids (one launch, with the query halves) or from fp32 ones.
+    without_half = backends.exact_scores(dataclasses.replace(index, centroids_half=None), Q, pids)
+    assert_close(got, without_half, "maxsim_residual_split", torch.float32)

@@ -16,7 +16,12 @@ from tests.conftest import poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
-from tilemaxsim_plaid.ops.residual import ResidualConfig, decode_table, maxsim_residual
+from tilemaxsim_plaid.ops.residual import (
+    ResidualConfig,
+    decode_table,
+    maxsim_residual,
+    split_query_centroid_scores,
+)
 
 # Lengths on purpose: empty, one token, odd, one longer than a main tile plus a tail.
 DOC_LENGTHS = [0, 1, 17, 40, 83, 5]
@@ -162,7 +167,10 @@ def test_default_config_by_number_of_documents():
     fp16 = default_residual_config(1, 32, num_docs=many)
     split = default_residual_config(1, 32, split_query=True, num_docs=many, element_size=2)
     assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program) == (1, 96, 4)
-    assert (split.num_warps, split.maxnreg, split.docs_per_program) == (1, 128, 4)
+    assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
+    assert not fp16.persistent
+    # Two 32-token queries share a 64-row block with 4 warps: no persistent grid there.
+    assert not default_residual_config(2, 32, split_query=True, num_docs=many).persistent
     # tf32x3 tiles need ~200 registers: no cap for them.
     assert default_residual_config(1, 32, num_docs=many, element_size=4) == ResidualConfig()
     assert default_residual_config(8, 32, num_docs=many).num_warps == 4
@@ -305,6 +313,41 @@ def test_split_query_fp32(device, poisoned_outputs, nbits, dim):
         score(Q.half(), index, nbits, inv_norms=norms_of(index, nbits), split_query=True)
     with pytest.raises(ValueError, match="split_query"):
         score(Q, index, nbits, split_query=True)
+
+
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+@pytest.mark.parametrize("shape", [pytest.param((1, 32), id="1x32"), pytest.param((3, 33), id="3x33")])
+def test_split_table_and_query_halves(device, poisoned_outputs, dim, shape):
+    """One launch: the fp32-accurate centroid table from fp16 centroids, and the query's fp16
+    head and tail exactly as torch rounds them."""
+    num_centroids = 300  # three 128-centroid blocks, the last one partial
+    centroids = F.normalize(torch.randn(num_centroids, dim), dim=-1).half().to(device)
+    Q = unit_queries(*shape, dim, torch.float32, device)
+    table, head, tail = split_query_centroid_scores(Q, centroids)
+    rows = Q.reshape(-1, dim).double()
+    assert_close(table, centroids.double() @ rows.T, "centroid_table", torch.float32)
+    assert torch.equal(head, Q.half())
+    assert torch.equal(tail, (Q - Q.half().float()).half())
+    with pytest.raises(TypeError, match="fp32 Q and fp16 centroids"):
+        split_query_centroid_scores(Q.half(), centroids)
+    with pytest.raises(TypeError, match="fp32 Q and fp16 centroids"):
+        split_query_centroid_scores(Q, centroids.float())
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 384)])
+def test_split_query_with_fp16_centroids(device, poisoned_outputs, nbits, dim):
+    """fp16 centroids and split_query: the table and the query halves come from one launch; the
+    scores match float64 and the fp32-centroid path (host split, fp32 table)."""
+    index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
+    Q = unit_queries(2, 33, dim, torch.float32, device)
+    pids = torch.tensor([5, 2, 2, 0, 3, 1, 4], device=device)
+    norms = norms_of(index, nbits)
+    out = score(Q, index, nbits, pids=pids, inv_norms=norms, split_query=True)
+    assert_close(out, expected(Q, index, nbits, pids=pids), "maxsim_residual_split", torch.float32)
+    as_fp32 = dict(index, centroids=index["centroids"].float())
+    out_fp32 = score(Q, as_fp32, nbits, pids=pids, inv_norms=norms, split_query=True)
+    assert_close(out, out_fp32, "maxsim_residual_split", torch.float32)
 
 
 def test_bad_inputs_name_the_argument(device):

@@ -149,6 +149,36 @@ def test_rerank_path_scores_every_given_pid(tiny_searcher, tiny_query_embeddings
     assert sorted(via_search[0]) == sorted(given)
 
 
+def test_rerank_table_from_fp16_centroids(tiny_searcher, tiny_query_embeddings, monkeypatch):
+    """colbert-ai saves centroids in fp16, so the device index gets an exact fp16 copy, from
+    which an fp16x2 rerank builds its table with the query's halves in one launch: the same
+    scores as the path with the fp32 table. Centroids that are not fp16 values get no copy."""
+    config = _configure(tiny_searcher, 10)
+    Q = tiny_query_embeddings[5][None]
+    given = torch.randperm(300)[:37].tolist()
+    codec = tiny_searcher.ranker.codec
+    with patch_state(ALL_GROUPS):
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, "triton")
+        monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "fp16x2")
+        index = device_index(tiny_searcher.ranker)
+        assert index.centroids_half is not None
+        assert torch.equal(index.centroids_half.float(), index.centroids)
+        from tilemaxsim_plaid.ops import residual
+
+        builds = []
+        split_build = residual.split_query_centroid_scores
+        monkeypatch.setattr(residual, "split_query_centroid_scores",
+                            lambda *args: builds.append(1) or split_build(*args))
+        fused_pids, fused_scores = tiny_searcher.ranker.rank(config, Q, pids=given)
+        assert builds == [1]
+        without_half = type(index)(**{**vars(index), "centroids_half": None})
+        fp32_table = backends.exact_scores(without_half, Q[0].float(), torch.tensor(fused_pids))
+        monkeypatch.setattr(codec, "centroids", codec.centroids * (1 + 2**-20))
+        assert device_index(tiny_searcher.ranker).centroids_half is None
+    assert sorted(fused_pids) == sorted(given)
+    torch.testing.assert_close(torch.tensor(fused_scores), fp32_table, rtol=1e-5, atol=1e-5)
+
+
 def test_rerank_is_chunked_without_changing_scores(tiny_searcher, tiny_query_embeddings, monkeypatch):
     config = _configure(tiny_searcher, 10)
     Q = tiny_query_embeddings[4][None]

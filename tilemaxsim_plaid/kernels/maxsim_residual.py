@@ -70,16 +70,23 @@ from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scor
 
 @triton.jit
 def _query_centroid_scores_kernel(
-    p_centroids, p_q, p_out,
+    p_centroids, p_q, p_out, p_head, p_tail,
     num_centroids, num_rows, dim,
     stride_cc, stride_cd, stride_qr, stride_qd, stride_oc,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT_Q: tl.constexpr,
 ):
     """S[c, r] = <centroids[c], Q_rows[r]> in fp32.
 
     centroids: [C, d] (any float dtype; with UPCAST both sides are multiplied in fp32);
     Q_rows: [R, d] (all query tokens, flattened); S: [C, R].
+
+    SPLIT_Q (fp16 centroids, fp32 query): each query chunk is split into its fp16 head and the
+    fp16 rounding of what the head misses (q = head + tail to ~2**-22), and both are multiplied
+    on fp16 tensor cores. fp16 x fp16 products are exact in the fp32 accumulator, so S carries an
+    fp32 product's accuracy while the centroids are read in fp16. The programs of the first
+    centroid block also store head and tail ([R, d] fp16 each, contiguous): the residual
+    kernel's SPLIT_Q operands, without launches of their own.
     """
     pid_c = tl.program_id(0)
     pid_r = tl.program_id(1)
@@ -92,15 +99,26 @@ def _query_centroid_scores_kernel(
         offs_d = d0 + tl.arange(0, BLOCK_D)
         mask_d = offs_d < dim
         # [BLOCK_R, BLOCK_D]
+        mask_q = mask_r[:, None] & mask_d[None, :]
         b_q = tl.load(p_q + offs_r[:, None] * stride_qr + offs_d[None, :] * stride_qd,
-                      mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+                      mask=mask_q, other=0.0)
         # [BLOCK_C, BLOCK_D]
         b_c = tl.load(p_centroids + offs_c[:, None] * stride_cc + offs_d[None, :] * stride_cd,
                       mask=mask_c[:, None] & mask_d[None, :], other=0.0)
         # [BLOCK_C, BLOCK_D] @ [BLOCK_D, BLOCK_R] -> [BLOCK_C, BLOCK_R]
-        if not UPCAST:
-            b_c = b_c.to(b_q.dtype)
-        acc += tile_dot(b_c, b_q, INPUT_PRECISION, UPCAST)
+        if SPLIT_Q:
+            b_head = b_q.to(tl.float16)
+            b_tail = (b_q - b_head.to(tl.float32)).to(tl.float16)
+            if pid_c == 0:
+                split_offsets = offs_r[:, None] * dim + offs_d[None, :]
+                tl.store(p_head + split_offsets, b_head, mask=mask_q)
+                tl.store(p_tail + split_offsets, b_tail, mask=mask_q)
+            acc += tile_dot(b_c, b_head, INPUT_PRECISION, UPCAST)
+            acc += tile_dot(b_c, b_tail, INPUT_PRECISION, UPCAST)
+        else:
+            if not UPCAST:
+                b_c = b_c.to(b_q.dtype)
+            acc += tile_dot(b_c, b_q, INPUT_PRECISION, UPCAST)
     tl.store(p_out + offs_c[:, None] * stride_oc + offs_r[None, :], acc,
              mask=mask_c[:, None] & mask_r[None, :])
 

@@ -23,7 +23,7 @@ from tilemaxsim_plaid.ops.launch import (
 )
 
 __all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_residual",
-           "query_centroid_scores"]
+           "query_centroid_scores", "split_query_centroid_scores"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
 # comfortably; longer queries are scored in chunks and the chunk scores summed.
@@ -37,6 +37,9 @@ MIN_DOT_DIM = 16
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 # Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
 TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
+# The split build (fp16 centroids, fp32 query, fp16 tensor cores) streams the fp16 centroids once:
+# 128-centroid blocks against up to 64 query rows.
+SPLIT_TABLE_BLOCK_C, SPLIT_TABLE_MAX_BLOCK_R = 128, 64
 # The kernel addresses the centroid table and S with int32 offsets (code * row stride).
 MAX_INT32_OFFSET = 2**31 - 1
 # Residual rows are read as 32-bit words when rows, row stride and base are 4-byte aligned.
@@ -147,6 +150,10 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       the whole tile; one warp decodes it once, and the cap (96; 128 with split_query's second
       query operand) fits more programs per SM. fp16: 0.512 ms against 0.718 for the 2-warp
       default; split_query: 0.746 against 0.924-0.943 at 32-token tiles, 2 warps.
+    * The same with split_query, when the queries fit one query block (a rerank): a persistent
+      grid taking 2 documents at a time (experiments/profile_rerank.py, results/plaid/
+      h200-rerank-profile): the kernel alone 0.688 ms at 100k candidates and 6.43 ms at 1M,
+      against 0.706 and 6.55 for one program per 4 documents, whose last wave runs alone.
     * Fewer documents (the search path's stage 4 scores at most a few thousand): the 2-warp
       configs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query (0.927 against 1.020 ms at 16 for 100k documents).
@@ -159,6 +166,9 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if queries_per_block * lq <= 32:
+        if num_docs >= MANY_DOCS and split_query and num_queries <= queries_per_block:
+            return ResidualConfig(queries_per_block=queries_per_block, num_warps=1, maxnreg=128,
+                                  docs_per_program=2, persistent=True)
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query else 96, docs_per_program=4)
@@ -242,13 +252,47 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Te
         return out
     grid = (triton.cdiv(C, TABLE_BLOCK_C), triton.cdiv(rows.shape[0], TABLE_BLOCK_R))
     _query_centroid_scores_kernel[grid](
-        centroids, rows, out, C, rows.shape[0], dim,
+        centroids, rows, out, out, out, C, rows.shape[0], dim,
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, _pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
-        UPCAST=mixed or interpreter_upcast(Q3.dtype),
+        UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False,
     )
     return out
+
+
+def split_query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(S, head, tail) for an fp32 Q3 [B, Lq, d] and fp16 centroids [C, d], in one launch.
+
+    S = centroids @ Q_rows^T, [C, B * Lq] fp32, from two fp16 tensor-core products per chunk (the
+    query's fp16 head and the fp16 rounding of what the head misses): as accurate as an fp32
+    product, since fp16 x fp16 products are exact in fp32, and it reads the centroids in fp16.
+    head, tail: [B, Lq, d] fp16 with head + tail = Q3 to ~2**-22, the operands of
+    ``maxsim_residual(..., split_query=True)``.
+    """
+    if Q3.dtype != torch.float32 or centroids.dtype != torch.float16:
+        raise TypeError(f"split_query_centroid_scores needs an fp32 Q and fp16 centroids, got "
+                        f"Q {checks.describe(Q3)} and centroids {checks.describe(centroids)}")
+    rows = Q3.reshape(-1, Q3.shape[-1])
+    C, dim = centroids.shape
+    out = torch.empty(C, rows.shape[0], dtype=torch.float32, device=Q3.device)
+    head = torch.empty(Q3.shape, dtype=torch.float16, device=Q3.device)
+    tail = torch.empty_like(head)
+    if rows.shape[0] == 0:
+        return out, head, tail
+    block_r = min(SPLIT_TABLE_MAX_BLOCK_R, max(MIN_DOT_DIM, _pow2(rows.shape[0])))
+    # At least one centroid block, so that the head and tail are written even when C = 0.
+    grid = (max(1, triton.cdiv(C, SPLIT_TABLE_BLOCK_C)), triton.cdiv(rows.shape[0], block_r))
+    _query_centroid_scores_kernel[grid](
+        centroids, rows, out, head, tail, C, rows.shape[0], dim,
+        centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
+        BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
+        BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim))),
+        INPUT_PRECISION=dot_precision(torch.float16), UPCAST=interpreter_upcast(torch.float16),
+        SPLIT_Q=True,
+    )
+    return out, head, tail
 
 
 def centroid_table_fits(num_centroids: int, num_rows: int) -> bool:
@@ -304,9 +348,14 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)
     scores_table = None
-    if use_table:
-        scores_table = (centroid_scores if centroid_scores is not None
-                        else query_centroid_scores(Q3, centroids))
+    Q_lo = None
+    if use_table and centroid_scores is not None:
+        scores_table = centroid_scores
+    elif use_table and split_query and centroids.dtype == torch.float16:
+        # One launch builds the table and the query's fp16 head and tail.
+        scores_table, Q3, Q_lo = split_query_centroid_scores(Q3, centroids)
+    elif use_table:
+        scores_table = query_centroid_scores(Q3, centroids)
     for name, rows in (("centroids", centroids), ("centroid score table", scores_table)):
         if rows is not None and sum((n - 1) * st for n, st in zip(rows.shape, rows.stride())
                                     if n) > MAX_INT32_OFFSET:
@@ -314,8 +363,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                              f"element offsets (code * row stride + column)")
     if split_query and not use_table:
         raise ValueError("split_query needs the centroid-table path (config.centroid_table=False given)")
-    Q_lo = None
-    if split_query:
+    if split_query and Q_lo is None:
         # The table above was built from the fp32 query; the tiles see its fp16 head and tail.
         Q_head = Q3.to(torch.float16)
         Q_lo = (Q3 - Q_head.float()).to(torch.float16)

@@ -258,13 +258,19 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
         products = products_for(index, Q.shape[0])
+        centroids = index.centroids
         if centroid_scores is None and _table_path(index, Q.shape[0]):
-            # A rerank (no stage 1): the same table as candidate generation's, from cuBLAS.
-            centroid_scores = centroid_table(index, Q)
+            if products == "fp16x2" and index.centroids_half is not None:
+                # A rerank (no stage 1): one launch builds the table from the fp16 centroids and
+                # splits the query into its fp16 halves (split_query_centroid_scores).
+                centroids = index.centroids_half
+            else:
+                # A rerank: the same table as candidate generation's, from cuBLAS.
+                centroid_scores = centroid_table(index, Q)
         if products == "fp16":
             Q = Q.half()  # the centroid part comes from the fp32 query's table: exact
         scores = residual_kernel(Q[None], index.codes, index.residuals, index.offsets,
-                                 index.centroids, index.bucket_weights, index.nbits, pids,
+                                 centroids, index.bucket_weights, index.nbits, pids,
                                  inv_norms=index.inv_norms, centroid_scores=centroid_scores,
                                  split_query=products == "fp16x2", validate=False)[0]
     else:

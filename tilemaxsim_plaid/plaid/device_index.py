@@ -50,6 +50,10 @@ class DeviceIndex:
         bucket_weights_in_fp16: every bucket weight is an fp16 value (always so for colbert-ai's
             GPU codec, which holds them in fp16): fp16 tensor-core products then read them
             exactly (``backends.products_for``).
+        centroids_half: [C, dim] fp16 copy of ``centroids`` when every entry is an fp16 value
+            (colbert-ai's GPU codec), else None; Triton backend only. A rerank builds its
+            centroid table from it on fp16 tensor cores (``ops.residual.split_query_centroid_scores``),
+            reading half the bytes of the fp32 copy. 16 MB for C = 65,536 at d = 128.
     """
 
     device: torch.device
@@ -73,6 +77,7 @@ class DeviceIndex:
     source_key: tuple
     inv_norms: torch.Tensor | None = None
     bucket_weights_in_fp16: bool = False
+    centroids_half: torch.Tensor | None = None
 
     def candidate_capacity(self, num_lists: int) -> int:
         """Most distinct documents that ``num_lists`` probed inverted lists can hold."""
@@ -149,7 +154,9 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
     )
 
 
-def _with_inverse_norms(index: DeviceIndex) -> DeviceIndex:
+def _with_kernel_extras(index: DeviceIndex) -> DeviceIndex:
+    """What the Triton backend's residual kernel reads besides the index: per-token inverse
+    norms, and the centroids in fp16 where that copy is exact."""
     from tilemaxsim_plaid.plaid.backends import backend_for
 
     if backend_for(index.device) != "triton" or index.residuals.shape[0] != index.num_tokens:
@@ -158,7 +165,9 @@ def _with_inverse_norms(index: DeviceIndex) -> DeviceIndex:
 
     inv_norms = residual_inverse_norms(index.codes, index.residuals, index.centroids,
                                        index.bucket_weights, index.nbits)
-    return dataclasses.replace(index, inv_norms=inv_norms)
+    half = index.centroids.half()
+    exact_half = bool(torch.equal(half.float(), index.centroids))  # one sync, at index load
+    return dataclasses.replace(index, inv_norms=inv_norms, centroids_half=half if exact_half else None)
 
 
 def device_index(scorer, device: torch.device | None = None) -> DeviceIndex:
@@ -180,6 +189,6 @@ def device_index(scorer, device: torch.device | None = None) -> DeviceIndex:
     # later call outside it (e.g. score_pids from user code), so the copy is made outside.
     with torch.inference_mode(False), torch.no_grad():
         built = _build(scorer, device, key)
-        built = _with_inverse_norms(built)
+        built = _with_kernel_extras(built)
     scorer.__dict__[_CACHE_ATTRIBUTE] = built
     return built
