@@ -23,6 +23,7 @@
 #   bash experiments/gpu_suite.sh residual-loads  # residual tests, PTX vs tl.load loads, main rows
 #   bash experiments/gpu_suite.sh profile-rerank  # a rerank's kernels: what does not grow with the candidates
 #   bash experiments/gpu_suite.sh persistent-check  # residual kernel tests, then profile-rerank
+#   bash experiments/gpu_suite.sh plaid-bench-compressed  # plaid-bench and bench_compressed's main rows
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -31,7 +32,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|persistent-check|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -115,6 +116,12 @@ case "$part" in
     step kernel_rounds 110 python3 -m experiments.profile_kernels time --rounds 8 \
       --only "residual default,residual 1w r96 d4 persistent,residual 1w r96 d2 persistent,rerank fp16x2 1w r128 d4"
     step profile_rerank 150 python3 -m experiments.profile_rerank
+    ;;
+  plaid-bench-compressed)  # plaid-bench, then the residual and PQ main rows (carry runs/plaid_bench)
+    step plaid_kernel_tests 100 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/plaid/test_centroid.py tests/plaid/test_ivf.py tests/plaid/test_sort.py
+    bench_plaid
+    step bench_compressed 140 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"

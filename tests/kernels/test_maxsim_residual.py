@@ -166,9 +166,13 @@ def test_default_config_by_number_of_documents():
     assert default_residual_config(1, 32, split_query=True, num_docs=few) == ResidualConfig(block_t=32)
     fp16 = default_residual_config(1, 32, num_docs=many)
     split = default_residual_config(1, 32, split_query=True, num_docs=many, element_size=2)
-    assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program) == (1, 96, 4)
+    assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program, fp16.persistent) == (1, 96, 2, True)
     assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
-    assert not fp16.persistent
+    # Queries that share one block of at most 32 rows: still one query block, as the
+    # persistent grid needs.
+    for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
+        cfg = default_residual_config(num_queries, Lq, num_docs=many)
+        assert cfg.persistent and num_queries <= cfg.queries_per_block
     # Two 32-token queries share a 64-row block with 4 warps: no persistent grid there.
     assert not default_residual_config(2, 32, split_query=True, num_docs=many).persistent
     # tf32x3 tiles need ~200 registers: no cap for them.

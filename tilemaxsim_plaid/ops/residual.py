@@ -44,9 +44,9 @@ SPLIT_TABLE_BLOCK_C, SPLIT_TABLE_MAX_BLOCK_R = 128, 64
 MAX_INT32_OFFSET = 2**31 - 1
 # Residual rows are read as 32-bit words when rows, row stride and base are 4-byte aligned.
 WORD_BYTES = 4
-# From this many scored documents on, one query is scored by one-warp programs that walk several
-# documents each (default_residual_config): enough programs to fill the GPU (132 SMs x ~20
-# resident one-warp programs x 4 documents is ~10k) and to pay for the longer program.
+# From this many scored documents on, one query is scored by a persistent grid of one-warp
+# programs that take documents two at a time (default_residual_config): enough documents that
+# every program walks several (132 SMs x ~20 resident one-warp programs x 2 is ~5k).
 MANY_DOCS = 16384
 # persistent=True launches this many programs per SM (the most a Hopper SM holds at once);
 # those that find the counter exhausted exit at once.
@@ -150,10 +150,11 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       the whole tile; one warp decodes it once, and the cap (96; 128 with split_query's second
       query operand) fits more programs per SM. fp16: 0.512 ms against 0.718 for the 2-warp
       default; split_query: 0.746 against 0.924-0.943 at 32-token tiles, 2 warps.
-    * The same with split_query, when the queries fit one query block (a rerank): a persistent
-      grid taking 2 documents at a time (experiments/profile_rerank.py, results/plaid/
-      h200-rerank-profile): the kernel alone 0.688 ms at 100k candidates and 6.43 ms at 1M,
-      against 0.706 and 6.55 for one program per 4 documents, whose last wave runs alone.
+    * When the queries fit one query block (one query: a rerank, or stage 4 of a large search),
+      a persistent grid taking 2 documents at a time rather than one program per 4 documents,
+      whose last wave runs alone (results/compressed/h200-persistent): fp16 0.500 against 0.514
+      ms; split_query, the kernel alone, 0.689 against 0.706 ms at 100k candidates and 6.45
+      against 6.58 ms at 1M (experiments/profile_rerank.py).
     * Fewer documents (the search path's stage 4 scores at most a few thousand): the 2-warp
       configs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query (0.927 against 1.020 ms at 16 for 100k documents).
@@ -166,12 +167,12 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if queries_per_block * lq <= 32:
-        if num_docs >= MANY_DOCS and split_query and num_queries <= queries_per_block:
-            return ResidualConfig(queries_per_block=queries_per_block, num_warps=1, maxnreg=128,
-                                  docs_per_program=2, persistent=True)
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
+            # Every query fits this one block (queries_per_block is not capped below 64 rows
+            # here), which a persistent grid needs.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
-                                  maxnreg=128 if split_query else 96, docs_per_program=4)
+                                  maxnreg=128 if split_query else 96, docs_per_program=2,
+                                  persistent=True)
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
