@@ -168,8 +168,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if queries_per_block * lq <= 32:
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
-            # Every query fits this one block (queries_per_block is not capped below 64 rows
-            # here), which a persistent grid needs.
+            # Here queries_per_block = _pow2(num_queries): every query is in the one block, as
+            # a persistent grid needs.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query else 96, docs_per_program=2,
                                   persistent=True)

@@ -51,9 +51,10 @@ class DeviceIndex:
             GPU codec, which holds them in fp16): fp16 tensor-core products then read them
             exactly (``backends.products_for``).
         centroids_half: [C, dim] fp16 copy of ``centroids`` when every entry is an fp16 value
-            (colbert-ai's GPU codec), else None; Triton backend only. A rerank builds its
-            centroid table from it on fp16 tensor cores (``ops.residual.split_query_centroid_scores``),
-            reading half the bytes of the fp32 copy. 16 MB for C = 65,536 at d = 128.
+            (colbert-ai saves them in fp16), else None; Triton backend only. A rerank builds
+            its centroid table from it on fp16 tensor cores
+            (``ops.residual.split_query_centroid_scores``), reading half the bytes of the fp32
+            copy. 16 MB for C = 65,536 at d = 128.
     """
 
     device: torch.device
@@ -167,7 +168,8 @@ def _with_kernel_extras(index: DeviceIndex) -> DeviceIndex:
                                        index.bucket_weights, index.nbits)
     half = index.centroids.half()
     exact_half = bool(torch.equal(half.float(), index.centroids))  # one sync, at index load
-    return dataclasses.replace(index, inv_norms=inv_norms, centroids_half=half if exact_half else None)
+    return dataclasses.replace(index, inv_norms=inv_norms,
+                               centroids_half=half if exact_half else None)
 
 
 def device_index(scorer, device: torch.device | None = None) -> DeviceIndex:
