@@ -47,6 +47,13 @@ PACKED_CONFIGS = {
                                           docs_per_program=8, hold_query=True),
     "packed hold 8docs/3st": MaxSimConfig(block_t=32, num_warps=2, num_stages=3,
                                           docs_per_program=8, hold_query=True),
+    # One-warp programs, the residual kernel's winning shape: the held query costs one warp's
+    # registers, not two, so holding it across documents need not halve the programs per SM.
+    **{f"packed {bt}/1w/{st}st": MaxSimConfig(block_t=bt, num_warps=1, num_stages=st)
+       for bt in (16, 32) for st in (2, 3)},
+    **{f"packed 1w hold {bt} d{docs}/{st}st": MaxSimConfig(block_t=bt, num_warps=1, num_stages=st,
+                                                           docs_per_program=docs, hold_query=True)
+       for bt in (16, 32) for docs in (4, 16) for st in (2, 3)},
 }
 
 # Register caps (ptxas .maxnreg) trade a few spills for more programs per SM: 32-token tiles at
