@@ -119,7 +119,8 @@ def provider_ours(case: Case, x: Inputs, config: MaxSimConfig | None = None):
     Q = x.Q[0] if case.B == 1 else x.Q
     if case.packed:
         max_len = int(x.lengths.max())
-        cfg = config or default_config(case.B, case.Lq, max_len, case.d, variable_lengths=True)
+        cfg = config or default_config(case.B, case.Lq, max_len, case.d, variable_lengths=True,
+                                       num_docs=case.N)
         return lambda: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len, config=cfg,
                                      validate=False)
     cfg = config or default_config(case.B, case.Lq, case.Ld, case.d)
@@ -404,7 +405,8 @@ def run_sweep(cases: list[Case], ceilings: dict) -> list[dict]:
                                          num_docs=case.B * case.N, nbytes=nbytes, flops=flops,
                                          ceilings=ceilings, config=dataclasses.asdict(cfg)))
         mine = sorted((r for r in rows if r["shape"] == case.name), key=lambda r: r["ms"])[:5]
-        default = default_config(case.B, case.Lq, max_len, case.d, variable_lengths=case.packed)
+        default = default_config(case.B, case.Lq, max_len, case.d, variable_lengths=case.packed,
+                                 num_docs=case.N)
         print(f"  default {default}")
         for r in mine:
             print(f"  {r['ms']:.4f} ms {r['pct_read_bw']:.1f}% BW {r['tflops']:.0f} TF {r['config']}")

@@ -24,6 +24,7 @@
 #   bash experiments/gpu_suite.sh profile-rerank  # a rerank's kernels: what does not grow with the candidates
 #   bash experiments/gpu_suite.sh persistent-check  # residual kernel tests, then profile-rerank
 #   bash experiments/gpu_suite.sh plaid-bench-compressed  # plaid-bench and bench_compressed's main rows
+#   bash experiments/gpu_suite.sh one-warp-packed  # packed default: tests, rounds vs flash-maxsim, main shapes
 #
 # The plaid part reads the bundle that `python -m experiments.bench_plaid prepare` writes on a CPU
 # machine with colbert-ai and faiss (runs/plaid_bench, ~33 MB: carry it with the call).
@@ -32,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -130,6 +131,14 @@ case "$part" in
     step plaid_kernel_tests 120 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
       tests/plaid/test_centroid.py tests/plaid/test_ivf.py tests/plaid/test_sort.py
     bench_plaid
+    ;;
+  one-warp-packed)  # the packed default's tests, interleaved rounds against flash-maxsim, main shapes
+    step dense_tests 90 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_dense.py -k "one-warp or default_config or hold or packed"
+    step packed_rounds 100 python3 -m experiments.profile_kernels time --rounds 8 \
+      --only "packed default,packed 32/2w/2st,packed 1w hold 16 d4/3st,flash_maxsim_packed,floor read"
+    step bench_dense 200 python3 -m experiments.bench --no-sweeps --out "$OUT/bench" \
+      --providers tilemaxsim,flash_maxsim
     ;;
   packed-ceiling)  # main shapes vs flash-maxsim, with the packed shape's per-document floors
     step bench_dense 200 python3 -m experiments.bench --no-sweeps --out "$OUT/bench" \

@@ -136,7 +136,7 @@ def packed_variants(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     ref = reference_slice(case, x)[0]  # float64, the first CHECK_DOCS documents
     n = ref.numel()
     variants = {}
-    default = default_config(1, QUERY_LEN, max_len, DIM, variable_lengths=True)
+    default = default_config(1, QUERY_LEN, max_len, DIM, variable_lengths=True, num_docs=num_docs)
     configs = {"packed default": default, **PACKED_CONFIGS}
     for name, cfg in configs.items():
         variants[name] = (lambda c=cfg: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len,

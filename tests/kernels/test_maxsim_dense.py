@@ -150,6 +150,10 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
     pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, docs_per_program=2, hold_query=True),
                  id="hold-query-2q-2docs"),
+    # The large packed sets' default: one warp, the query held across 16 documents (here more
+    # slots than documents, so most of the program's slots are empty).
+    pytest.param(MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
+                              hold_query=True), id="one-warp-hold-16docs"),
 ]
 
 
@@ -203,6 +207,17 @@ def test_d_limited_configs_reject_wide_d(device):
     Q = _rand(1, 8, 384, dtype=torch.float16, device=device)
     with pytest.raises(ValueError, match="hold_query"):
         maxsim_packed(Q, D, offsets, config=MaxSimConfig(hold_query=True))
+
+
+def test_default_config_by_number_of_documents():
+    from tilemaxsim_plaid.ops.dense import MANY_DOCS, default_config
+
+    many = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 16, True)
+    few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
+    assert (few.num_warps, few.hold_query) == (2, False)
+    # The held query is one d chunk: wider embeddings keep the per-document default.
+    assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
 
 
 def test_hold_query_padded(device):

@@ -19,6 +19,9 @@ __all__ = ["MaxSimConfig", "default_config", "maxsim_padded", "maxsim_packed"]
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
+# From this many packed documents on, one query is scored by one-warp programs that hold the query
+# across 16 documents each (default_config): 2,048 programs and more, ~16 per SM of an H200.
+MANY_DOCS = 32768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +70,7 @@ def _block_d(dim: int) -> int:
 
 
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
-                   variable_lengths: bool = False) -> MaxSimConfig:
+                   variable_lengths: bool = False, num_docs: int = 0) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the config sweep of
     ``tilemaxsim bench --sweep`` on an H200 (results/bench/dense_config_sweep.json).
 
@@ -77,6 +80,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         max_doc_len: longest document, or None when unknown (then no single-tile path).
         dim: embedding dimension.
         variable_lengths: documents have varied lengths (PLAID's packed layout).
+        num_docs: documents scored (0 when unknown).
     """
     if num_queries == 1:
         # One query is memory-bound: plain per-document tiles, each program one document.
@@ -86,6 +90,14 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # Two stages rather than three: 16 KB of shared memory per program instead of 24 lets 13
         # programs share an SM instead of 9 (0.500 against 0.529 ms for 100k documents of mean
         # 70 tokens on the H200, interleaved rounds of experiments/profile_kernels.py).
+        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS:
+            # Many documents: one-warp programs of 16-token tiles that hold the query across 16
+            # documents. With two warps, holding it cost registers that halved the programs per
+            # SM; with one, the query's reloads from L2 (~a tenth of the read roof) go without
+            # that cost: 0.479 against 0.538 ms, flash-maxsim 0.531, in the same interleaved
+            # rounds (results/bench/h200-one-warp-packed).
+            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
+                                hold_query=True)
         if variable_lengths or max_doc_len is None:
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
@@ -160,7 +172,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                    padded_doc_len, max_doc_len, config):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed)
+    cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed,
+                                   num_docs=num_out_docs)
     _check_config(cfg)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
