@@ -216,8 +216,11 @@ def test_default_config_by_number_of_documents():
     assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 16, True)
     few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
     assert (few.num_warps, few.hold_query) == (2, False)
-    # The held query is one d chunk: wider embeddings keep the per-document default.
+    # The held query is one d chunk: wider embeddings keep the per-document default, and so do
+    # fp32 inputs (twice the registers for the held tile; not timed).
     assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
+    assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
+                              element_size=4).hold_query
 
 
 def test_hold_query_padded(device):

@@ -70,7 +70,8 @@ def _block_d(dim: int) -> int:
 
 
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
-                   variable_lengths: bool = False, num_docs: int = 0) -> MaxSimConfig:
+                   variable_lengths: bool = False, num_docs: int = 0,
+                   element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the config sweep of
     ``tilemaxsim bench --sweep`` on an H200 (results/bench/dense_config_sweep.json).
 
@@ -81,6 +82,8 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         dim: embedding dimension.
         variable_lengths: documents have varied lengths (PLAID's packed layout).
         num_docs: documents scored (0 when unknown).
+        element_size: bytes per input element (fp32 inputs keep the per-document default: a
+            held fp32 query tile would take twice the registers of the fp16 one timed below).
     """
     if num_queries == 1:
         # One query is memory-bound: plain per-document tiles, each program one document.
@@ -90,7 +93,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # Two stages rather than three: 16 KB of shared memory per program instead of 24 lets 13
         # programs share an SM instead of 9 (0.500 against 0.529 ms for 100k documents of mean
         # 70 tokens on the H200, interleaved rounds of experiments/profile_kernels.py).
-        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS:
+        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
             # Many documents: one-warp programs of 16-token tiles that hold the query across 16
             # documents. With two warps, holding it cost registers that halved the programs per
             # SM; with one, the query's reloads from L2 (~a tenth of the read roof) go without
@@ -173,7 +176,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed,
-                                   num_docs=num_out_docs)
+                                   num_docs=num_out_docs, element_size=Q3.element_size())
     _check_config(cfg)
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
