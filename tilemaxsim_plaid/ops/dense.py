@@ -86,6 +86,15 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             held fp32 query tile would take twice the registers of the fp16 one timed below).
     """
     if num_queries == 1:
+        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
+            # Many packed documents: one-warp programs of 16-token tiles that hold the query
+            # across 16 documents. Reloading the query block from L2 for every document costs
+            # about a tenth of the read roof; with two warps, holding it cost registers that
+            # halved the programs per SM, with one it does not: 0.435 against 0.511 ms for the
+            # per-document config below, flash-maxsim packed 0.506, in interleaved rounds on the
+            # H200 (results/bench/h200-one-warp-packed).
+            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
+                                hold_query=True)
         # One query is memory-bound: plain per-document tiles, each program one document.
         # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
@@ -93,14 +102,6 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # Two stages rather than three: 16 KB of shared memory per program instead of 24 lets 13
         # programs share an SM instead of 9 (0.500 against 0.529 ms for 100k documents of mean
         # 70 tokens on the H200, interleaved rounds of experiments/profile_kernels.py).
-        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
-            # Many documents: one-warp programs of 16-token tiles that hold the query across 16
-            # documents. With two warps, holding it cost registers that halved the programs per
-            # SM; with one, the query's reloads from L2 (~a tenth of the read roof) go without
-            # that cost: 0.479 against 0.538 ms, flash-maxsim 0.531, in the same interleaved
-            # rounds (results/bench/h200-one-warp-packed).
-            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
-                                hold_query=True)
         if variable_lengths or max_doc_len is None:
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
