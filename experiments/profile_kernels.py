@@ -31,6 +31,7 @@ from experiments.packed_read import expected_read, per_document_read
 from experiments.residual_floors import expected_floor, residual_floor
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed
+from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
 from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual, query_centroid_scores
 
 NUM_DOCS = 100_000
@@ -120,6 +121,23 @@ RERANK_CONFIGS = {
                                             persistent=True),
 }
 
+# PQ codes (M = 16 and 32): the former one-query default (byte codes, 16-byte sub-vector
+# gathers through tl.load) against word gathers (code and codebook words by inline PTX, in the
+# tensor-core operand's layout) with the residual kernel's one-warp and persistent shapes.
+PQ_CONFIGS = {
+    "former 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2, word_gather=False),
+    "words 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2),
+    "words 16/1w d1 st1": PQConfig(block_t=16, docs_per_program=1, num_warps=1, num_stages=1),
+    "words 16/1w d4 st1": PQConfig(block_t=16, docs_per_program=4, num_warps=1, num_stages=1),
+    **{f"words {bt}/{w}w d{docs} st{st} persistent":
+       PQConfig(block_t=bt, docs_per_program=docs, num_warps=w, num_stages=st, persistent=True)
+       for bt, w, docs, st in ((16, 1, 2, 1), (16, 1, 2, 2), (16, 1, 4, 1), (32, 1, 2, 1),
+                               (16, 2, 2, 1), (32, 2, 2, 1), (32, 4, 2, 1))},
+    "words 16/1w d2 st1 persistent tl.load": PQConfig(block_t=16, docs_per_program=2, num_warps=1,
+                                                      num_stages=1, persistent=True,
+                                                      ptx_loads=False),
+}
+
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
     err = max_relative_error(got, want)
@@ -181,6 +199,14 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
         variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                         config=c, validate=False),
                           lambda out, name=name: _assert_close(name, out[:n], ref))
+    # The fp16 query's centroid-score table in fp16: 64 B gathered per token instead of 128.
+    half_scores = scores.half()
+    for name, cfg in (("residual default S fp16", None),
+                      ("residual 1w r96 d2 persistent S fp16", RESIDUAL_CONFIGS["residual 1w r96 d2 persistent"])):
+        variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
+                                                        centroid_scores=half_scores, config=c,
+                                                        validate=False),
+                          lambda out, name=name: _assert_close(name, out[:n], ref))
     # PLAID's rerank path: an fp32 query, every document once in shuffled order (pids), with
     # the two ways of multiplying fp32 (ops/residual.py: fp16x2 = split_query, tf32x3).
     Q32 = Q.float()
@@ -211,6 +237,34 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
     }
 
 
+def pq_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
+                subquantizers: tuple = (16, 32)) -> dict:
+    """{name: (run, check)} for PQ codes on the residual shape's documents: uniform random codes
+    and codebooks (the gathers' addresses are as scattered as a trained codec's). "zero codes"
+    repeats a variant with every code 0, so every gather of a warp hits the same words: what is
+    left is the kernel without gather conflicts."""
+    device = torch.device(device)
+    offsets = make_index(num_docs, 64, DIM, NBITS, device)["offsets"]
+    num_tokens = int(offsets[-1])
+    g = torch.Generator().manual_seed(3)
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    n = min(CHECK_DOCS, num_docs)
+    variants = {}
+    for M in subquantizers:
+        codes = torch.randint(0, 256, (num_tokens, M), generator=g, dtype=torch.uint8).to(device)
+        books = (torch.randn(M, 256, DIM // M, generator=g) / DIM**0.5).to(device)
+        for codes_name, c in (("", codes), (" zero codes", torch.zeros_like(codes))):
+            ref = reference.maxsim_pq(Q.cpu(), c.cpu(), offsets[: n + 1].cpu(), books.cpu())
+            for label, cfg in PQ_CONFIGS.items():
+                if codes_name and "persistent" not in label:
+                    continue
+                name = f"pq{M}{codes_name} {label}"
+                variants[name] = (lambda c=c, b=books, cfg=cfg: maxsim_pq(
+                                      Q, c, offsets, b, config=cfg, validate=False),
+                                  lambda out, name=name, ref=ref: _assert_close(name, out[:n], ref))
+    return variants
+
+
 def time_rounds(variants: dict, rounds: int, rep_ms: int) -> dict:
     """{name: [median ms of each round]}: every round times every variant once, in order."""
     times = {name: [] for name in variants}
@@ -231,7 +285,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernels times GPU kernels and needs a CUDA device")
-    variants = {**packed_variants(), **residual_variants()}
+    variants = {**packed_variants(), **residual_variants(), **pq_variants()}
     if args.only:
         keys = [k.strip() for k in args.only.split(",")]
         variants = {n: v for n, v in variants.items() if any(k in n for k in keys)}

@@ -10,6 +10,7 @@ from experiments import profile_kernels
 @pytest.mark.parametrize("make, sizes", [
     pytest.param(profile_kernels.packed_variants, {}, id="packed"),
     pytest.param(profile_kernels.residual_variants, {"num_centroids": 256}, id="residual"),
+    pytest.param(profile_kernels.pq_variants, {"subquantizers": (16,)}, id="pq"),
 ])
 def test_variants_pass_their_checks(make, sizes):
     variants = make(num_docs=12, device="cpu", **sizes)

@@ -115,9 +115,12 @@ def test_bad_inputs_name_the_argument(device):
     queries_per_block=st.sampled_from([1, 2]),
     docs_per_program=st.integers(1, 5),
     with_pids=st.booleans(),
+    word_gather=st.sampled_from([None, False, True]),
+    persistent=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
-                                        block_t_tail, queries_per_block, docs_per_program, with_pids):
+                                        block_t_tail, queries_per_block, docs_per_program, with_pids,
+                                        word_gather, persistent):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -126,10 +129,71 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     Q = unit_queries(B, 11, dim, torch.float16, device)
     pids = torch.tensor([5, 0, 3, 3, 1], device=device) if with_pids else None
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
-                      docs_per_program=docs_per_program)
+                      docs_per_program=docs_per_program, word_gather=word_gather,
+                      persistent=persistent)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
         assert "config" in str(error)
         return
     assert_close(out, reference.maxsim_pq(Q, *args, pids=pids, **extra), "maxsim_pq", torch.float16)
+
+
+# Shapes where word gathers apply (16-bit queries, even power-of-two d/M, whole chunks of a
+# multiple of 4 sub-quantizers): M = 8 at d = 64 is one chunk of 8, M = 48 at d = 384 three of 16.
+WORD_SHAPES = [pytest.param(128, 16, id="d128-M16"), pytest.param(128, 32, id="d128-M32"),
+               pytest.param(64, 8, id="d64-M8"), pytest.param(384, 48, id="d384-M48")]
+
+
+@pytest.mark.parametrize("dim,num_subquantizers", WORD_SHAPES)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.bfloat16, id="bf16")])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs, dim,
+                                                       num_subquantizers, dtype, residual_mode):
+    """Codes and codebook read as 32-bit words decode to the same tile as byte and sub-vector
+    gathers: the scores equal the other path's and the float64 reference's, full tiles, tails
+    and empty documents alike."""
+    lengths = [0, 1, 16, 17, 40, 83, 5, 32]
+    index = random_pq_index(device, dim, num_subquantizers, lengths,
+                            num_centroids=13 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 29, dim, dtype, device)
+    shape = dict(block_t=16, block_t_tail=16, num_warps=1, docs_per_program=3)
+    words = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, word_gather=True))
+    gathers = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, word_gather=False))
+    assert_close(words, reference.maxsim_pq(Q, *args, **extra), "maxsim_pq", dtype)
+    assert_close(words, gathers, "maxsim_pq", dtype)
+    assert torch.isneginf(words[:, 0]).all()
+
+
+@pytest.mark.parametrize("docs_per_program", [1, 2, 5])
+def test_persistent_programs_are_exact(device, poisoned_outputs, docs_per_program):
+    """A persistent grid (programs taking chunks from an atomic counter) scores every document
+    once: pids with repeats, more chunks than programs, a last chunk part empty."""
+    lengths = [3, 0, 70, 16, 33, 1, 48, 64, 9, 120, 17]
+    index = random_pq_index(device, 128, 16, lengths, num_centroids=19)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    pids = torch.tensor([4, 2, 10, 0, 2, 7, 9, 1, 3], device=device)
+    config = PQConfig(block_t=32, block_t_tail=16, num_warps=1, docs_per_program=docs_per_program,
+                      persistent=True)
+    out = maxsim_pq(Q, *args, pids, **extra, config=config)
+    assert_close(out, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
+
+
+def test_configs_that_cannot_apply_are_refused(device):
+    index = random_pq_index(device, 96, 16)
+    args, _ = split(index)
+    Q = unit_queries(2, 8, 96, torch.float16, device)
+    with pytest.raises(ValueError, match="config.word_gather"):
+        maxsim_pq(Q, *args, config=PQConfig(word_gather=True))  # d/M = 6
+    index = random_pq_index(device, 128, 16)
+    args, _ = split(index)
+    with pytest.raises(ValueError, match="config.word_gather"):
+        maxsim_pq(unit_queries(1, 8, 128, torch.float32, device), *args,
+                  config=PQConfig(word_gather=True))
+    with pytest.raises(ValueError, match="config.persistent"):
+        maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
+                  config=PQConfig(queries_per_block=1, persistent=True))

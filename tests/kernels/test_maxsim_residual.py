@@ -303,6 +303,19 @@ def test_caller_supplied_centroid_scores(device, poisoned_outputs):
     assert_close(out, expected(long_Q, index, 2), "maxsim_residual", torch.float32)
 
 
+def test_fp16_centroid_scores_with_fp16_queries(device, poisoned_outputs):
+    """An fp16 table (half the bytes per gathered row) scores fp16 queries within the fp16
+    tolerance, and is refused with any other query dtype."""
+    index = random_index(device, 128, 2, centroid_dtype=torch.float16)
+    Q = unit_queries(2, 29, 128, torch.float16, device)
+    norms = norms_of(index, 2)
+    table = (index["centroids"].float() @ Q.reshape(-1, 128).float().T).half().contiguous()
+    out = score(Q, index, 2, inv_norms=norms, centroid_scores=table)
+    assert_close(out, expected(Q, index, 2), "maxsim_residual", torch.float16)
+    with pytest.raises(ValueError, match="fp16 centroid_scores"):
+        score(Q.float(), index, 2, inv_norms=norms, centroid_scores=table)
+
+
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 384)])
 def test_split_query_fp32(device, poisoned_outputs, nbits, dim):

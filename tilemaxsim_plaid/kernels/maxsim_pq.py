@@ -28,6 +28,20 @@ reshapes to [BLOCK_T, M_BLOCK * DSUB_PAD]; the query tile is loaded with the sam
 m * DSUB + k mapping and zeros where k >= DSUB or m >= M, so a sub-dimension that is not a power
 of two (d = 96, M = 16: DSUB = 6) needs no padding in memory.
 
+Word gathers (WORD_GATHER: 16-bit codebooks, an even power-of-two DSUB, whole chunks of a
+multiple of 4 sub-quantizers, 4-byte aligned code rows). The code bytes are read as int32 words
+and each word is broadcast over the 4 * DSUB / 2 codebook words its 4 codes select, so a
+[BLOCK_T, M_BLOCK * DSUB / 2] tensor of codebook word offsets is built with one shift, one mask
+and one multiply-add per word; each codebook word holds two fp16 weights, split by bitcast (the
+residual kernel's pair decode, with a 64 KB table instead of a 64 B one). With PTX_LOADS the code
+and codebook words are read by inline-PTX loads, elementwise ops that take the tensor-core
+operand's layout, so no tile crosses shared memory (kernels/maxsim_residual._ptx_load_words).
+
+Grid and tiles as in the residual kernel: documents are walked in full BLOCK_T tiles (unmasked,
+an elementwise running max reduced once per document) and then BLOCK_T_TAIL tiles; PERSISTENT
+launches a fixed grid whose programs take chunks of DOCS_PER_PROGRAM documents from an atomic
+counter.
+
 Masking as everywhere: a token past its document's end is -inf, a query row past its length adds
 0; an empty document scores -inf, an empty query 0.
 """
@@ -37,6 +51,11 @@ import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
+from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_table, _ptx_load_words
+
+# PQ codes are bytes: 256 centroids per sub-quantizer, 4 codes per 32-bit word.
+CODEBOOK_SIZE: tl.constexpr = 256
+CODES_PER_WORD: tl.constexpr = 4
 
 
 @triton.jit
@@ -55,6 +74,41 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
 
 
 @triton.jit
+def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
+                     dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr,
+                     DSUB: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
+    from code words (4 codes each) and a codebook read as int32 words (2 weights each)."""
+    CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
+    BOOK_WORDS: tl.constexpr = DSUB // 2  # codebook words per sub-vector
+    PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
+    offs_u = kd * CODE_WORDS + tl.arange(0, CODE_WORDS)
+    # [BLOCK_T, CODE_WORDS]: the tile's codes, streamed once.
+    p_units = p_code_words + offs_t.to(tl.int64)[:, None] * stride_pw + offs_u[None, :]
+    if PTX_LOADS:
+        words = _ptx_load_words(p_units, tl.broadcast_to(mask_t[:, None], [BLOCK_T, CODE_WORDS]),
+                                MASKED)
+    else:
+        words = tl.load(p_units, mask=mask_t[:, None], other=0, eviction_policy="evict_first")
+    # Column group k of a code word: byte k // BOOK_WORDS, codebook word k % BOOK_WORDS.
+    offs_k = tl.arange(0, PER_CODE_WORD)
+    byte = offs_k // BOOK_WORDS
+    code = (words[:, :, None] >> (8 * byte)[None, None, :]) & (CODEBOOK_SIZE - 1)
+    sub = offs_u[:, None] * CODES_PER_WORD + byte[None, :]  # [CODE_WORDS, PER_CODE_WORD]
+    base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
+    idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
+    # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
+    if PTX_LOADS:
+        entry = _ptx_load_table(p_book_words + idx, 16)
+    else:
+        entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
+    lo = entry.to(tl.int16)
+    hi = (entry >> 16).to(tl.int16)
+    pairs = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+    return tl.reshape(pairs, [BLOCK_T, M_BLOCK * DSUB])
+
+
+@triton.jit
 def _pq_tile_scores(
     t0, t_end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
@@ -62,41 +116,52 @@ def _pq_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, M_BLOCK: tl.constexpr,
     NUM_M_BLOCKS: tl.constexpr, DSUB: tl.constexpr, DSUB_PAD: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
+    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr,
 ):
-    """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf)."""
+    """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
+    FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
+    p_pq_codes and p_codebooks point to int32 words and stride_pt counts words."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
-    mask_t = offs_t < t_end
+    if FULL:
+        # A constant-true mask folds away: unpredicated loads, no -inf select.
+        mask_t = tl.full([BLOCK_T], 1, tl.int1)
+    else:
+        mask_t = offs_t < t_end
     if CENTROID_TABLE:
         codes = tl.load(p_centroid_codes + offs_t, mask=mask_t, other=0,
                         eviction_policy="evict_first").to(tl.int64)
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S = centroids @ Q^T
         acc = tl.load(p_centroid_scores + codes[:, None] * stride_sc + offs_col[None, :],
                       mask=mask_t[:, None] & mask_col[None, :], other=0.0,
-                      eviction_policy="evict_last")
+                      eviction_policy="evict_last").to(tl.float32)
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
     offs_k = tl.arange(0, DSUB_PAD)
     for kd in tl.static_range(NUM_M_BLOCKS):
-        offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
-        mask_m = offs_m < num_subquantizers
-        # [BLOCK_T, M_BLOCK] one byte per sub-quantizer
-        b_codes = tl.load(p_pq_codes + offs_t[:, None] * stride_pt + offs_m[None, :],
-                          mask=mask_t[:, None] & mask_m[None, :], other=0,
-                          eviction_policy="evict_first").to(tl.int32)
-        # [BLOCK_T, M_BLOCK, DSUB_PAD]: codebooks[m, code] sub-vectors, contiguous in k
-        p_sub = (p_codebooks + ((offs_m[None, :, None] * 256 + b_codes[:, :, None]) * DSUB
-                                + offs_k[None, None, :]))
-        b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
-                        other=0.0, eviction_policy="evict_last")
-        b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD])
+        if WORD_GATHER:
+            b_emb = _decode_pq_words(kd, offs_t, mask_t, p_pq_codes, p_codebooks, stride_pt,
+                                     b_q0.dtype, BLOCK_T, M_BLOCK, DSUB, not FULL, PTX_LOADS)
+        else:
+            offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
+            mask_m = offs_m < num_subquantizers
+            # [BLOCK_T, M_BLOCK] one byte per sub-quantizer
+            b_codes = tl.load(p_pq_codes + offs_t[:, None] * stride_pt + offs_m[None, :],
+                              mask=mask_t[:, None] & mask_m[None, :], other=0,
+                              eviction_policy="evict_first").to(tl.int32)
+            # [BLOCK_T, M_BLOCK, DSUB_PAD]: codebooks[m, code] sub-vectors, contiguous in k
+            p_sub = (p_codebooks + ((offs_m[None, :, None] * CODEBOOK_SIZE + b_codes[:, :, None]) * DSUB
+                                    + offs_k[None, None, :]))
+            b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
+                            other=0.0, eviction_policy="evict_last")
+            b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD]).to(b_q0.dtype)
         if NUM_M_BLOCKS == 1:
             b_q = b_q0
         else:
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
         # [BLOCK_T, M_BLOCK * DSUB_PAD] @ [M_BLOCK * DSUB_PAD, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
-        acc += tile_dot(b_emb.to(b_q0.dtype), b_q, INPUT_PRECISION, UPCAST)
+        acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -105,10 +170,52 @@ def _pq_tile_scores(
 
 
 @triton.jit
+def _score_pq_document(
+    out_idx, pid_qblock, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+    p_q, p_pq_codes, p_offsets, p_pids, p_codebooks, p_centroid_codes, p_inv_norms,
+    p_centroid_scores, p_out,
+    num_out_docs, num_queries, num_subquantizers,
+    stride_qb, stride_qt, stride_qd, stride_pt, stride_sc, stride_ob, stride_on,
+    LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr,
+    M_BLOCK: tl.constexpr, NUM_M_BLOCKS: tl.constexpr, DSUB: tl.constexpr,
+    DSUB_PAD: tl.constexpr, HAS_PIDS: tl.constexpr,
+    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr,
+):
+    """Scores the out_idx-th scored document against the program's query block and stores them
+    (nothing for a slot past the last document)."""
+    valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
+    # Main tiles are full: an elementwise running max, reduced over tokens once per document.
+    tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
+    for t0 in range(start, full_end, BLOCK_T):
+        scores = _pq_tile_scores(
+            t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+            p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
+            num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
+            BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
+            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS)
+        tile_max = tl.maximum(tile_max, scores)
+    row_max = tl.max(tile_max, axis=0)
+    for t0 in range(full_end, end, BLOCK_T_TAIL):
+        scores = _pq_tile_scores(
+            t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+            p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
+            num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
+            BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
+            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS)
+        row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+    _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
+                        valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+
+
+@triton.jit
 def _maxsim_pq_kernel(
     p_q, p_pq_codes, p_offsets, p_pids, p_codebooks, p_centroid_codes, p_inv_norms,
-    p_centroid_scores, p_query_lengths, p_out,
-    num_out_docs, num_queries, Lq, num_subquantizers, num_qblocks,
+    p_centroid_scores, p_query_lengths, p_out, p_counter,
+    num_out_docs, num_queries, Lq, num_subquantizers, num_qblocks, num_chunks,
     stride_qb, stride_qt, stride_qd, stride_pt, stride_sc, stride_ob, stride_on,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr,
@@ -117,11 +224,15 @@ def _maxsim_pq_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
-    """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt);
-    offsets: int64 [N+1]; pids: [M'] (else 0..M'-1); codebooks: [M, 256, DSUB] contiguous, Q's
-    dtype; centroid_codes: [T] and S: [C, B*Lq] fp32 (row stride stride_sc) when CENTROID_TABLE;
-    inv_norms: [T] when PRECOMPUTED_NORMS; query_lengths: [B]; out: fp32 [B, M']."""
+    """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
+    with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
+    (else 0..M'-1); codebooks: [M, 256, DSUB] contiguous, Q's dtype (int32 words with
+    WORD_GATHER); centroid_codes: [T] and S: [C, B*Lq] fp32 (row stride stride_sc) when
+    CENTROID_TABLE; inv_norms: [T] when PRECOMPUTED_NORMS; query_lengths: [B]; out: fp32 [B, M'];
+    counter (PERSISTENT, one query block): int32 [1], zero at launch, the next chunk of
+    DOCS_PER_PROGRAM documents to score, of num_chunks."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -134,29 +245,33 @@ def _maxsim_pq_kernel(
     # [BLOCK_Q, M_BLOCK * DSUB_PAD]: stays in registers across every tile of the program.
     b_q0 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 0, stride_qb, stride_qt, stride_qd,
                                num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+    if WORD_GATHER:
+        p_pq_codes = p_pq_codes.to(tl.pointer_type(tl.int32))
+        p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
 
-    for doc_step in range(DOCS_PER_PROGRAM):
-        out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
-        valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs,
-                                                  HAS_PIDS)
-        full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
-
-        row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        for t0 in range(start, full_end, BLOCK_T):
-            scores = _pq_tile_scores(
-                t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
-                num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
-                BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
-                PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
-            row_max = tl.maximum(row_max, tl.max(scores, axis=0))
-        for t0 in range(full_end, end, BLOCK_T_TAIL):
-            scores = _pq_tile_scores(
-                t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
-                p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
-                num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
-                BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
-                PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST)
-            row_max = tl.maximum(row_max, tl.max(scores, axis=0))
-        _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
-                            valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+    if PERSISTENT:
+        # Chunks of documents go to whichever program asks next (ops/residual.py explains why).
+        chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+        while chunk < num_chunks:
+            for doc_step in range(DOCS_PER_PROGRAM):
+                _score_pq_document(
+                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, offs_b,
+                    offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets, p_pids,
+                    p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
+                    num_out_docs, num_queries, num_subquantizers, stride_qb, stride_qt,
+                    stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
+                    QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
+                    DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
+                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS)
+            chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+    else:
+        for doc_step in range(DOCS_PER_PROGRAM):
+            _score_pq_document(
+                pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, offs_b,
+                offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets, p_pids,
+                p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
+                num_out_docs, num_queries, num_subquantizers, stride_qb, stride_qt,
+                stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
+                QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
+                DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
+                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS)

@@ -305,9 +305,10 @@ def _residual_tile_scores(
     codes = codes.to(tl.int32)
     if CENTROID_TABLE:
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S, the <q, centroid> of every query row.
+        # (fp32, or fp16 for fp16 queries: half the L2 bytes per token)
         acc = tl.load(p_centroid_scores + (codes * stride_sc)[:, None] + offs_col[None, :],
                       mask=mask_t[:, None] & mask_col[None, :], other=0.0,
-                      eviction_policy="evict_last")
+                      eviction_policy="evict_last").to(tl.float32)
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
     p_rows = p_units + offs_t * stride_ut  # [BLOCK_T] row starts

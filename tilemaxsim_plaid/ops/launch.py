@@ -28,6 +28,34 @@ def interpreter_upcast(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and interpreting()
 
 
+# persistent=True launches this many programs per SM (the most a Hopper SM holds at once);
+# those that find the counter exhausted exit at once.
+PERSISTENT_PROGRAMS_PER_SM = 32
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: PERSISTENT_PROGRAMS_PER_SM per SM; in the CPU
+    interpreter two, so that each walks several chunks."""
+    if device.type != "cuda":
+        return 2
+    return PERSISTENT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+
+def document_grid(cfg, num_chunks: int, num_qblocks: int, queries_per_block: int,
+                  num_queries: int, device: torch.device):
+    """(programs, counter) of a launch over chunks of documents: one program per (chunk, query
+    block), or with ``cfg.persistent`` a fixed grid and the int32 counter its programs take
+    chunks from (None without). Persistent programs hold one query block."""
+    if not cfg.persistent:
+        return num_chunks * num_qblocks, None
+    if num_qblocks != 1:
+        raise ValueError(f"config.persistent needs one query block, got {num_qblocks} "
+                         f"(B={num_queries} queries, {queries_per_block} per block)")
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    return min(num_chunks, persistent_programs(device)), counter
+
+
 # Query tokens per launch are padded to a power of two in registers (tl.arange needs one); longer
 # queries are scored in chunks of this many tokens and the chunk scores summed: a [128, BLOCK_T]
 # fp32 block of running maxima is as much as registers hold comfortably.

@@ -9,7 +9,8 @@ import triton
 
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
+from tilemaxsim_plaid.ops.launch import (dot_precision, interpreter_upcast, interpreting,
+                                         document_grid, launch_in_query_chunks)
 from tilemaxsim_plaid.ops.residual import query_centroid_scores
 
 __all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
@@ -19,6 +20,8 @@ MAX_BLOCK_D = 128
 MIN_DOT_DIM = 16
 # PQ codes are bytes: 256 centroids per sub-quantizer.
 CODEBOOK_SIZE = 256
+# Word gathers read codes and codebooks as 32-bit words: 4 codes, or two 16-bit weights.
+WORD_BYTES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +31,17 @@ class PQConfig:
     Attributes:
         block_t: tokens per main tile; block_t_tail: tokens per tile of a document's remainder.
         queries_per_block: queries stacked into one tensor-core product.
-        docs_per_program: documents one program walks.
+        docs_per_program: documents one program walks (with persistent, per chunk).
         num_warps, num_stages: Triton launch parameters.
+        word_gather: read codes and codebook as 32-bit words, two weights per gather
+            (kernels/maxsim_pq.py). None: wherever it applies (16-bit queries, an even
+            power-of-two sub-dimension, whole chunks of a multiple of 4 sub-quantizers, 4-byte
+            aligned code rows); True where it does not is refused.
+        ptx_loads: with word_gather, read the words by inline PTX in the tensor-core operand's
+            layout. None: on a GPU; the CPU interpreter runs no PTX, so there it is always off.
+        persistent: a fixed grid of programs (ops.launch.document_grid)
+            taking chunks of docs_per_program documents from an atomic counter. One query
+            block only.
     """
 
     block_t: int = 64
@@ -38,6 +50,9 @@ class PQConfig:
     docs_per_program: int = 4
     num_warps: int = 4
     num_stages: int = 2
+    word_gather: bool | None = None
+    ptx_loads: bool | None = None
+    persistent: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -65,6 +80,19 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, in
     return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
 
 
+def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim, m_block) -> bool:
+    applies = (Q3.element_size() == 2 and sub_dim % 2 == 0 and sub_dim & (sub_dim - 1) == 0
+               and m_block % 4 == 0 and num_subquantizers % m_block == 0
+               and pq_codes.stride(0) % WORD_BYTES == 0 and pq_codes.data_ptr() % WORD_BYTES == 0)
+    if cfg.word_gather and not applies:
+        raise ValueError(
+            "config.word_gather=True needs 16-bit queries, an even power-of-two sub-dimension, "
+            "whole chunks of a multiple of 4 sub-quantizers and 4-byte aligned code rows; got "
+            f"{Q3.dtype} queries, M={num_subquantizers}, d/M={sub_dim}, {m_block} sub-quantizers "
+            f"per chunk, code row stride {pq_codes.stride(0)}")
+    return applies if cfg.word_gather is None else cfg.word_gather
+
+
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
             query_lengths, num_out_docs, config):
     def launch(Q_chunk, chunk_lengths):
@@ -90,8 +118,11 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    words = _word_gather(cfg, Q3, pq_codes, num_subquantizers, sub_dim, m_block)
     dummy = out
-    _maxsim_pq_kernel[(triton.cdiv(num_out_docs, cfg.docs_per_program) * num_qblocks,)](
+    num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
+    _maxsim_pq_kernel[(grid,)](
         Q3, pq_codes, offsets,
         pids if pids is not None else dummy,
         codebooks,
@@ -99,9 +130,10 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         inv_norms if inv_norms is not None else dummy,
         scores_table if use_table else dummy,
         query_lengths if query_lengths is not None else dummy,
-        out,
-        num_out_docs, B, Lq, num_subquantizers, num_qblocks,
-        Q3.stride(0), Q3.stride(1), Q3.stride(2), pq_codes.stride(0),
+        out, counter if counter is not None else dummy,
+        num_out_docs, B, Lq, num_subquantizers, num_qblocks, num_chunks,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2),
+        pq_codes.stride(0) // WORD_BYTES if words else pq_codes.stride(0),
         scores_table.stride(0) if use_table else 0,
         out.stride(0), out.stride(1),
         LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
@@ -111,6 +143,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
+        WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
+        PERSISTENT=cfg.persistent,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

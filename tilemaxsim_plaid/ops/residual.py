@@ -16,6 +16,7 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (
     MAX_LQ_PER_LAUNCH,
+    document_grid,
     dot_precision,
     interpreter_upcast,
     interpreting,
@@ -48,9 +49,6 @@ WORD_BYTES = 4
 # programs that take documents two at a time (default_residual_config): enough documents that
 # every program walks several (132 SMs x ~20 resident one-warp programs x 2 is ~5k).
 MANY_DOCS = 16384
-# persistent=True launches this many programs per SM (the most a Hopper SM holds at once);
-# those that find the counter exhausted exit at once.
-PERSISTENT_PROGRAMS_PER_SM = 32
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
 DECODERS = ("pairs", "select")
@@ -94,7 +92,7 @@ class ResidualConfig:
             holds one entry) instead of loading them, where that applies (nbits <= 2, 16-bit
             products, the pair decoder). Off by default: on the H200 it saved 1 % at 2 warps and
             nothing at 1, and cost 10 % with split_query (results/compressed/h200-one-warp).
-        persistent: a fixed grid of programs (PERSISTENT_PROGRAMS_PER_SM per SM) that take
+        persistent: a fixed grid of programs (ops.launch.document_grid) that take
             chunks of docs_per_program documents from an atomic counter until none are left,
             instead of one program per chunk: no last wave running alone. One query block only.
             Not yet timed on a GPU; off by default.
@@ -212,14 +210,6 @@ def _ptx_loads(cfg: ResidualConfig) -> bool:
     if interpreting():
         return False  # the interpreter runs no PTX
     return True if cfg.ptx_loads is None else cfg.ptx_loads
-
-
-def _persistent_programs(device: torch.device) -> int:
-    """Programs of a persistent launch: PERSISTENT_PROGRAMS_PER_SM per SM; in the CPU
-    interpreter two, so that each walks several chunks."""
-    if device.type != "cuda":
-        return 2
-    return PERSISTENT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _shuffle_table(cfg: ResidualConfig, nbits: int, pairs: bool, element_size: int) -> bool:
@@ -377,14 +367,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
-    grid = num_chunks * num_qblocks
-    counter = dummy
-    if cfg.persistent:
-        if num_qblocks != 1:
-            raise ValueError(f"config.persistent needs one query block, got {num_qblocks} "
-                             f"(B={B} queries, {queries_per_block} per block)")
-        counter = torch.zeros(1, dtype=torch.int32, device=Q3.device)
-        grid = min(num_chunks, _persistent_programs(Q3.device))
+    grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
     _maxsim_residual_kernel[(grid,)](
         Q3, Q_lo if Q_lo is not None else Q3, codes, residuals, offsets,
         pids if pids is not None else dummy,
@@ -392,7 +375,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         inv_norms if inv_norms is not None else dummy,
         scores_table if use_table else dummy,
         query_lengths if query_lengths is not None else dummy,
-        out, counter,
+        out, counter if counter is not None else dummy,
         num_out_docs, B, Lq, dim, residuals.shape[1] // unit_bytes, num_qblocks, num_chunks,
         Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0) // unit_bytes,
         centroids.stride(0), centroids.stride(1),
@@ -496,7 +479,9 @@ def maxsim_residual(
         centroid_scores: optional fp32 [C, B*Lq], ``centroids @ Q_rows^T`` (what
             :func:`query_centroid_scores` builds), when the caller already has it: PLAID's
             candidate generation computes exactly this table, so the plugin's stage 4 reuses it
-            instead of building it again. Used only with ``inv_norms`` (the table path).
+            instead of building it again. Used only with ``inv_norms`` (the table path). An
+            fp16 table is taken with fp16 queries: half the bytes gathered per token, and each
+            entry's rounding (2**-11 relative) is that of colbert-ai's fp16 score matrix.
         split_query: fp32 Q only, with ``inv_norms``: multiply the fp16-decoded residual weights
             by Q's fp16 head and tail (two fp16 tensor-core products) instead of three tf32
             products on an fp32 tile; about 3x faster. The centroid part stays exact fp32; the
@@ -528,10 +513,12 @@ def maxsim_residual(
     if centroid_scores is not None:
         rows = Q3.shape[0] * Q3.shape[1]
         checks.check_tensor("centroid_scores", centroid_scores, dims=(2,),
-                            dtypes=(torch.float32,), device=Q.device)
+                            dtypes=(torch.float32, torch.float16), device=Q.device)
+        if centroid_scores.dtype == torch.float16 and Q.dtype != torch.float16:
+            raise ValueError(f"an fp16 centroid_scores table goes with fp16 queries only, got Q {Q.dtype}")
         if tuple(centroid_scores.shape) != (centroids.shape[0], rows) or centroid_scores.stride(1) != 1:
             raise ValueError(
-                f"centroid_scores must be fp32 [C={centroids.shape[0]}, B*Lq={rows}] with "
+                f"centroid_scores must be [C={centroids.shape[0]}, B*Lq={rows}] with "
                 f"contiguous rows (centroids @ Q_rows^T), got {checks.describe(centroid_scores)}"
             )
     num_out = pids.numel() if pids is not None else num_docs
