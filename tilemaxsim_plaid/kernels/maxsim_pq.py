@@ -51,11 +51,11 @@ import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
-from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_table, _ptx_load_words
+from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
 # PQ codes are bytes: 256 centroids per sub-quantizer, 4 codes per 32-bit word.
-CODEBOOK_SIZE: tl.constexpr = 256
-CODES_PER_WORD: tl.constexpr = 4
+CODEBOOK_SIZE = tl.constexpr(256)
+CODES_PER_WORD = tl.constexpr(4)
 
 
 @triton.jit
@@ -71,6 +71,19 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
     return tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d[None, :] * stride_qd,
                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+
+
+@triton.jit
+def _ptx_load_indexed(p_words, idx):
+    """int32 words ``p_words[idx]`` through the read-only path (L1 evict-last), by inline PTX,
+    in the layout of ``idx``. The address is formed inside the asm from one base pointer and
+    the 32-bit index, so the compiler holds an index per element, not a 64-bit pointer: half
+    the registers for a tile of gathers in flight."""
+    base = p_words + tl.zeros(idx.shape, tl.int32)
+    return tl.inline_asm_elementwise(
+        "{ .reg .u64 a; mul.wide.u32 a, $2, 4; add.u64 a, a, $1; "
+        "ld.global.nc.L1::evict_last.b32 $0, [a]; }",
+        "=r,l,r", [base, idx], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -99,7 +112,7 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
     if PTX_LOADS:
-        entry = _ptx_load_table(p_book_words + idx, 16)
+        entry = _ptx_load_indexed(p_book_words, idx)
     else:
         entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
     lo = entry.to(tl.int16)

@@ -11,7 +11,7 @@ from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (dot_precision, interpreter_upcast, interpreting,
                                          document_grid, launch_in_query_chunks)
-from tilemaxsim_plaid.ops.residual import query_centroid_scores
+from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 
 __all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
 
@@ -42,6 +42,8 @@ class PQConfig:
         persistent: a fixed grid of programs (ops.launch.document_grid)
             taking chunks of docs_per_program documents from an atomic counter. One query
             block only.
+        maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
+            choice: more programs per SM hide more of each one's dependent gathers.
     """
 
     block_t: int = 64
@@ -53,6 +55,7 @@ class PQConfig:
     word_gather: bool | None = None
     ptx_loads: bool | None = None
     persistent: bool = False
+    maxnreg: int | None = None
 
 
 def _pow2(x: int) -> int:
@@ -111,6 +114,9 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         value = getattr(cfg, name)
         if value < MIN_DOT_DIM or value & (value - 1):
             raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
+    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
+        raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
+                         f"got {cfg.maxnreg}")
     num_subquantizers, _, sub_dim = codebooks.shape
     m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim)
     lq = _pow2(Lq)
@@ -145,7 +151,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
         PERSISTENT=cfg.persistent,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
 
