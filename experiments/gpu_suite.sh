@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|pq-words|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|pq-words|compressed-rounds|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -131,6 +131,11 @@ case "$part" in
       tests/kernels/test_maxsim_pq.py tests/kernels/test_maxsim_residual.py -k "pq or centroid_scores or persistent"
     step kernel_rounds 240 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "pq,residual default,residual 1w r96 d2 persistent,packed default"
+    ;;
+  compressed-rounds)  # PQ and residual variants (L2 prefetch, fp16 centroid-score table) in
+                      # interleaved rounds beside the dense packed default
+    step kernel_rounds 300 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "pq,residual default,residual 1w r96,packed default"
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"

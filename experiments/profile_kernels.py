@@ -126,20 +126,17 @@ RERANK_CONFIGS = {
 # tensor-core operand's layout) with the residual kernel's one-warp and persistent shapes.
 PQ_CONFIGS = {
     "former 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2, word_gather=False),
-    "words 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2),
-    "words 16/1w d1": PQConfig(block_t=16, docs_per_program=1, num_warps=1, num_stages=1),
-    **{f"words {bt}/{w}w d{docs} st{st} r{reg} persistent":
-       PQConfig(block_t=bt, docs_per_program=docs, num_warps=w, num_stages=st, maxnreg=reg,
-                persistent=True)
-       for bt, w, docs, st, reg in ((16, 1, 2, 1, None), (16, 1, 2, 1, 128), (16, 1, 2, 1, 112),
-                                    (16, 1, 4, 1, 128), (16, 1, 2, 2, None), (32, 1, 2, 1, None),
-                                    (16, 2, 2, 1, None), (32, 2, 2, 1, None), (32, 4, 2, 1, None))},
-    "words 16/1w d2 st1 persistent tl.load": PQConfig(block_t=16, docs_per_program=2, num_warps=1,
-                                                      num_stages=1, persistent=True,
-                                                      ptx_loads=False),
+    **{f"words {bt}/1w d{docs} r{reg} pf{pf}{' tl.load' if not ptx else ''}":
+       PQConfig(block_t=bt, docs_per_program=docs, num_warps=1, num_stages=1, maxnreg=reg,
+                persistent=True, prefetch=pf, ptx_loads=ptx)
+       for bt, docs, reg, pf, ptx in ((16, 2, None, 0, True), (16, 2, None, 2, True),
+                                      (32, 2, None, 0, True), (32, 2, None, 1, True),
+                                      (32, 2, None, 2, True), (32, 4, None, 2, True),
+                                      (32, 2, 128, 2, True), (32, 2, None, 0, False),
+                                      (32, 2, None, 2, False))},
 }
 # Timed again with every code 0 (no gather conflicts).
-PQ_ZERO_CODE_CONFIGS = ("words 16/1w d2 st1 rNone persistent", "words 32/2w d2 st1 rNone persistent")
+PQ_ZERO_CODE_CONFIGS = ("words 32/1w d2 rNone pf0", "words 32/1w d2 rNone pf2")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
@@ -204,8 +201,16 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
                           lambda out, name=name: _assert_close(name, out[:n], ref))
     # The fp16 query's centroid-score table in fp16: 64 B gathered per token instead of 128.
     half_scores = scores.half()
+    prefetching = {f"residual 1w r96 d{docs} persistent pf{pf}":
+                   ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=docs, persistent=True,
+                                  prefetch=pf)
+                   for docs, pf in ((2, 1), (2, 2), (4, 2))}
+    for name, cfg in prefetching.items():
+        variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
+                                                        config=c, validate=False),
+                          lambda out, name=name: _assert_close(name, out[:n], ref))
     for name, cfg in (("residual default S fp16", None),
-                      ("residual 1w r96 d2 persistent S fp16", RESIDUAL_CONFIGS["residual 1w r96 d2 persistent"])):
+                      *((f"{name} S fp16", cfg) for name, cfg in prefetching.items())):
         variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                         centroid_scores=half_scores, config=c,
                                                         validate=False),

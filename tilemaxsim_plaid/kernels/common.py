@@ -33,3 +33,23 @@ def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.con
     start = tl.load(p_offsets + doc, mask=valid, other=0)
     end = tl.load(p_offsets + doc + 1, mask=valid, other=0)
     return valid, start, tl.where(valid, end, start)
+
+
+# L2 lines are 128 B; a prefetch asks for one line per element.
+LINE_BYTES = tl.constexpr(128)
+
+
+@triton.jit
+def prefetch_rows_l2(p_rows, first, last, row_bytes, LINES: tl.constexpr):
+    """Asks L2 for rows first .. last of a row-major array (row_bytes bytes each), up to LINES
+    128-B lines, one per element, by inline PTX (GPU only: the interpreter runs no PTX).
+
+    A prefetch holds no register and blocks nothing: the rows' HBM latency then overlaps the work
+    before their loads, which find them in L2. Returns a dummy 0 tensor the caller may ignore.
+    """
+    p_bytes = p_rows.to(tl.pointer_type(tl.int8))
+    offs = first.to(tl.int64) * row_bytes + tl.arange(0, LINES) * LINE_BYTES
+    wanted = offs < last.to(tl.int64) * row_bytes
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [p_bytes + offs, wanted.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -49,7 +49,7 @@ Masking as everywhere: a token past its document's end is -inf, a query row past
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
+from tilemaxsim_plaid.kernels.common import packed_doc_bounds, prefetch_rows_l2, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
@@ -195,11 +195,19 @@ def _score_pq_document(
     DSUB_PAD: tl.constexpr, HAS_PIDS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr,
+    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
-    (nothing for a slot past the last document)."""
+    (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
+    code rows, so tiles after the first find them there; 2: the next document's as well."""
     valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    code_row_bytes = stride_pt * 4 if WORD_GATHER else stride_pt
+    if PREFETCH >= 1:
+        prefetch_rows_l2(p_pq_codes, start + BLOCK_T, end, code_row_bytes, 32)
+    if PREFETCH >= 2:
+        _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, out_idx + 1, num_out_docs,
+                                                    HAS_PIDS)
+        prefetch_rows_l2(p_pq_codes, next_start, next_end, code_row_bytes, 32)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
     # Main tiles are full: an elementwise running max, reduced over tokens once per document.
     tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
@@ -238,6 +246,7 @@ def _maxsim_pq_kernel(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -275,7 +284,7 @@ def _maxsim_pq_kernel(
                     stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS)
+                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -287,4 +296,4 @@ def _maxsim_pq_kernel(
                 stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS)
+                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH)

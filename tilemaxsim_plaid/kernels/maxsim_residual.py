@@ -64,7 +64,7 @@ int64; offsets into the centroid table and S are int32 (the host checks they fit
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
+from tilemaxsim_plaid.kernels.common import packed_doc_bounds, prefetch_rows_l2, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 
 
@@ -348,6 +348,17 @@ def _residual_tile_scores(
 
 
 @triton.jit
+def _prefetch_document(p_codes, p_units, p_inv_norms, first, last, stride_ut,
+                       UNIT_BYTES: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr):
+    """L2 prefetch of tokens first .. last: residual rows, codes and inverse norms."""
+    prefetch_rows_l2(p_units, first, last, stride_ut * UNIT_BYTES, 32)
+    prefetch_rows_l2(p_codes, first, last, p_codes.dtype.element_ty.primitive_bitwidth // 8, 32)
+    if PRECOMPUTED_NORMS:
+        prefetch_rows_l2(p_inv_norms, first, last,
+                         p_inv_norms.dtype.element_ty.primitive_bitwidth // 8, 32)
+
+
+@triton.jit
 def _score_document(
     out_idx, pid_qblock, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
@@ -360,11 +371,21 @@ def _score_document(
     BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr, HAS_PIDS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
+    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
-    (nothing for a slot past the last document)."""
+    (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
+    codes, residual rows and inverse norms past its first tile, so later tiles find them there;
+    2: the next document's as well."""
     valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    if PREFETCH >= 1:
+        _prefetch_document(p_codes, p_units, p_inv_norms, start + BLOCK_T, end, stride_ut,
+                           UNIT_BYTES, PRECOMPUTED_NORMS)
+    if PREFETCH >= 2:
+        _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, out_idx + 1, num_out_docs,
+                                                    HAS_PIDS)
+        _prefetch_document(p_codes, p_units, p_inv_norms, next_start, next_end, stride_ut,
+                           UNIT_BYTES, PRECOMPUTED_NORMS)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
     # Main tiles are full: an elementwise running max, reduced over tokens once per document.
@@ -411,6 +432,7 @@ def _maxsim_residual_kernel(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PERSISTENT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
@@ -476,7 +498,7 @@ def _maxsim_residual_kernel(
                     stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                     BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                     CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                    PTX_LOADS, SHUFFLE_TABLE)
+                    PTX_LOADS, SHUFFLE_TABLE, PREFETCH)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         # The static grid keeps its plain loop (no while, no atomic): the configuration the
@@ -491,4 +513,4 @@ def _maxsim_residual_kernel(
                 stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                 BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                PTX_LOADS, SHUFFLE_TABLE)
+                PTX_LOADS, SHUFFLE_TABLE, PREFETCH)

@@ -42,6 +42,9 @@ class PQConfig:
         persistent: a fixed grid of programs (ops.launch.document_grid)
             taking chunks of docs_per_program documents from an atomic counter. One query
             block only.
+        prefetch: 0, or 1: each document's code rows past its first tile are prefetched into
+            L2 (inline PTX) before its tiles are walked; 2: the next document's too. GPU only
+            (a hint: the interpreter skips it).
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice: more programs per SM hide more of each one's dependent gathers.
     """
@@ -55,6 +58,7 @@ class PQConfig:
     word_gather: bool | None = None
     ptx_loads: bool | None = None
     persistent: bool = False
+    prefetch: int = 0
     maxnreg: int | None = None
 
 
@@ -151,6 +155,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
         PERSISTENT=cfg.persistent,
+        PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out

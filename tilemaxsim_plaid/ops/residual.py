@@ -95,7 +95,10 @@ class ResidualConfig:
         persistent: a fixed grid of programs (ops.launch.document_grid) that take
             chunks of docs_per_program documents from an atomic counter until none are left,
             instead of one program per chunk: no last wave running alone. One query block only.
-            Not yet timed on a GPU; off by default.
+            default_residual_config takes it for large one-query launches.
+        prefetch: 0, or 1: each document's codes, residual rows and inverse norms past its
+            first tile are prefetched into L2 (inline PTX) before its tiles are walked; 2: the
+            next document's too. GPU only (a hint: the interpreter skips it).
     """
 
     block_t: int = 16
@@ -113,6 +116,7 @@ class ResidualConfig:
     ptx_loads: bool | None = None
     shuffle_table: bool = False
     persistent: bool = False
+    prefetch: int = 0
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -391,6 +395,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
         SHUFFLE_TABLE=_shuffle_table(cfg, nbits, pairs, Q3.element_size()),
         PERSISTENT=cfg.persistent,
+        PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
