@@ -132,10 +132,13 @@ case "$part" in
     step kernel_rounds 240 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "pq,residual default,residual 1w r96 d2 persistent,packed default"
     ;;
-  compressed-rounds)  # PQ and residual variants (L2 prefetch, fp16 centroid-score table) in
-                      # interleaved rounds beside the dense packed default
+  compressed-rounds)  # residual and PQ kernel tests, then their variants (L2 prefetch, fp16
+                      # centroid-score table, PQ chunk widths) in interleaved rounds beside the
+                      # dense packed default
+    step compressed_tests 300 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_residual.py tests/kernels/test_maxsim_pq.py
     step kernel_rounds 300 python3 -m experiments.profile_kernels time --rounds 6 \
-      --only "pq,residual default,residual 1w r96,packed default"
+      --only "pq,residual default,residual 16/1w,residual 32/1w,packed default"
     ;;
   compressed-sweep)  # residual and PQ kernels, main rows and the launch-config sweep
     step bench_compressed 200 python3 -m experiments.bench_compressed --sweep --out "$OUT/compressed"

@@ -126,17 +126,16 @@ RERANK_CONFIGS = {
 # tensor-core operand's layout) with the residual kernel's one-warp and persistent shapes.
 PQ_CONFIGS = {
     "former 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2, word_gather=False),
-    **{f"words {bt}/1w d{docs} r{reg} pf{pf}{' tl.load' if not ptx else ''}":
-       PQConfig(block_t=bt, docs_per_program=docs, num_warps=1, num_stages=1, maxnreg=reg,
-                persistent=True, prefetch=pf, ptx_loads=ptx)
-       for bt, docs, reg, pf, ptx in ((16, 2, None, 0, True), (16, 2, None, 2, True),
-                                      (32, 2, None, 0, True), (32, 2, None, 1, True),
-                                      (32, 2, None, 2, True), (32, 4, None, 2, True),
-                                      (32, 2, 128, 2, True), (32, 2, None, 0, False),
-                                      (32, 2, None, 2, False))},
+    **{f"words {bt}/1w bd{bd} r{reg}{' tl.load' if not ptx else ''}":
+       PQConfig(block_t=bt, docs_per_program=2, num_warps=1, num_stages=1, maxnreg=reg,
+                persistent=True, block_d=bd, ptx_loads=ptx)
+       for bt, bd, reg, ptx in ((32, 128, None, True), (32, 64, None, True), (32, 32, None, True),
+                                (16, 32, None, True), (16, 64, None, True), (32, 64, 128, True),
+                                (16, 32, 96, True), (32, 128, None, False),
+                                (32, 64, None, False))},
 }
 # Timed again with every code 0 (no gather conflicts).
-PQ_ZERO_CODE_CONFIGS = ("words 32/1w d2 rNone pf0", "words 32/1w d2 rNone pf2")
+PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone",)
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
@@ -201,10 +200,12 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
                           lambda out, name=name: _assert_close(name, out[:n], ref))
     # The fp16 query's centroid-score table in fp16: 64 B gathered per token instead of 128.
     half_scores = scores.half()
-    prefetching = {f"residual 1w r96 d{docs} persistent pf{pf}":
-                   ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=docs, persistent=True,
-                                  prefetch=pf)
-                   for docs, pf in ((2, 1), (2, 2), (4, 2))}
+    prefetching = {f"residual {bt}/1w r{reg} d{docs} persistent pf{pf}":
+                   ResidualConfig(block_t=bt, num_warps=1, maxnreg=reg, docs_per_program=docs,
+                                  persistent=True, prefetch=pf)
+                   for bt, reg, docs, pf in ((16, 96, 2, 0), (16, 96, 2, 1), (16, 104, 2, 1),
+                                             (16, 112, 2, 1), (16, 96, 1, 1), (16, 96, 3, 1),
+                                             (32, 128, 2, 1), (32, None, 2, 1))}
     for name, cfg in prefetching.items():
         variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                         config=c, validate=False),

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import packed_doc_bounds, prefetch_rows_l2, tile_dot
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
-from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
+from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_scores, _ptx_load_words
 
 # PQ codes are bytes: 256 centroids per sub-quantizer, 4 codes per 32-bit word.
 CODEBOOK_SIZE = tl.constexpr(256)
@@ -123,7 +123,7 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
 
 @triton.jit
 def _pq_tile_scores(
-    t0, t_end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+    t0, t_end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
     num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, M_BLOCK: tl.constexpr,
@@ -145,9 +145,13 @@ def _pq_tile_scores(
         codes = tl.load(p_centroid_codes + offs_t, mask=mask_t, other=0,
                         eviction_policy="evict_first").to(tl.int64)
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S = centroids @ Q^T
-        acc = tl.load(p_centroid_scores + codes[:, None] * stride_sc + offs_col[None, :],
-                      mask=mask_t[:, None] & mask_col[None, :], other=0.0,
-                      eviction_policy="evict_last").to(tl.float32)
+        p_rows_s = p_centroid_scores + codes[:, None] * stride_sc + offs_col[None, :]
+        mask_s = mask_t[:, None] & mask_col[None, :]
+        if PTX_LOADS:
+            acc = _ptx_load_scores(p_rows_s, mask_s).to(tl.float32)
+        else:
+            acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
+                          eviction_policy="evict_last").to(tl.float32)
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
     offs_k = tl.arange(0, DSUB_PAD)
@@ -168,8 +172,10 @@ def _pq_tile_scores(
             b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
                             other=0.0, eviction_policy="evict_last")
             b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD]).to(b_q0.dtype)
-        if NUM_M_BLOCKS == 1:
+        if kd == 0:
             b_q = b_q0
+        elif kd == 1:
+            b_q = b_q1
         else:
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
@@ -184,7 +190,7 @@ def _pq_tile_scores(
 
 @triton.jit
 def _score_pq_document(
-    out_idx, pid_qblock, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+    out_idx, pid_qblock, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_pq_codes, p_offsets, p_pids, p_codebooks, p_centroid_codes, p_inv_norms,
     p_centroid_scores, p_out,
     num_out_docs, num_queries, num_subquantizers,
@@ -213,7 +219,7 @@ def _score_pq_document(
     tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
     for t0 in range(start, full_end, BLOCK_T):
         scores = _pq_tile_scores(
-            t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
@@ -222,7 +228,7 @@ def _score_pq_document(
     row_max = tl.max(tile_max, axis=0)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _pq_tile_scores(
-            t0, end, b_q0, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
@@ -264,9 +270,16 @@ def _maxsim_pq_kernel(
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
     offs_col = offs_b * Lq + offs_i
     mask_col = (offs_b < num_queries) & (offs_i < Lq)
-    # [BLOCK_Q, M_BLOCK * DSUB_PAD]: stays in registers across every tile of the program.
+    # [BLOCK_Q, M_BLOCK * DSUB_PAD]: the first two chunks stay in registers / shared memory
+    # across every tile of the program (d = 128 in 64-column chunks is all of it); later chunks
+    # are reloaded per tile from L1/L2.
     b_q0 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 0, stride_qb, stride_qt, stride_qd,
                                num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+    if NUM_M_BLOCKS >= 2:
+        b_q1 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 1, stride_qb, stride_qt,
+                                   stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+    else:
+        b_q1 = b_q0
     if WORD_GATHER:
         p_pq_codes = p_pq_codes.to(tl.pointer_type(tl.int32))
         p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
@@ -277,7 +290,7 @@ def _maxsim_pq_kernel(
         while chunk < num_chunks:
             for doc_step in range(DOCS_PER_PROGRAM):
                 _score_pq_document(
-                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, offs_b,
+                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q1, offs_b,
                     offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets, p_pids,
                     p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
                     num_out_docs, num_queries, num_subquantizers, stride_qb, stride_qt,
@@ -289,7 +302,7 @@ def _maxsim_pq_kernel(
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
             _score_pq_document(
-                pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, offs_b,
+                pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q1, offs_b,
                 offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets, p_pids,
                 p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
                 num_out_docs, num_queries, num_subquantizers, stride_qb, stride_qt,

@@ -33,6 +33,9 @@ class PQConfig:
         queries_per_block: queries stacked into one tensor-core product.
         docs_per_program: documents one program walks (with persistent, per chunk).
         num_warps, num_stages: Triton launch parameters.
+        block_d: decoded columns per tensor-core product (32, 64 or 128; None: 128). A
+            narrower chunk holds fewer operand registers at once (the query's two chunks stay
+            held either way), so more one-warp programs fit an SM.
         word_gather: read codes and codebook as 32-bit words, two weights per gather
             (kernels/maxsim_pq.py). None: wherever it applies (16-bit queries, an even
             power-of-two sub-dimension, whole chunks of a multiple of 4 sub-quantizers, 4-byte
@@ -55,6 +58,7 @@ class PQConfig:
     docs_per_program: int = 4
     num_warps: int = 4
     num_stages: int = 2
+    block_d: int | None = None
     word_gather: bool | None = None
     ptx_loads: bool | None = None
     persistent: bool = False
@@ -79,10 +83,11 @@ def default_pq_config(num_queries: int, Lq: int) -> PQConfig:
                     docs_per_program=4 if num_queries * lq <= 64 else 2)
 
 
-def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, int, int]:
-    """(M_BLOCK, NUM_M_BLOCKS, DSUB_PAD): sub-quantizers per decoded chunk of <= 128 columns."""
+def subquantizer_blocking(num_subquantizers: int, sub_dim: int,
+                          block_d: int = MAX_BLOCK_D) -> tuple[int, int, int]:
+    """(M_BLOCK, NUM_M_BLOCKS, DSUB_PAD): sub-quantizers per decoded chunk of <= block_d columns."""
     dsub_pad = _pow2(sub_dim)
-    m_block = min(_pow2(num_subquantizers), max(1, MAX_BLOCK_D // dsub_pad))
+    m_block = min(_pow2(num_subquantizers), max(1, block_d // dsub_pad))
     m_block = max(m_block, triton.cdiv(MIN_DOT_DIM, dsub_pad))
     return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
 
@@ -122,7 +127,10 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
                          f"got {cfg.maxnreg}")
     num_subquantizers, _, sub_dim = codebooks.shape
-    m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim)
+    if cfg.block_d not in (None, 32, 64, MAX_BLOCK_D):
+        raise ValueError(f"config.block_d must be None, 32, 64 or {MAX_BLOCK_D}, got {cfg.block_d}")
+    m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim,
+                                                            cfg.block_d or MAX_BLOCK_D)
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
