@@ -148,7 +148,7 @@ def _pq_tile_scores(
         p_rows_s = p_centroid_scores + codes[:, None] * stride_sc + offs_col[None, :]
         mask_s = mask_t[:, None] & mask_col[None, :]
         if PTX_LOADS:
-            acc = _ptx_load_scores(p_rows_s, mask_s).to(tl.float32)
+            acc = _ptx_load_scores(p_rows_s, mask_s)
         else:
             acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
                           eviction_policy="evict_last").to(tl.float32)

@@ -172,19 +172,23 @@ def _ptx_load_table(ptrs, ELEM_BITS: tl.constexpr):
 
 @triton.jit
 def _ptx_load_scores(ptrs, mask):
-    """Centroid-score entries (fp32 or fp16) at ``ptrs``, 0 where masked, by inline PTX (L2
-    only: the table is gathered a row per token and would only churn L1). Elementwise, so the
-    values land in the layout of their consumer, the tensor-core accumulator; a tl.load's
+    """Centroid-score entries (fp32 or fp16) at ``ptrs`` as fp32, 0 where masked, by inline PTX
+    (L2 only: the table is gathered a row per token and would only churn L1). Elementwise, so
+    the values land in the layout of their consumer, the tensor-core accumulator; a tl.load's
     blocked layout crossed shared memory to reach it on every tile."""
     if ptrs.dtype.element_ty == tl.float16:
-        return tl.inline_asm_elementwise(
+        bits = tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b16 $0, 0; "
             "@p ld.global.nc.L1::no_allocate.b16 $0, [$1]; }",
-            "=h,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.float16, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b32 $0, 0; "
-        "@p ld.global.nc.L1::no_allocate.b32 $0, [$1]; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.float32, is_pure=True, pack=1)
+            "=h,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int16, is_pure=True, pack=1)
+        values = bits.to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        bits = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b32 $0, 0; "
+            "@p ld.global.nc.L1::no_allocate.b32 $0, [$1]; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
+        values = bits.to(tl.float32, bitcast=True)
+    return values
 
 
 @triton.jit
@@ -327,7 +331,7 @@ def _residual_tile_scores(
         mask_s = mask_t[:, None] & mask_col[None, :]
         if PTX_LOADS:
             # Straight into the accumulator's layout: no shared-memory round trip per tile.
-            acc = _ptx_load_scores(p_rows_s, mask_s).to(tl.float32)
+            acc = _ptx_load_scores(p_rows_s, mask_s)
         else:
             acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
                           eviction_policy="evict_last").to(tl.float32)
