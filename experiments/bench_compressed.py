@@ -9,7 +9,8 @@ worst case for L2 locality of centroid-side gathers).
 
 Providers:
 * tilemaxsim_residual: maxsim_residual with the index's precomputed inverse norms (centroid part
-  from the per-query table).
+  from the per-query table, fp16 for the fp16 query).
+* tilemaxsim_residual_fp32_table: the same with an fp32 table and no prefetch (the former default).
 * tilemaxsim_residual_gather: maxsim_residual without norms (centroid rows gathered, norm taken
   from the decoded tile).
 * tilemaxsim_dense_decoded: our dense maxsim_packed on the same documents decompressed to fp16.
@@ -47,7 +48,8 @@ from tilemaxsim_plaid.codecs.residual import (
 )
 from tilemaxsim_plaid.ops.dense import maxsim_packed
 from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
-from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual, query_centroid_scores
+from tilemaxsim_plaid.ops.residual import (ResidualConfig, default_residual_config,
+                                           maxsim_residual, query_centroid_scores)
 
 SUITE = "compressed"
 OURS = "tilemaxsim_residual"
@@ -181,11 +183,12 @@ def classify_bound(row: dict, ceilings: dict) -> str:
         return "tensor cores"
     return {
         "tilemaxsim_residual": "decode arithmetic (bits->weights) + S-row gathers from L2",
+        "tilemaxsim_residual_fp32_table": "decode arithmetic (bits->weights) + S-row gathers from L2",
         "tilemaxsim_residual_gather": "decode arithmetic + centroid-row gathers from L2",
         "torch_decompress_score": "materialised decode: extra HBM passes and launches",
         "late_interaction_kernels": "per-(query, doc) programs: decode repeated, low occupancy",
-    }.get(row["provider"], "L1 gathers of codebook sub-vectors" if "pq" in row["provider"]
-          else "latency / occupancy")
+    }.get(row["provider"], "latency of dependent code loads -> L1 codebook gathers"
+          if "pq" in row["provider"] else "latency / occupancy")
 
 
 def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
@@ -201,9 +204,12 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     flops = 2.0 * QUERY_LEN * DIM * T
     nb = DIM * NBITS // 8
     doc_offsets = num_docs * 8
-    table_bytes = num_centroids * DIM * 2 + 2 * num_centroids * QUERY_LEN * 4  # read C, write+read S
+    # Read C, write and read S: fp16 entries for fp16 queries (ops/residual.py, half_table).
+    table_bytes = num_centroids * DIM * 2 + 2 * num_centroids * QUERY_LEN * 2
+    table_bytes_fp32 = num_centroids * DIM * 2 + 2 * num_centroids * QUERY_LEN * 4
     bytes_of = {
         "tilemaxsim_residual": T * (4 + nb + 4) + doc_offsets + table_bytes,
+        "tilemaxsim_residual_fp32_table": T * (4 + nb + 4) + doc_offsets + table_bytes_fp32,
         "tilemaxsim_residual_gather": T * (4 + nb) + doc_offsets + num_centroids * DIM * 2,
         "torch_decompress_score": T * (4 + nb) + doc_offsets + num_centroids * DIM * 2,
         "late_interaction_kernels": T * (4 + nb) + doc_offsets + num_centroids * DIM * 2,
@@ -215,6 +221,11 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
         "tilemaxsim_residual": lambda: maxsim_residual(*residual_args, inv_norms=index["inv_norms"],
                                                        validate=False),
         "tilemaxsim_residual_gather": lambda: maxsim_residual(*residual_args, validate=False),
+        # The former default: an fp32 centroid-score table, no prefetch.
+        "tilemaxsim_residual_fp32_table": lambda: maxsim_residual(
+            *residual_args, inv_norms=index["inv_norms"], validate=False,
+            config=dataclasses.replace(default_residual_config(1, QUERY_LEN, num_docs=num_docs),
+                                       half_table=False)),
     }
     D16 = decompress_residuals(index["codes"], index["residuals"], index["centroids"],
                                index["bucket_weights"], NBITS)
@@ -237,8 +248,8 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     # Cross-checks on the benchmark data: fused scores equal dense scores of the fp16 decode.
     checks = {}
     dense = runs["tilemaxsim_dense_decoded"]()
-    for name in ("tilemaxsim_residual", "tilemaxsim_residual_gather", "torch_decompress_score",
-                 "late_interaction_kernels"):
+    for name in ("tilemaxsim_residual", "tilemaxsim_residual_fp32_table",
+                 "tilemaxsim_residual_gather", "torch_decompress_score", "late_interaction_kernels"):
         if name in runs:
             diff = (runs[name]().double() - dense.double()).abs().max().item()
             checks[f"{name} vs dense(decoded fp16) max|diff|"] = diff

@@ -198,11 +198,13 @@ def residual_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
         variants[name] = (lambda c=cfg: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                         config=c, validate=False),
                           lambda out, name=name: _assert_close(name, out[:n], ref))
-    # The fp16 query's centroid-score table in fp16: 64 B gathered per token instead of 128.
+    # The fp16 query's centroid-score table in fp16 (64 B gathered per token instead of 128),
+    # built once here ("S fp16") or by the kernel's host per call (the default, half_table).
+    # The variants above take the fp32 table (half_table=False).
     half_scores = scores.half()
     prefetching = {f"residual {bt}/1w r{reg} d{docs} persistent pf{pf}":
                    ResidualConfig(block_t=bt, num_warps=1, maxnreg=reg, docs_per_program=docs,
-                                  persistent=True, prefetch=pf)
+                                  persistent=True, prefetch=pf, half_table=False)
                    for bt, reg, docs, pf in ((16, 96, 2, 0), (16, 96, 2, 1), (16, 104, 2, 1),
                                              (16, 112, 2, 1), (16, 96, 1, 1), (16, 96, 3, 1),
                                              (32, 128, 2, 1), (32, None, 2, 1))}

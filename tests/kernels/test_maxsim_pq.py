@@ -12,7 +12,7 @@ from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # 
 from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
+from tilemaxsim_plaid.ops.pq import MANY_DOCS, PQConfig, default_pq_config, maxsim_pq
 
 
 def random_pq_index(device, dim, num_subquantizers, lengths=DOC_LENGTHS, num_centroids=0):
@@ -117,10 +117,11 @@ def test_bad_inputs_name_the_argument(device):
     with_pids=st.booleans(),
     word_gather=st.sampled_from([None, False, True]),
     persistent=st.booleans(),
+    block_d=st.sampled_from([None, 32, 64]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
-                                        word_gather, persistent):
+                                        word_gather, persistent, block_d):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -130,7 +131,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     pids = torch.tensor([5, 0, 3, 3, 1], device=device) if with_pids else None
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
                       docs_per_program=docs_per_program, word_gather=word_gather,
-                      persistent=persistent)
+                      persistent=persistent, block_d=block_d)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -197,3 +198,28 @@ def test_configs_that_cannot_apply_are_refused(device):
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))
+
+
+def test_default_config_by_number_of_documents():
+    many = default_pq_config(1, 32, MANY_DOCS)
+    assert many.persistent and many.num_warps == 1 and many.block_d == 64
+    assert not default_pq_config(1, 32, MANY_DOCS - 1).persistent
+    assert not default_pq_config(1, 32, MANY_DOCS, element_size=4).persistent
+    assert not default_pq_config(4, 32, MANY_DOCS).persistent  # several query blocks
+
+
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+@pytest.mark.parametrize("num_subquantizers", [16, 32])
+def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode, num_subquantizers):
+    """The large-set default (persistent one-warp programs, 64-column chunks, word gathers) on a
+    small index: full tiles, tails, empty documents, repeated pids."""
+    lengths = [0, 1, 31, 32, 33, 70, 96, 15, 64, 2]
+    index = random_pq_index(device, 128, num_subquantizers, lengths,
+                            num_centroids=17 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    pids = torch.tensor([9, 3, 3, 0, 5, 6, 1, 8], device=device)
+    config = default_pq_config(1, 32, MANY_DOCS)
+    out = maxsim_pq(Q, *args, pids, **extra, config=config)
+    assert_close(out, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)

@@ -20,6 +20,7 @@ from tilemaxsim_plaid.ops.residual import (
     ResidualConfig,
     decode_table,
     maxsim_residual,
+    query_centroid_scores,
     split_query_centroid_scores,
 )
 
@@ -168,6 +169,8 @@ def test_default_config_by_number_of_documents():
     split = default_residual_config(1, 32, split_query=True, num_docs=many, element_size=2)
     assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program, fp16.persistent) == (1, 96, 2, True)
     assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
+    half = default_residual_config(1, 32, num_docs=many, half_table=True)
+    assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (104, 1, 0, 0)
     # Queries that share one block of at most 32 rows: still one query block, as the
     # persistent grid needs.
     for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
@@ -301,6 +304,26 @@ def test_caller_supplied_centroid_scores(device, poisoned_outputs):
     long_table = (index["centroids"].float() @ long_Q[0].T).contiguous()
     out = score(long_Q, index, 2, inv_norms=norms, centroid_scores=long_table)
     assert_close(out, expected(long_Q, index, 2), "maxsim_residual", torch.float32)
+
+
+def test_half_table_is_the_fp16_default(device, poisoned_outputs):
+    """fp16 queries get an fp16 centroid-score table by default (each entry the fp32 product
+    rounded once): the default equals half_table=True bit for bit, the fp32 table agrees within
+    the fp16 tolerance, and the table builder rounds exactly once."""
+    index = random_index(device, 128, 2, centroid_dtype=torch.float16)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    norms = norms_of(index, 2)
+    default = score(Q, index, 2, inv_norms=norms)
+    half = score(Q, index, 2, inv_norms=norms, config=ResidualConfig(half_table=True))
+    full = score(Q, index, 2, inv_norms=norms, config=ResidualConfig(half_table=False))
+    assert torch.equal(default.cpu(), half.cpu())
+    assert_close(half, expected(Q, index, 2), "maxsim_residual", torch.float16)
+    assert_close(full, expected(Q, index, 2), "maxsim_residual", torch.float16)
+    table32 = query_centroid_scores(Q, index["centroids"])
+    table16 = query_centroid_scores(Q, index["centroids"], torch.float16)
+    assert table16.dtype == torch.float16 and torch.equal(table16.cpu(), table32.half().cpu())
+    with pytest.raises(ValueError, match="config.half_table"):
+        score(Q.float(), index, 2, inv_norms=norms, config=ResidualConfig(half_table=True))
 
 
 def test_fp16_centroid_scores_with_fp16_queries(device, poisoned_outputs):

@@ -20,6 +20,9 @@ MAX_BLOCK_D = 128
 MIN_DOT_DIM = 16
 # PQ codes are bytes: 256 centroids per sub-quantizer.
 CODEBOOK_SIZE = 256
+# From this many scored documents on, one query is scored by a persistent grid of one-warp
+# programs (default_pq_config), as in ops/residual.py.
+MANY_DOCS = 16384
 # Word gathers read codes and codebooks as 32-bit words: 4 codes, or two 16-bit weights.
 WORD_BYTES = 4
 
@@ -70,13 +73,28 @@ def _pow2(x: int) -> int:
     return 1 if x <= 1 else triton.next_power_of_2(x)
 
 
-def default_pq_config(num_queries: int, Lq: int) -> PQConfig:
-    """Same shape logic as the residual kernel: up to 64 query rows per block. For one query the
-    H200 sweep (results/compressed/h200-final) favoured 32-token tiles, 16 documents per program
-    and 2 warps: 1.56 ms against 2.66 ms for 64-token tiles, 4 documents, 4 warps (M = 16)."""
+def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
+                      element_size: int = 2) -> PQConfig:
+    """Same shape logic as the residual kernel: up to 64 query rows per block.
+
+    One query (H200, interleaved rounds of experiments/profile_kernels.py, 100k documents of MS
+    MARCO-like lengths, d = 128; results/compressed/h200-pq-words):
+    * at least MANY_DOCS documents with 16-bit queries: word gathers in one-warp programs of
+      32-token tiles decoded in two 64-column chunks, on a persistent grid taking 2 documents at
+      a time: M = 16 0.612 ms, M = 32 0.784 ms, against 1.567 / 2.823 ms for the former default.
+      A 2-warp program splits a tile's products by query columns, so both warps gather the
+      whole tile (16-token tiles: 1.03 ms); 32-token tiles make fewer dependent round trips per
+      document than 16 (0.615 against 0.695 ms).
+    * otherwise 32-token tiles, 16 documents per program and 2 warps (results/compressed/
+      h200-final: 1.56 ms against 2.66 ms for 64-token tiles, 4 documents, 4 warps, M = 16).
+    """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if num_queries * lq <= 32:
+        if num_docs >= MANY_DOCS and element_size == 2:
+            return PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
+                            docs_per_program=2, num_warps=1, num_stages=1, persistent=True,
+                            block_d=64)
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
     return PQConfig(queries_per_block=queries_per_block,
@@ -118,7 +136,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_pq_config(B, Lq)
+    cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size())
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)
         if value < MIN_DOT_DIM or value & (value - 1):

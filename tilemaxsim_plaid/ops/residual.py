@@ -99,6 +99,11 @@ class ResidualConfig:
         prefetch: 0, or 1: each document's codes, residual rows and inverse norms past its
             first tile are prefetched into L2 (inline PTX) before its tiles are walked; 2: the
             next document's too. GPU only (a hint: the interpreter skips it).
+        half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
+            per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
+            in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
+            score matrix carries. None: for fp16 queries when the kernel builds the table (a
+            caller's table is used as given).
     """
 
     block_t: int = 16
@@ -117,6 +122,7 @@ class ResidualConfig:
     shuffle_table: bool = False
     persistent: bool = False
     prefetch: int = 0
+    half_table: bool | None = None
 
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
@@ -139,7 +145,8 @@ def default_block_d(dim: int) -> int:
 
 
 def default_residual_config(num_queries: int, Lq: int, split_query: bool = False,
-                            num_docs: int = 0, element_size: int = 2) -> ResidualConfig:
+                            num_docs: int = 0, element_size: int = 2,
+                            half_table: bool = False) -> ResidualConfig:
     """Deterministic heuristic, no autotuning at call time.
 
     One query (a query block of at most 32 rows), measured on the H200 in interleaved rounds of
@@ -156,7 +163,9 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       a persistent grid taking 2 documents at a time rather than one program per 4 documents,
       whose last wave runs alone (results/compressed/h200-persistent): fp16 0.500 against 0.514
       ms; split_query, the kernel alone, 0.689 against 0.706 ms at 100k candidates and 6.45
-      against 6.58 ms at 1M (experiments/profile_rerank.py).
+      against 6.58 ms at 1M (experiments/profile_rerank.py). With an fp16 centroid-score table
+      (half_table) each document's rows are also prefetched into L2 (results/compressed/
+      h200-pq-words).
     * Fewer documents (the search path's stage 4 scores at most a few thousand): the 2-warp
       configs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query (0.927 against 1.020 ms at 16 for 100k documents).
@@ -172,9 +181,13 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
             # Here queries_per_block = _pow2(num_queries): every query is in the one block, as
             # a persistent grid needs.
+            # With the fp16 table an L2 prefetch of each document pays (0.476 -> 0.460 ms);
+            # with the fp32 one it costs (0.499 -> 0.520): more L2 traffic beside 128-B rows.
+            # Under a 96-register cap the fp16-table tile spills 15 registers, under 104 three.
+            maxnreg = 128 if split_query else (104 if half_table else 96)
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
-                                  maxnreg=128 if split_query else 96, docs_per_program=2,
-                                  persistent=True)
+                                  maxnreg=maxnreg, docs_per_program=2, persistent=True,
+                                  prefetch=1 if half_table else 0)
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
@@ -232,8 +245,10 @@ def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
     return WORD_BYTES if aligned else 1
 
 
-def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """S = centroids @ Q_rows^T in fp32: [C, B * Lq] for Q3 [B, Lq, d].
+def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """S = centroids @ Q_rows^T: [C, B * Lq] for Q3 [B, Lq, d], accumulated in fp32 and stored
+    in ``dtype`` (fp32, or fp16: each entry rounded once).
 
     Products are taken in Q's dtype when the centroids share it (fp16/bf16 tensor cores; fp32 in
     full precision), else in fp32, so that fp16 centroids are not rounded to a bf16 query's grid:
@@ -242,7 +257,9 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor) -> torch.Te
     mixed = centroids.dtype != Q3.dtype
     rows = Q3.reshape(-1, Q3.shape[-1])
     C, dim = centroids.shape
-    out = torch.empty(C, rows.shape[0], dtype=torch.float32, device=Q3.device)
+    if dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the centroid-score table is fp32 or fp16, got {dtype}")
+    out = torch.empty(C, rows.shape[0], dtype=dtype, device=Q3.device)
     if C == 0 or rows.shape[0] == 0:
         return out
     grid = (triton.cdiv(C, TABLE_BLOCK_C), triton.cdiv(rows.shape[0], TABLE_BLOCK_R))
@@ -325,7 +342,14 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                    split_query=False):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size())
+    builds_table = centroid_scores is None and not split_query
+    half_default = builds_table and Q3.dtype == torch.float16
+    cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
+                                            half_default)
+    half_table = half_default if cfg.half_table is None else cfg.half_table
+    if half_table and (Q3.dtype != torch.float16 or not builds_table):
+        raise ValueError("config.half_table needs fp16 queries and a table built here (no "
+                         f"centroid_scores, no split_query); got {Q3.dtype} queries")
     block_d = cfg.block_d or default_block_d(dim)
     if block_d < MIN_DOT_DIM or block_d & (block_d - 1):
         raise ValueError(f"config.block_d must be a power of two >= {MIN_DOT_DIM}, got {block_d}")
@@ -350,7 +374,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         # One launch builds the table and the query's fp16 head and tail.
         scores_table, Q3, Q_lo = split_query_centroid_scores(Q3, centroids)
     elif use_table:
-        scores_table = query_centroid_scores(Q3, centroids)
+        scores_table = query_centroid_scores(
+            Q3, centroids, torch.float16 if half_table else torch.float32)
     for name, rows in (("centroids", centroids), ("centroid score table", scores_table)):
         if rows is not None and sum((n - 1) * st for n, st in zip(rows.shape, rows.stride())
                                     if n) > MAX_INT32_OFFSET:
