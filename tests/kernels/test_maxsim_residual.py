@@ -170,7 +170,7 @@ def test_default_config_by_number_of_documents():
     assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program, fp16.persistent) == (1, 96, 2, True)
     assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
     half = default_residual_config(1, 32, num_docs=many, half_table=True)
-    assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (104, 1, 0, 0)
+    assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (96, 1, 0, 0)
     # Queries that share one block of at most 32 rows: still one query block, as the
     # persistent grid needs.
     for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
