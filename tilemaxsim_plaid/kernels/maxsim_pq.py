@@ -19,9 +19,12 @@ arithmetic: per token it gathers the M sub-vectors of the codebook (d * 2 B = 25
 4x less than the tables; the whole codebook is 256 * d * 2 B = 64 KB at d = 128, held in L1/L2
 for the whole kernel) with one vectorised load of d/M contiguous elements per sub-quantizer, and
 multiplies the [BLOCK_T, d] tile by the query block with tl.dot. HBM traffic is M bytes per
-token (plus 4 for a centroid code and 4 for an inverse norm in residual mode); the bound is the
-gathers' L1 throughput. The codebooks are rounded to Q's dtype once per call on the host, so the
-result equals MaxSim over the codec's decoded vectors within that rounding.
+token (plus 4 for a centroid code and 4 for an inverse norm in residual mode). What bounds it on
+an H200 is latency, not bytes: each tile's code load (HBM) -> codebook gathers (L1) -> products
+is one dependent chain, and the one-warp program needs 140-170 registers, so 12-14 run per SM.
+With every code 0 (no two gathers of a warp conflicting) it is only ~20 % faster
+(results/compressed/h200-pq-words). The codebooks are rounded to Q's dtype once per call on the
+host, so the result equals MaxSim over the codec's decoded vectors within that rounding.
 
 Tile layout: a [BLOCK_T, M_BLOCK, DSUB_PAD] gather (sub-quantizer m, element k of its sub-vector)
 reshapes to [BLOCK_T, M_BLOCK * DSUB_PAD]; the query tile is loaded with the same (m, k) ->
@@ -167,8 +170,8 @@ def _pq_tile_scores(
                               mask=mask_t[:, None] & mask_m[None, :], other=0,
                               eviction_policy="evict_first").to(tl.int32)
             # [BLOCK_T, M_BLOCK, DSUB_PAD]: codebooks[m, code] sub-vectors, contiguous in k
-            p_sub = (p_codebooks + ((offs_m[None, :, None] * CODEBOOK_SIZE + b_codes[:, :, None]) * DSUB
-                                    + offs_k[None, None, :]))
+            rows = offs_m[None, :, None] * CODEBOOK_SIZE + b_codes[:, :, None]
+            p_sub = p_codebooks + (rows * DSUB + offs_k[None, None, :])
             b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
                             other=0.0, eviction_policy="evict_last")
             b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD]).to(b_q0.dtype)
@@ -290,9 +293,9 @@ def _maxsim_pq_kernel(
         while chunk < num_chunks:
             for doc_step in range(DOCS_PER_PROGRAM):
                 _score_pq_document(
-                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q1, offs_b,
-                    offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets, p_pids,
-                    p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
+                    chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q1,
+                    offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes, p_offsets,
+                    p_pids, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores, p_out,
                     num_out_docs, num_queries, num_subquantizers, stride_qb, stride_qt,
                     stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
