@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -147,6 +147,14 @@ case "$part" in
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,residual default,residual 16/1w r96 d2 persistent pf,residual 16/1w r112 d2 persistent pf1 S fp16,residual 16/1w r104 d2 persistent pf1 S fp16,pq16 former,pq32 former,pq16 words 32/1w bd64 rNone,pq32 words 32/1w bd64 rNone"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the
+                   # residual and PQ defaults (one launch each)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 200 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
+      --section MemoryWorkloadAnalysis \
+      python3 -m experiments.profile_kernels profile --only "residual default,pq16 words 32/1w bd64 rNone"
     ;;
   compressed-main)  # bench_compressed's main rows and floors only
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
