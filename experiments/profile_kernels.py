@@ -133,9 +133,15 @@ PQ_CONFIGS = {
                                 (16, 32, None, True), (16, 64, None, True), (32, 64, 128, True),
                                 (16, 32, 96, True), (32, 128, None, False),
                                 (32, 64, None, False))},
+    # Eight-byte codebook words: half the gathers of the L1-bound kernel (sm_90 SASS: 48
+    # LDG.E.64 against 96 LDG.E per 32-token tile body and tail), 96 more byte permutes.
+    **{f"words 32/1w bd{bd} rNone g8": PQConfig(block_t=32, docs_per_program=2, num_warps=1,
+                                                num_stages=1, persistent=True, block_d=bd,
+                                                gather_bytes=8)
+       for bd in (64, 128)},
 }
 # Timed again with every code 0 (no gather conflicts).
-PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone",)
+PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:

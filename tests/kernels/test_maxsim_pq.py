@@ -118,10 +118,11 @@ def test_bad_inputs_name_the_argument(device):
     word_gather=st.sampled_from([None, False, True]),
     persistent=st.booleans(),
     block_d=st.sampled_from([None, 32, 64]),
+    gather_bytes=st.sampled_from([4, 8]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
-                                        word_gather, persistent, block_d):
+                                        word_gather, persistent, block_d, gather_bytes):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -131,7 +132,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     pids = torch.tensor([5, 0, 3, 3, 1], device=device) if with_pids else None
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
                       docs_per_program=docs_per_program, word_gather=word_gather,
-                      persistent=persistent, block_d=block_d)
+                      persistent=persistent, block_d=block_d, gather_bytes=gather_bytes)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -167,6 +168,10 @@ def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs,
     assert_close(words, reference.maxsim_pq(Q, *args, **extra), "maxsim_pq", dtype)
     assert_close(words, gathers, "maxsim_pq", dtype)
     assert torch.isneginf(words[:, 0]).all()
+    if (dim // num_subquantizers) % 4 == 0:
+        # Eight-byte codebook words (four weights each) decode to the same tile.
+        wide = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, gather_bytes=8))
+        assert torch.equal(wide.cpu(), words.cpu())
 
 
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
@@ -195,6 +200,12 @@ def test_configs_that_cannot_apply_are_refused(device):
     with pytest.raises(ValueError, match="config.word_gather"):
         maxsim_pq(unit_queries(1, 8, 128, torch.float32, device), *args,
                   config=PQConfig(word_gather=True))
+    with pytest.raises(ValueError, match="config.gather_bytes"):
+        maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args,
+                  config=PQConfig(gather_bytes=2))
+    with pytest.raises(ValueError, match="config.gather_bytes"):
+        maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args,
+                  config=PQConfig(word_gather=False, gather_bytes=8))
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))

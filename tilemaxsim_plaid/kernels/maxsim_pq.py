@@ -77,26 +77,35 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
 
 
 @triton.jit
-def _ptx_load_indexed(p_words, idx):
-    """int32 words ``p_words[idx]`` through the read-only path (L1 evict-last), by inline PTX,
-    in the layout of ``idx``. The address is formed inside the asm from one base pointer and
-    the 32-bit index, so the compiler holds an index per element, not a 64-bit pointer: half
-    the registers for a tile of gathers in flight."""
+def _ptx_load_indexed(p_words, idx, WORD_BYTES: tl.constexpr):
+    """WORD_BYTES-byte words ``p_words[idx]`` (int32 or int64) through the read-only path (L1
+    evict-last), by inline PTX, in the layout of ``idx``. The address is formed inside the asm
+    from one base pointer and the 32-bit index, so the compiler holds an index per element,
+    not a 64-bit pointer: half the registers for a tile of gathers in flight."""
     base = p_words + tl.zeros(idx.shape, tl.int32)
-    return tl.inline_asm_elementwise(
-        "{ .reg .u64 a; mul.wide.u32 a, $2, 4; add.u64 a, a, $1; "
-        "ld.global.nc.L1::evict_last.b32 $0, [a]; }",
-        "=r,l,r", [base, idx], dtype=tl.int32, is_pure=True, pack=1)
+    if WORD_BYTES == 8:
+        words = tl.inline_asm_elementwise(
+            "{ .reg .u64 a; mul.wide.u32 a, $2, 8; add.u64 a, a, $1; "
+            "ld.global.nc.L1::evict_last.b64 $0, [a]; }",
+            "=l,l,r", [base, idx], dtype=tl.int64, is_pure=True, pack=1)
+    else:
+        words = tl.inline_asm_elementwise(
+            "{ .reg .u64 a; mul.wide.u32 a, $2, 4; add.u64 a, a, $1; "
+            "ld.global.nc.L1::evict_last.b32 $0, [a]; }",
+            "=r,l,r", [base, idx], dtype=tl.int32, is_pure=True, pack=1)
+    return words
 
 
 @triton.jit
 def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
                      dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr,
-                     DSUB: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr):
+                     DSUB: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr,
+                     GATHER_BYTES: tl.constexpr):
     """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
-    from code words (4 codes each) and a codebook read as int32 words (2 weights each)."""
+    from code words (4 codes each) and a codebook read as GATHER_BYTES-byte words (int32: 2
+    weights each; int64: 4, half the gathers)."""
     CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
-    BOOK_WORDS: tl.constexpr = DSUB // 2  # codebook words per sub-vector
+    BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
     PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
     offs_u = kd * CODE_WORDS + tl.arange(0, CODE_WORDS)
     # [BLOCK_T, CODE_WORDS]: the tile's codes, streamed once.
@@ -115,13 +124,21 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
     if PTX_LOADS:
-        entry = _ptx_load_indexed(p_book_words, idx)
+        entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
     else:
         entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
-    lo = entry.to(tl.int16)
-    hi = (entry >> 16).to(tl.int16)
-    pairs = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
-    return tl.reshape(pairs, [BLOCK_T, M_BLOCK * DSUB])
+    if GATHER_BYTES == 8:
+        # Weights 0..3 of a word, joined so that the flattened order is 0, 1, 2, 3.
+        w0 = entry.to(tl.int16).to(dot_dtype, bitcast=True)
+        w1 = (entry >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
+        w2 = (entry >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
+        w3 = (entry >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
+        weights = tl.join(tl.join(w0, w2), tl.join(w1, w3))
+    else:
+        lo = entry.to(tl.int16)
+        hi = (entry >> 16).to(tl.int16)
+        weights = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+    return tl.reshape(weights, [BLOCK_T, M_BLOCK * DSUB])
 
 
 @triton.jit
@@ -133,7 +150,7 @@ def _pq_tile_scores(
     NUM_M_BLOCKS: tl.constexpr, DSUB: tl.constexpr, DSUB_PAD: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
-    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr,
+    WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
@@ -161,7 +178,8 @@ def _pq_tile_scores(
     for kd in tl.static_range(NUM_M_BLOCKS):
         if WORD_GATHER:
             b_emb = _decode_pq_words(kd, offs_t, mask_t, p_pq_codes, p_codebooks, stride_pt,
-                                     b_q0.dtype, BLOCK_T, M_BLOCK, DSUB, not FULL, PTX_LOADS)
+                                     b_q0.dtype, BLOCK_T, M_BLOCK, DSUB, not FULL, PTX_LOADS,
+                                     GATHER_BYTES)
         else:
             offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
             mask_m = offs_m < num_subquantizers
@@ -205,6 +223,7 @@ def _score_pq_document(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
+    GATHER_BYTES: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
@@ -226,7 +245,8 @@ def _score_pq_document(
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
-            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS)
+            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
+            GATHER_BYTES)
         tile_max = tl.maximum(tile_max, scores)
     row_max = tl.max(tile_max, axis=0)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
@@ -235,7 +255,8 @@ def _score_pq_document(
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
-            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS)
+            PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
+            GATHER_BYTES)
         row_max = tl.maximum(row_max, tl.max(scores, axis=0))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
@@ -255,7 +276,7 @@ def _maxsim_pq_kernel(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -285,7 +306,10 @@ def _maxsim_pq_kernel(
         b_q1 = b_q0
     if WORD_GATHER:
         p_pq_codes = p_pq_codes.to(tl.pointer_type(tl.int32))
-        p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
+        if GATHER_BYTES == 8:
+            p_codebooks = p_codebooks.to(tl.pointer_type(tl.int64))
+        else:
+            p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
 
     if PERSISTENT:
         # Chunks of documents go to whichever program asks next (ops/residual.py explains why).
@@ -300,7 +324,7 @@ def _maxsim_pq_kernel(
                     stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH)
+                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -312,4 +336,4 @@ def _maxsim_pq_kernel(
                 stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH)
+                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES)

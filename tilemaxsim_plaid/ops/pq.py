@@ -43,6 +43,9 @@ class PQConfig:
             (kernels/maxsim_pq.py). None: wherever it applies (16-bit queries, an even
             power-of-two sub-dimension, whole chunks of a multiple of 4 sub-quantizers, 4-byte
             aligned code rows); True where it does not is refused.
+        gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights) or
+            8 (four weights, half the gathers; needs d/M a multiple of 4). Not yet timed on a
+            GPU, so off by default: the PQ kernel is L1-bound (results/compressed/h200-pq-words).
         ptx_loads: with word_gather, read the words by inline PTX in the tensor-core operand's
             layout. None: on a GPU; the CPU interpreter runs no PTX, so there it is always off.
         persistent: a fixed grid of programs (ops.launch.document_grid)
@@ -63,6 +66,7 @@ class PQConfig:
     num_stages: int = 2
     block_d: int | None = None
     word_gather: bool | None = None
+    gather_bytes: int = 4
     ptx_loads: bool | None = None
     persistent: bool = False
     prefetch: int = 0
@@ -120,7 +124,13 @@ def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim, m_bloc
             "whole chunks of a multiple of 4 sub-quantizers and 4-byte aligned code rows; got "
             f"{Q3.dtype} queries, M={num_subquantizers}, d/M={sub_dim}, {m_block} sub-quantizers "
             f"per chunk, code row stride {pq_codes.stride(0)}")
-    return applies if cfg.word_gather is None else cfg.word_gather
+    words = applies if cfg.word_gather is None else cfg.word_gather
+    if cfg.gather_bytes not in (WORD_BYTES, 2 * WORD_BYTES):
+        raise ValueError(f"config.gather_bytes must be 4 or 8, got {cfg.gather_bytes}")
+    if cfg.gather_bytes == 8 and not (words and sub_dim % 4 == 0):
+        raise ValueError("config.gather_bytes=8 needs word gathers and d/M a multiple of 4; got "
+                         f"word gathers {'on' if words else 'off'}, d/M={sub_dim}")
+    return words
 
 
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -180,6 +190,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
+        GATHER_BYTES=cfg.gather_bytes,
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
@@ -272,6 +283,8 @@ def maxsim_pq(
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
     books = codebooks.to(Q.dtype).contiguous()
+    if books.data_ptr() % (2 * WORD_BYTES):
+        books = books.clone()  # word gathers read it as 4- or 8-byte words
     num_out = pids.numel() if pids is not None else num_docs
     out = _launch(Q3, pq_codes, offsets, books, pids, centroid_codes, centroids, inv_norms,
                   query_lengths, num_out, config)
