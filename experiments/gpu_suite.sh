@@ -148,12 +148,13 @@ case "$part" in
       --only "packed default,residual default,residual 16/1w r96 d2 persistent pf,residual 16/1w r112 d2 persistent pf1 S fp16,residual 16/1w r104 d2 persistent pf1 S fp16,pq16 former,pq32 former,pq16 words 32/1w bd64 rNone,pq32 words 32/1w bd64 rNone"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
-  pq-wide)  # PQ kernel tests (8-byte codebook words included), then 8-byte against 4-byte
-             # codebook gathers in interleaved rounds beside the dense packed default
+  pq-wide)  # PQ kernel tests (8-byte codebook words and lookup tables included), then 8-byte
+             # against 4-byte codebook gathers and the lookup-table kernel in interleaved rounds
+             # beside the dense packed default
     step pq_tests 200 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_pq.py
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
-      --only "packed default,pq16 words 32/1w bd64 rNone,pq16 words 32/1w bd128 rNone,pq32 words 32/1w bd64 rNone,pq16 zero"
+      --only "packed default,pq16 words 32/1w bd64 rNone,pq16 words 32/1w bd128 rNone,pq32 words 32/1w bd64 rNone,pq16 zero,pq16 lut,pq32 lut"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the
                    # residual and PQ defaults (one launch each)

@@ -139,6 +139,10 @@ PQ_CONFIGS = {
                                                 num_stages=1, persistent=True, block_d=bd,
                                                 gather_bytes=8)
        for bd in (64, 128)},
+    # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
+    **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
+                                             num_warps=w, docs_per_program=4)
+       for rows, bt, w in ((8, 32, 2), (8, 32, 4), (16, 16, 4), (32, 32, 2), (32, 32, 4))},
 }
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8")

@@ -119,10 +119,11 @@ def test_bad_inputs_name_the_argument(device):
     persistent=st.booleans(),
     block_d=st.sampled_from([None, 32, 64]),
     gather_bytes=st.sampled_from([4, 8]),
+    scoring=st.sampled_from(["decode", "lut"]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
-                                        word_gather, persistent, block_d, gather_bytes):
+                                        word_gather, persistent, block_d, gather_bytes, scoring):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -132,7 +133,8 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     pids = torch.tensor([5, 0, 3, 3, 1], device=device) if with_pids else None
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
                       docs_per_program=docs_per_program, word_gather=word_gather,
-                      persistent=persistent, block_d=block_d, gather_bytes=gather_bytes)
+                      persistent=persistent, block_d=block_d, gather_bytes=gather_bytes,
+                      scoring=scoring)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -234,3 +236,57 @@ def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode
     config = default_pq_config(1, 32, MANY_DOCS)
     out = maxsim_pq(Q, *args, pids, **extra, config=config)
     assert_close(out, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
+
+
+@pytest.mark.parametrize("dim,num_subquantizers", [
+    pytest.param(128, 16, id="d128-M16"),
+    pytest.param(96, 16, id="d96-M16-dsub6"),
+    pytest.param(384, 48, id="d384-M48"),
+    pytest.param(60, 5, id="d60-M5-odd"),
+])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.bfloat16, id="bf16"),
+                                   pytest.param(torch.float32, id="fp32")])
+def test_lookup_tables_match_the_reference(device, poisoned_outputs, dim, num_subquantizers,
+                                           residual_mode, dtype):
+    """scoring="lut": per-query tables in row tiles (a tile straddling a query's end, an empty
+    query, repeated pids, empty documents) against the float64 reference of the decoded
+    vectors. The tables are fp32 from the unrounded codebooks, so every dtype meets the fp32
+    decode path's tolerance."""
+    lengths = [0, 1, 17, 40, 83, 5, 16]
+    index = random_pq_index(device, dim, num_subquantizers, lengths,
+                            num_centroids=13 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(3, 11, dim, dtype, device)
+    query_lengths = torch.tensor([11, 0, 6], device=device)
+    pids = torch.tensor([6, 0, 3, 3, 1], device=device)
+    want = reference.maxsim_pq(Q, *args, pids, query_lengths=query_lengths, **extra)
+    for rows in (4, 8):
+        config = PQConfig(scoring="lut", lut_rows=rows, block_t=16, docs_per_program=2)
+        out = maxsim_pq(Q, *args, pids, query_lengths=query_lengths, **extra, config=config)
+        assert_close(out, want, "maxsim_pq", torch.float32)
+    assert torch.equal(out[1].cpu(), torch.zeros(len(pids)))
+    assert torch.isneginf(out[0, 1]) and torch.isneginf(out[2, 1])
+
+
+def test_lookup_tables_for_a_long_query(device, poisoned_outputs):
+    """A query longer than one launch's rows is scored in chunks, each with its own tables."""
+    index = random_pq_index(device, 64, 8)
+    args, _ = split(index)
+    Q = unit_queries(1, 150, 64, torch.float16, device)
+    out = maxsim_pq(Q, *args, config=PQConfig(scoring="lut", lut_rows=32))
+    assert_close(out, reference.maxsim_pq(Q, *args), "maxsim_pq", torch.float32)
+
+
+def test_lookup_table_configs_that_cannot_apply_are_refused(device):
+    index = random_pq_index(device, 128, 16)
+    args, _ = split(index)
+    Q = unit_queries(1, 8, 128, torch.float16, device)
+    for config, match in ((PQConfig(scoring="tables"), "config.scoring"),
+                          (PQConfig(scoring="lut", lut_rows=3), "config.lut_rows"),
+                          (PQConfig(scoring="lut", persistent=True), "config.scoring='lut'"),
+                          (PQConfig(scoring="lut", gather_bytes=8), "config.scoring='lut'")):
+        with pytest.raises(ValueError, match=match):
+            maxsim_pq(Q, *args, config=config)

@@ -14,7 +14,8 @@ token). For ColBERT shapes that is the slower design on an H200:
   shared memory, so they would be tiled over query tokens and the codes re-read per tile.
 * Triton cannot index shared memory at run-time addresses; a table gather is a global load
   served by L1, one lane per entry.
-This kernel instead decodes the document tile in registers and lets the tensor cores do the
+That design is kernels/maxsim_pq_lut.py (``PQConfig(scoring="lut")``), so the two can be timed
+side by side (experiments/profile_kernels.py); it has not run on a GPU yet. This kernel instead decodes the document tile in registers and lets the tensor cores do the
 arithmetic: per token it gathers the M sub-vectors of the codebook (d * 2 B = 256 B in total,
 4x less than the tables; the whole codebook is 256 * d * 2 B = 64 KB at d = 128, held in L1/L2
 for the whole kernel) with one vectorised load of d/M contiguous elements per sub-quantizer, and

@@ -41,7 +41,6 @@ def persistent_programs(device: torch.device) -> int:
     return PERSISTENT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-
 def document_grid(cfg, num_chunks: int, num_qblocks: int, queries_per_block: int,
                   num_queries: int, device: torch.device):
     """(programs, counter) of a launch over chunks of documents: one program per (chunk, query

@@ -8,6 +8,7 @@ import torch
 import triton
 
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
+from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (dot_precision, interpreter_upcast, interpreting,
                                          document_grid, launch_in_query_chunks)
@@ -43,6 +44,12 @@ class PQConfig:
             (kernels/maxsim_pq.py). None: wherever it applies (16-bit queries, an even
             power-of-two sub-dimension, whole chunks of a multiple of 4 sub-quantizers, 4-byte
             aligned code rows); True where it does not is refused.
+        scoring: "decode" (decode each token's sub-vectors in registers and multiply on the
+            tensor cores, kernels/maxsim_pq.py) or "lut" (per-query lookup tables built once per
+            call, M entries summed per token and query row, kernels/maxsim_pq_lut.py; uses
+            block_t, docs_per_program, num_warps, num_stages and lut_rows only).
+        lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
+            table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights) or
             8 (four weights, half the gathers; needs d/M a multiple of 4). Not yet timed on a
             GPU, so off by default: the PQ kernel is L1-bound (results/compressed/h200-pq-words).
@@ -67,6 +74,8 @@ class PQConfig:
     block_d: int | None = None
     word_gather: bool | None = None
     gather_bytes: int = 4
+    scoring: str = "decode"
+    lut_rows: int = 8
     ptx_loads: bool | None = None
     persistent: bool = False
     prefetch: int = 0
@@ -142,11 +151,70 @@ def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, i
     return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
 
 
+SCORING = ("decode", "lut")
+LUT_ROWS = (4, 8, 16, 32)
+
+
+def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
+                query_lengths, num_out_docs, cfg):
+    """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
+    (row tile, chunk of documents), row tiles summed per query here."""
+    if cfg.persistent or cfg.word_gather or cfg.gather_bytes != WORD_BYTES:
+        raise ValueError("config.scoring='lut' takes no persistent grid, word_gather or "
+                         "gather_bytes (those are the decode kernel's)")
+    if cfg.lut_rows not in LUT_ROWS:
+        raise ValueError(f"config.lut_rows must be one of {LUT_ROWS}, got {cfg.lut_rows}")
+    B, Lq, dim = Q3.shape
+    M, _, sub_dim = codebooks.shape
+    rows = cfg.lut_rows
+    tiles = triton.cdiv(Lq, rows)
+    padded = tiles * rows
+    device = Q3.device
+    Q_padded = torch.zeros(B, padded, dim, dtype=torch.float64, device=device)
+    Q_padded[:, :Lq] = Q3.double()
+    # [B * tiles, M * 256, rows], in float64 then fp32: the query's own precision, whatever
+    # torch's TF32 settings.
+    lut = torch.einsum("btrmj,mkj->btmkr", Q_padded.view(B, tiles, rows, M, sub_dim),
+                       codebooks.double())
+    lut = lut.reshape(B * tiles, M * CODEBOOK_SIZE, rows).float().contiguous()
+    token = torch.arange(padded, device=device)
+    lengths = (query_lengths.to(device) if query_lengths is not None
+               else torch.full((B,), Lq, device=device))
+    row_valid = (token[None, :] < lengths[:, None]).to(torch.int32).reshape(-1)
+    row_query = (torch.arange(B, device=device)[:, None] * Lq
+                 + token.clamp(max=Lq - 1)[None, :]).to(torch.int32).reshape(-1)
+    use_table = centroid_codes is not None
+    scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    partial = torch.empty(B * tiles, num_out_docs, dtype=torch.float32, device=device)
+    dummy = partial
+    grid = (B * tiles * triton.cdiv(num_out_docs, cfg.docs_per_program),)
+    _maxsim_pq_lut_kernel[grid](
+        lut, pq_codes, offsets, pids if pids is not None else dummy,
+        centroid_codes if use_table else dummy, scores_table if use_table else dummy,
+        inv_norms if inv_norms is not None else dummy, row_query, row_valid, partial,
+        num_out_docs, M, B * tiles, pq_codes.stride(0),
+        scores_table.stride(0) if use_table else 0, partial.stride(0), partial.stride(1),
+        BLOCK_T=cfg.block_t, M_PAD=_pow2(M), LQ_TILE=rows, DOCS_PER_PROGRAM=cfg.docs_per_program,
+        HAS_PIDS=pids is not None, CENTROID_TABLE=use_table,
+        PRECOMPUTED_NORMS=inv_norms is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return partial.view(B, tiles, num_out_docs).sum(1)
+
+
 def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
-    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size())
+    if cfg.scoring not in SCORING:
+        raise ValueError(f"config.scoring must be one of {SCORING}, got {cfg.scoring!r}")
+    if cfg.scoring == "lut":
+        return _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
+                           inv_norms, query_lengths, num_out_docs, cfg)
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    codebooks = codebooks.to(Q3.dtype).contiguous()
+    if codebooks.data_ptr() % (2 * WORD_BYTES):
+        codebooks = codebooks.clone()  # word gathers read it as 4- or 8-byte words
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)
         if value < MIN_DOT_DIM or value & (value - 1):
@@ -220,8 +288,9 @@ def maxsim_pq(
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
         pq_codes: uint8 [T, M], one byte per sub-quantizer, rows contiguous in M.
         offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
-        codebooks: float [M, 256, d / M] (``PQCodec.codebooks``); rounded to Q's dtype here,
-            once per call (256 * d values).
+        codebooks: float [M, 256, d / M] (``PQCodec.codebooks``); rounded to Q's dtype once per
+            launch for the tensor cores (256 * d values), or multiplied with the query in
+            float64 into fp32 lookup tables (``config.scoring="lut"``).
         pids: optional int32/int64 [M']: score only these documents, in place. Default: all N.
         centroid_codes: optional int32/int64 [T]: the PQ codes quantize residuals from these
             centroids (PLAID's codes); needs ``centroids``. Their part of the score comes from a
@@ -282,10 +351,7 @@ def maxsim_pq(
                 int(centroid_codes.min()) < 0 or int(centroid_codes.max()) >= centroids.shape[0]):
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
-    books = codebooks.to(Q.dtype).contiguous()
-    if books.data_ptr() % (2 * WORD_BYTES):
-        books = books.clone()  # word gathers read it as 4- or 8-byte words
     num_out = pids.numel() if pids is not None else num_docs
-    out = _launch(Q3, pq_codes, offsets, books, pids, centroid_codes, centroids, inv_norms,
+    out = _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                   query_lengths, num_out, config)
     return out[0] if Q.dim() == 2 else out
