@@ -342,8 +342,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                    split_query=False):
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    # The table path needs inverse norms; only there does the table's dtype (and the prefetch
+    # that pays beside an fp16 table) matter.
     builds_table = centroid_scores is None and not split_query
-    half_default = builds_table and Q3.dtype == torch.float16
+    half_default = builds_table and Q3.dtype == torch.float16 and inv_norms is not None
     cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
                                             half_default)
     half_table = half_default if cfg.half_table is None else cfg.half_table
