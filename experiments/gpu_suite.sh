@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|pq-wide|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -148,13 +148,13 @@ case "$part" in
       --only "packed default,residual default,residual 16/1w r96 d2 persistent pf,residual 16/1w r112 d2 persistent pf1 S fp16,residual 16/1w r104 d2 persistent pf1 S fp16,pq16 former,pq32 former,pq16 words 32/1w bd64 rNone,pq32 words 32/1w bd64 rNone"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
-  pq-wide)  # PQ kernel tests (8-byte codebook words and lookup tables included), then 8-byte
-             # against 4-byte codebook gathers and the lookup-table kernel in interleaved rounds
-             # beside the dense packed default
-    step pq_tests 200 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_pq.py
-    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
-      --only "packed default,pq16 words 32/1w bd64 rNone,pq16 words 32/1w bd128 rNone,pq32 words 32/1w bd64 rNone,pq16 zero,pq16 lut,pq32 lut"
+  wide-gathers)  # residual and PQ kernel tests, then fewer, wider L1 lookups in interleaved
+                  # rounds beside the dense packed default: PQ 8-byte codebook words, the PQ
+                  # lookup-table kernel, residual four-weight (quads) decode tables
+    step compressed_tests 330 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py tests/kernels/test_maxsim_residual.py
+    step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,pq16 words 32/1w bd64 rNone,pq16 words 32/1w bd128 rNone,pq32 words 32/1w bd64 rNone,pq16 zero,pq16 lut,pq32 lut,residual default,residual quads,rerank fp16x2 quads,rerank fp16x2 1w r128 d4"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the
                    # residual and PQ defaults (one launch each)

@@ -87,6 +87,11 @@ RESIDUAL_CONFIGS = {
                                                     persistent=True),
     "residual 1w r96 d2 persistent": ResidualConfig(num_warps=1, maxnreg=96, docs_per_program=2,
                                                     persistent=True),
+    # The fp16 default's shape with four weights per table lookup (half the lookups, from a 2 KB
+    # table; sm_90 SASS: 32 LDG.E.64 against 64 LDG.E per tile body and tail, 64 more PRMT).
+    "residual quads 1w r96 d2 persistent pf1": ResidualConfig(num_warps=1, maxnreg=96,
+                                                              docs_per_program=2, persistent=True,
+                                                              prefetch=1, decode="quads"),
 }
 
 # fp32 queries (sm_90, triton 3.6): split_query compiles to 118 / 90 / 128 registers at 16/2w,
@@ -114,6 +119,8 @@ RERANK_CONFIGS = {
     **{f"1w r{reg} d{docs}": ResidualConfig(block_t=16, num_warps=1, maxnreg=reg,
                                             docs_per_program=docs, shuffle_table=False)
        for reg in (120, 128, 144) for docs in (3, 4)},
+    "quads 1w r128 d2 persistent": ResidualConfig(num_warps=1, maxnreg=128, docs_per_program=2,
+                                                  persistent=True, decode="quads"),
     # The large-set default with a persistent grid (chunks of documents from an atomic counter).
     "1w r128 d4 persistent": ResidualConfig(num_warps=1, maxnreg=128, docs_per_program=4,
                                             persistent=True),

@@ -61,8 +61,9 @@ def _residual_floor_kernel(p_codes, p_words, p_inv_norms, p_offsets, p_scores, p
                              mask=mask_t[:, None] & mask_c[None, :], other=float("-inf"))
             best = tl.maximum(best, tl.max(s_rows, axis=0))
         if STAGE >= 2:
+            # The pair decoder (2 dimensions per lookup), 32-bit words, fp16 weights.
             decoded = _decode_chunk(words, p_table, 0.0, 0.0, 0.0, 0.0, tl.float16, NBITS, 4,
-                                    True, 16, BLOCK_T, BLOCK_D, PTX_LOADS, False)
+                                    2, 16, BLOCK_T, BLOCK_D, PTX_LOADS, False)
             # Rows past the document decode the zero word to real weights: leave them out.
             weights += tl.sum(tl.where(mask_t[:, None], decoded.to(tl.float32), 0.0), axis=1)
     total = tl.sum(low_bytes, axis=0) + tl.sum(norms, axis=0) + tl.sum(weights, axis=0)

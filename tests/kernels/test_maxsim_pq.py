@@ -173,7 +173,7 @@ def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs,
     if (dim // num_subquantizers) % 4 == 0:
         # Eight-byte codebook words (four weights each) decode to the same tile.
         wide = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, gather_bytes=8))
-        assert torch.equal(wide.cpu(), words.cpu())
+        assert_close(wide, words, "maxsim_pq", dtype)
 
 
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])

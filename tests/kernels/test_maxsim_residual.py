@@ -257,6 +257,45 @@ def test_pair_table_matches_the_codec_layout(nbits, dtype):
             assert torch.equal(pairs[entry], want), (byte, slot)
 
 
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
+def test_quad_table_matches_the_codec_layout(nbits):
+    """Entry (byte >> shift) & (2**(4*nbits) - 1) of the four-weight table holds the weights of
+    those four dimensions in dimension order, as the codec's own bucket table decodes them."""
+    weights = torch.sort(torch.randn(1 << nbits)).values
+    table = decode_table(weights, nbits, torch.float16, 4)
+    quads = table.view(torch.float16).reshape(-1, 4)  # first dimension in the lowest 16 bits
+    buckets = bucket_table(nbits)
+    slots = 8 // nbits
+    for byte in range(256):
+        for slot in range(0, slots, 4):
+            entry = (byte >> (8 - nbits * (slot + 4))) & ((1 << (4 * nbits)) - 1)
+            want = weights[buckets[byte, slot:slot + 4]].half()
+            assert torch.equal(quads[entry], want), (byte, slot)
+    with pytest.raises(ValueError, match="16-bit"):
+        decode_table(weights, nbits, torch.float32, 4)
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+def test_quads_decode_like_pairs(device, poisoned_outputs, nbits, dim):
+    """decode="quads" (four weights per lookup) scores like the pair decoder and the float64
+    reference, with the table path, the gather path and split_query."""
+    index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
+    norms = norms_of(index, nbits)
+    Q = unit_queries(2, 19, dim, torch.float16, device)
+    for extra in (dict(inv_norms=norms), {}):
+        quads = score(Q, index, nbits, config=ResidualConfig(decode="quads"), **extra)
+        pairs = score(Q, index, nbits, config=ResidualConfig(decode="pairs"), **extra)
+        assert_close(quads, expected(Q, index, nbits), "maxsim_residual", torch.float16)
+        assert_close(quads, pairs, "maxsim_residual", torch.float16)
+    Q32 = unit_queries(1, 19, dim, torch.float32, device)
+    split = score(Q32, index, nbits, inv_norms=norms, split_query=True,
+                  config=ResidualConfig(decode="quads"))
+    assert_close(split, expected(Q32, index, nbits), "maxsim_residual_split", torch.float32)
+    with pytest.raises(ValueError, match="config.decode='quads'"):
+        score(Q32, index, nbits, inv_norms=norms, config=ResidualConfig(decode="quads"))
+
+
 def test_pids_in_place_and_2d_query(device, poisoned_outputs):
     index = random_index(device, 128, 2)
     Q = unit_queries(1, 32, 128, torch.float16, device)[0]
@@ -469,17 +508,18 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     queries_per_block=st.sampled_from([1, 2]),
     docs_per_program=st.integers(1, 4),
     centroid_table=st.sampled_from([None, True, False]),
-    decode=st.sampled_from(["pairs", "select"]),
+    decode=st.sampled_from(["pairs", "select", "quads"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
     shuffle_table=st.booleans(),
     persistent=st.booleans(),
     with_pids=st.booleans(),
+    half_table=st.sampled_from([None, True, False]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
                                         decode, maxnreg, ptx_loads, shuffle_table, persistent,
-                                        with_pids):
+                                        with_pids, half_table):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
     index = random_index(device, dim, nbits)
@@ -489,7 +529,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
                             centroid_table=centroid_table, decode=decode, maxnreg=maxnreg,
                             ptx_loads=ptx_loads, shuffle_table=shuffle_table,
-                            persistent=persistent)
+                            persistent=persistent, half_table=half_table)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)
     except ValueError as error:

@@ -24,12 +24,16 @@ kernel is built around the instructions per embedding element:
   else as bytes (UNIT_BYTES). Each unit is broadcast over its fields in registers
   ([BLOCK_T, UNITS, PER_UNIT] with a compile-time shift per field, flattened in dimension
   order), so a field is one shift and one mask; the bit reversal of colbert-ai's fields is folded
-  into host-built weight tables (ops/residual.decode_table). Two decoders (DECODE_PAIRS):
-    - pairs: the 2 * nbits bits of dimensions (2p, 2p+1) index a table of 2**(2 * nbits) weight
-      pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16: one L1
-      line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
+  into host-built weight tables (ops/residual.decode_table). Decoders (DECODE_GROUP dimensions
+  per lookup):
+    - pairs (2): the 2 * nbits bits of dimensions (2p, 2p+1) index a table of 2**(2 * nbits)
+      weight pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16:
+      one L1 line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
       tensor-core operands per lookup.
-    - select: one field per dimension, the weight picked by a select tree on the field's bits
+    - quads (4; nbits <= 2, 16-bit weights): a whole byte (nbits = 2) indexes a 256-entry table
+      of four weights in an int64 (2 KB): half the lookups of pairs, from more L1 lines. Opt-in,
+      not yet timed on a GPU.
+    - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU.
   Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,
   32-token tiles), warp instructions per token: ~100 for the former byte-wise select through a
@@ -160,11 +164,11 @@ def _ptx_load_words(ptrs, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _ptx_load_table(ptrs, ELEM_BITS: tl.constexpr):
-    """Pair-table entries at ``ptrs`` through the read-only path (L1 evict-last), by inline PTX:
-    like _ptx_load_words, the entries arrive in the operand's layout, with no shared-memory
-    round trip per tile."""
-    if ELEM_BITS == 16:
+def _ptx_load_table(ptrs, ENTRY_HALF_BITS: tl.constexpr):
+    """Group-table entries at ``ptrs`` (32-bit for ENTRY_HALF_BITS = 16, else 64-bit) through
+    the read-only path (L1 evict-last), by inline PTX: like _ptx_load_words, the entries arrive
+    in the operand's layout, with no shared-memory round trip per tile."""
+    if ENTRY_HALF_BITS == 16:
         entry = tl.inline_asm_elementwise("ld.global.nc.L1::evict_last.b32 $0, [$1];", "=r,l",
                                           [ptrs], dtype=tl.int32, is_pure=True, pack=1)
     else:
@@ -196,7 +200,7 @@ def _shuffle_table_lookup(p_table, idx, NBITS: tl.constexpr):
 
 @triton.jit
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
-                  NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+                  NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                   ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                   PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr):
     """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
@@ -204,27 +208,36 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
     flattened in dimension order), so rows are read with vector loads, once.
     """
-    if DECODE_PAIRS:
-        # Two dimensions per lookup: the 2 * NBITS bits of a pair index the pair table, whose
-        # entries pack both weights into one integer (first dimension in the low half).
-        shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
-        idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (2 * NBITS)) - 1)
-        # [BLOCK_T, BLOCK_D // 2]: 2**(2 * NBITS) entries (64 B at nbits = 2), L1-resident.
-        idx = tl.reshape(idx, [BLOCK_T, BLOCK_D // 2])
+    if DECODE_GROUP >= 2:
+        # DECODE_GROUP (2 or 4) dimensions per lookup: their DECODE_GROUP * NBITS bits index the
+        # group table, whose entries pack the weights into one integer (first dimension in the
+        # low bits).
+        shift = _unit_shifts(NBITS, UNIT_BYTES, DECODE_GROUP)
+        idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (DECODE_GROUP * NBITS)) - 1)
+        # [BLOCK_T, BLOCK_D // DECODE_GROUP]: pairs 64 B at nbits = 2, quads 2 KB; L1-resident.
+        idx = tl.reshape(idx, [BLOCK_T, BLOCK_D // DECODE_GROUP])
         if SHUFFLE_TABLE:
             entry = _shuffle_table_lookup(p_table, idx, NBITS)
         elif PTX_LOADS:
-            entry = _ptx_load_table(p_table + idx, ELEM_BITS)
+            entry = _ptx_load_table(p_table + idx, ELEM_BITS * DECODE_GROUP // 2)
         else:
             entry = tl.load(p_table + idx, eviction_policy="evict_last")
-        if ELEM_BITS == 16:
+        if DECODE_GROUP == 4:
+            # 16-bit weights only: four in an int64, joined so that they flatten in order.
+            w0 = entry.to(tl.int16).to(dot_dtype, bitcast=True)
+            w1 = (entry >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
+            w2 = (entry >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
+            w3 = (entry >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
+            groups = tl.join(tl.join(w0, w2), tl.join(w1, w3))
+        elif ELEM_BITS == 16:
             lo = entry.to(tl.int16)
             hi = (entry >> 16).to(tl.int16)
+            groups = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
         else:
             lo = entry.to(tl.int32)
             hi = (entry >> 32).to(tl.int32)
-        pairs = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
-        return tl.reshape(pairs, [BLOCK_T, BLOCK_D])
+            groups = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+        return tl.reshape(groups, [BLOCK_T, BLOCK_D])
     else:
         shift = _unit_shifts(NBITS, UNIT_BYTES, 1)
         field = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << NBITS) - 1)
@@ -242,7 +255,7 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
 @triton.jit
 def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table,
                    w0, w1, w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd,
-                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
                    SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
@@ -261,7 +274,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
         b_units = tl.load(p_units, mask=mask_units, other=0,
                           eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
-                          DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS, SHUFFLE_TABLE)
+                          DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS, SHUFFLE_TABLE)
     if not CENTROID_TABLE:
         offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
         mask_d = offs_d < dim
@@ -288,7 +301,7 @@ def _residual_tile_scores(
     w0, w1, w2, w3,
     dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
     stride_sc,
-    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, FULL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
@@ -324,7 +337,7 @@ def _residual_tile_scores(
         acc, sum_sq = _chunk_product(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
             w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
-            DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
+            DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
             SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
@@ -342,7 +355,7 @@ def _residual_tile_scores(
             acc, sum_sq = _chunk_product(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
                 w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
-                DECODE_PAIRS, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
+                DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
                 SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
@@ -372,7 +385,7 @@ def _score_document(
     p_centroid_scores, p_out, w0, w1, w2, w3,
     num_out_docs, num_queries, dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut,
     stride_cc, stride_cd, stride_sc, stride_ob, stride_on,
-    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr, HAS_PIDS: tl.constexpr,
@@ -404,7 +417,7 @@ def _score_document(
             p_centroid_scores, w0, w1, w2, w3,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc,
-            NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
+            NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
         tile_max = tl.maximum(tile_max, scores)
@@ -416,7 +429,7 @@ def _score_document(
             p_centroid_scores, w0, w1, w2, w3,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc,
-            NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
+            NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
         row_max = tl.maximum(row_max, tl.max(scores, axis=0))
@@ -431,7 +444,7 @@ def _maxsim_residual_kernel(
     num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks, num_chunks,
     stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
     stride_ob, stride_on,
-    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_PAIRS: tl.constexpr,
+    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, DOCS_PER_PROGRAM: tl.constexpr,
@@ -445,8 +458,8 @@ def _maxsim_residual_kernel(
     fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
     read as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
     stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d];
-    table: the pair table (DECODE_PAIRS: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit
-    weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
+    table: the group table (DECODE_GROUP >= 2: [2**(DECODE_GROUP*NBITS)] int32/int64 of packed
+    ELEM_BITS-bit weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
     float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32, row stride stride_sc (when
     CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
     block): int32 [1], zero at launch, the next chunk of DOCS_PER_PROGRAM documents to score, of
@@ -475,8 +488,8 @@ def _maxsim_residual_kernel(
                           mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
     else:
         b_q0_lo = b_q0
-    if DECODE_PAIRS:
-        # The pair table holds the weights.
+    if DECODE_GROUP >= 2:
+        # The group table holds the weights.
         w0 = 0.0
         w1 = 0.0
         w2 = 0.0
@@ -502,7 +515,7 @@ def _maxsim_residual_kernel(
                     p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
                     w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
                     stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
-                    stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
+                    stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                     BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                     CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
                     PTX_LOADS, SHUFFLE_TABLE, PREFETCH)
@@ -517,7 +530,7 @@ def _maxsim_residual_kernel(
                 p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
                 w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
                 stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
-                stride_on, NBITS, UNIT_BYTES, DECODE_PAIRS, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
+                stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                 BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
                 PTX_LOADS, SHUFFLE_TABLE, PREFETCH)

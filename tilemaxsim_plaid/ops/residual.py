@@ -50,8 +50,9 @@ WORD_BYTES = 4
 # every program walks several (132 SMs x ~20 resident one-warp programs x 2 is ~5k).
 MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
-# a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree.
-DECODERS = ("pairs", "select")
+# a 2**(2*nbits)-entry table, "quads" four in a 2**(4*nbits)-entry one (nbits <= 2, 16-bit
+# products); "select" picks one weight per dimension with a select tree. Dimensions per lookup:
+DECODERS = {"select": 1, "pairs": 2, "quads": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,9 @@ class ResidualConfig:
         docs_per_program: documents one program walks (amortises its query block and weights).
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
-        decode: "pairs" (two weights per table load) or "select" (a select tree per dimension).
+        decode: "pairs" (two weights per table load), "quads" (four per load from a 2 KB table
+            at nbits = 2: half the loads; nbits <= 2 and 16-bit products only; not yet timed on
+            a GPU) or "select" (a select tree per dimension).
         num_warps, num_stages: Triton launch parameters.
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. Fewer registers let more programs share an SM, which hides the latency of
@@ -193,33 +196,41 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
 
 
 @functools.cache
-def _decode_table_index(nbits: int, pairs: bool, device: torch.device) -> torch.Tensor:
+def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.Tensor:
     """Bucket index of each entry of the decode table (see :func:`decode_table`)."""
     # field -> bucket (colbert-ai's bits are reversed within a field), from the codec's own rule.
     bucket_of_field = field_order_weights(torch.arange(1 << nbits, dtype=torch.float32),
                                           nbits).long()
-    if not pairs:
+    if group == 1:
         return bucket_of_field.to(device)
-    fields = torch.arange(1 << (2 * nbits))
-    # A pair's first dimension is the higher field (packbits is big-endian within a byte).
-    first, second = fields >> nbits, fields & ((1 << nbits) - 1)
-    return torch.stack([bucket_of_field[first], bucket_of_field[second]], dim=1).to(device)
+    fields = torch.arange(1 << (group * nbits))
+    # A group's first dimension is its highest field (packbits is big-endian within a byte).
+    mask = (1 << nbits) - 1
+    per_dim = [(fields >> (nbits * (group - 1 - p))) & mask for p in range(group)]
+    return torch.stack([bucket_of_field[f] for f in per_dim], dim=1).to(device)
 
 
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
-                 pairs: bool) -> torch.Tensor:
+                 pairs: bool | int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits.
 
-    pairs=False: [2**nbits] weights in ``dtype`` indexed by the raw field.
-    pairs=True: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of
-    the fields ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load
-    gives two adjacent dimensions.
+    ``pairs`` is the number of dimensions per lookup (True: 2, False: 1).
+    1: [2**nbits] weights in ``dtype`` indexed by the raw field.
+    2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
+    ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
+    adjacent dimensions.
+    4 (16-bit dtypes): [2**(4*nbits)] int64, entry f the weights of its four fields, the highest
+    field in the lowest 16 bits.
     """
+    group = int(pairs) + 1 if isinstance(pairs, bool) else pairs
     weights = bucket_weights.reshape(-1).to(dtype)
-    index = _decode_table_index(nbits, pairs, weights.device)
-    if not pairs:
+    index = _decode_table_index(nbits, group, weights.device)
+    if group == 1:
         return weights[index]
-    bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
+    if group == 4 and weights.element_size() != 2:
+        raise ValueError(f"a four-weight decode table needs a 16-bit dtype, got {dtype}")
+    bits = {(2, 2): (torch.int16, torch.int32), (2, 4): (torch.int32, torch.int64),
+            (4, 2): (torch.int16, torch.int64)}[(group, weights.element_size())]
     return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
 
 
@@ -360,7 +371,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         if value < MIN_DOT_DIM or value & (value - 1):
             raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
     if cfg.decode not in DECODERS:
-        raise ValueError(f"config.decode must be one of {DECODERS}, got {cfg.decode!r}")
+        raise ValueError(f"config.decode must be one of {tuple(DECODERS)}, got {cfg.decode!r}")
+    if cfg.decode == "quads" and (nbits > 2 or Q3.element_size() != 2 and not split_query):
+        raise ValueError("config.decode='quads' needs nbits <= 2 and 16-bit products (fp16/bf16 "
+                         f"queries or split_query); got nbits={nbits}, {Q3.dtype} queries")
     if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
         raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
                          f"got {cfg.maxnreg}")
@@ -394,8 +408,11 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     # Measured on an H200 (triton 3.6): the pair decoder over byte units gives wrong scores in
     # 16-column chunks (word units and 128-column chunks are right); byte-unit chunks narrower
     # than MAX_BLOCK_D decode with the select tree, which is right at every width.
-    pairs = cfg.decode == "pairs" and not (unit_bytes == 1 and block_d < MAX_BLOCK_D)
-    table = decode_table(bucket_weights, nbits, Q3.dtype, pairs)
+    group = DECODERS[cfg.decode]
+    if unit_bytes == 1 and block_d < MAX_BLOCK_D:
+        group = 1
+    pairs = group == 2
+    table = decode_table(bucket_weights, nbits, Q3.dtype, group)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
@@ -412,7 +429,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         centroids.stride(0), centroids.stride(1),
         scores_table.stride(0) if use_table else 0,
         out.stride(0), out.stride(1),
-        NBITS=nbits, UNIT_BYTES=unit_bytes, DECODE_PAIRS=pairs,
+        NBITS=nbits, UNIT_BYTES=unit_bytes, DECODE_GROUP=group,
         ELEM_BITS=8 * Q3.element_size(), LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
         BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail, BLOCK_D=block_d,
         NUM_D_BLOCKS=triton.cdiv(dim, block_d), DOCS_PER_PROGRAM=cfg.docs_per_program,
