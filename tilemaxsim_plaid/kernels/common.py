@@ -35,6 +35,22 @@ def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.con
     return valid, start, tl.where(valid, end, start)
 
 
+@triton.jit
+def unpack_16bit_weights(words, dot_dtype: tl.constexpr, PER_WORD: tl.constexpr):
+    """[..., n] int32 (PER_WORD = 2) or int64 (PER_WORD = 4) words of packed 16-bit weights ->
+    [..., 2] or [..., 2, 2] in dot_dtype, in the order that flattens to the weights' own (first
+    weight in the lowest bits). The split is shifts and bitcasts, no arithmetic."""
+    w0 = words.to(tl.int16).to(dot_dtype, bitcast=True)
+    w1 = (words >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
+    if PER_WORD == 4:
+        w2 = (words >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
+        w3 = (words >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
+        weights = tl.join(tl.join(w0, w2), tl.join(w1, w3))
+    else:
+        weights = tl.join(w0, w1)
+    return weights
+
+
 # L2 lines are 128 B; a prefetch asks for one line per element.
 LINE_BYTES = tl.constexpr(128)
 

@@ -53,7 +53,8 @@ Masking as everywhere: a token past its document's end is -inf, a query row past
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds, prefetch_rows_l2, tile_dot
+from tilemaxsim_plaid.kernels.common import (packed_doc_bounds, prefetch_rows_l2, tile_dot,
+                                             unpack_16bit_weights)
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
@@ -128,17 +129,7 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
         entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
     else:
         entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
-    if GATHER_BYTES == 8:
-        # Weights 0..3 of a word, joined so that the flattened order is 0, 1, 2, 3.
-        w0 = entry.to(tl.int16).to(dot_dtype, bitcast=True)
-        w1 = (entry >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
-        w2 = (entry >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
-        w3 = (entry >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
-        weights = tl.join(tl.join(w0, w2), tl.join(w1, w3))
-    else:
-        lo = entry.to(tl.int16)
-        hi = (entry >> 16).to(tl.int16)
-        weights = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+    weights = unpack_16bit_weights(entry, dot_dtype, GATHER_BYTES // 2)
     return tl.reshape(weights, [BLOCK_T, M_BLOCK * DSUB])
 
 

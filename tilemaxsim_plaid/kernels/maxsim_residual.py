@@ -71,7 +71,8 @@ int64; offsets into the centroid table and S are int32 (the host checks they fit
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds, prefetch_rows_l2, tile_dot
+from tilemaxsim_plaid.kernels.common import (packed_doc_bounds, prefetch_rows_l2, tile_dot,
+                                             unpack_16bit_weights)
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 
 
@@ -222,17 +223,9 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
             entry = _ptx_load_table(p_table + idx, ELEM_BITS * DECODE_GROUP // 2)
         else:
             entry = tl.load(p_table + idx, eviction_policy="evict_last")
-        if DECODE_GROUP == 4:
-            # 16-bit weights only: four in an int64, joined so that they flatten in order.
-            w0 = entry.to(tl.int16).to(dot_dtype, bitcast=True)
-            w1 = (entry >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
-            w2 = (entry >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
-            w3 = (entry >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
-            groups = tl.join(tl.join(w0, w2), tl.join(w1, w3))
-        elif ELEM_BITS == 16:
-            lo = entry.to(tl.int16)
-            hi = (entry >> 16).to(tl.int16)
-            groups = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
+        if ELEM_BITS == 16:
+            # Two weights in an int32 (pairs) or four in an int64 (quads).
+            groups = unpack_16bit_weights(entry, dot_dtype, DECODE_GROUP)
         else:
             lo = entry.to(tl.int32)
             hi = (entry >> 32).to(tl.int32)
