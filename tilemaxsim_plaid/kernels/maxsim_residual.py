@@ -12,9 +12,10 @@ kernel is built around the instructions per embedding element:
 * Centroid part by table (CENTROID_TABLE). <q, c + r> / ||c + r|| = (<q, c> + <q, r>) * inv_norm.
   The host builds S = centroids @ Q^T once per query batch ([C, B*Lq] fp32, 8 MB for C = 65,536
   and one 32-token query: L2-resident; fp16 for fp16 queries, 4 MB) and the kernel gathers one
-  contiguous row of S per token (128 B, or 64) instead of a 256-B centroid row, and never adds centroid and residual element by
-  element. The dot product runs over residual weights only. Needs the per-token inverse norms
-  (codecs/residual.residual_inverse_norms, computed once at index load).
+  contiguous row of S per token (128 B, or 64) instead of a 256-B centroid row, and never adds
+  centroid and residual element by element. The dot product runs over residual weights only.
+  Needs the per-token inverse norms (codecs/residual.residual_inverse_norms, computed once at
+  index load).
 * Centroid rows by gather (otherwise): the centroid row is gathered (the table sits in L2),
   added to the decoded residual in fp32 and rounded once to Q's dtype (the value colbert-ai's
   GPU path computes in fp16); the norm is accumulated from the same tile when no precomputed
@@ -447,14 +448,14 @@ def _maxsim_residual_kernel(
     PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PERSISTENT: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose
-    fp16 head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8]
-    read as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
-    stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d];
-    table: the group table (DECODE_GROUP >= 2: [2**(DECODE_GROUP*NBITS)] int32/int64 of packed
-    ELEM_BITS-bit weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
-    float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32, row stride stride_sc (when
-    CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
+    """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose fp16
+    head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8] read
+    as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
+    stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d]; table: the
+    group table (DECODE_GROUP >= 2: [2**(DECODE_GROUP*NBITS)] int32/int64 of packed ELEM_BITS-bit
+    weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
+    float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc
+    (when CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
     block): int32 [1], zero at launch, the next chunk of DOCS_PER_PROGRAM documents to score, of
     num_chunks."""
     # Query blocks vary fastest: programs reading the same documents run side by side, so every
