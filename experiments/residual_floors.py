@@ -97,7 +97,7 @@ def residual_floor(stage: str, codes, residuals, inv_norms, offsets, scores, buc
     out = torch.empty(num_docs, device=codes.device, dtype=torch.float32)
     if num_docs == 0:
         return out
-    table = decode_table(bucket_weights, nbits, torch.float16, pairs=True)
+    table = decode_table(bucket_weights, nbits, torch.float16, group=2)
     words = residuals.view(torch.int32)
     _residual_floor_kernel[(num_docs,)](
         codes, words, inv_norms, offsets, scores, table, out,

@@ -246,7 +246,7 @@ def test_pair_table_matches_the_codec_layout(nbits, dtype):
     """Entry (byte >> shift) & (2**(2*nbits) - 1) of the pair table holds the weights of the two
     dimensions of that byte in dimension order, as the codec's own bucket table decodes them."""
     weights = torch.sort(torch.randn(1 << nbits)).values
-    table = decode_table(weights, nbits, dtype, pairs=True)
+    table = decode_table(weights, nbits, dtype, group=2)
     pairs = table.view(dtype).reshape(-1, 2)  # little-endian: first dimension in the low half
     buckets = bucket_table(nbits)  # [256, slots]
     slots = 8 // nbits

@@ -24,7 +24,7 @@ by the query block with tl.dot. HBM traffic is M bytes per token (plus 4 for a c
 for an inverse norm in residual mode). What bounds it on an H200 is L1, not HBM: Nsight Compute
 puts L1/TEX throughput at 94 % and DRAM at 4 % for the word-gather default. There are 64 four-byte
 gathers per token. With every code 0, so that no two gathers of a warp conflict, it is only ~20 %
-faster (results/compressed/h200-pq-words). The codebooks are rounded to Q's dtype once per launch
+faster (results/compressed/h200-pq-words). The codebooks are rounded to Q's dtype once per call
 on the host, so the result equals MaxSim over the codec's decoded vectors within that rounding.
 
 Tile layout: a [BLOCK_T, M_BLOCK, DSUB_PAD] gather (sub-quantizer m, element k of its sub-vector)

@@ -214,9 +214,6 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         return _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
                            inv_norms, query_lengths, num_out_docs, cfg)
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    codebooks = codebooks.to(Q3.dtype).contiguous()
-    if codebooks.data_ptr() % (2 * WORD_BYTES):
-        codebooks = codebooks.clone()  # word gathers read it as 4- or 8-byte words
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)
         if value < MIN_DOT_DIM or value & (value - 1):
@@ -291,7 +288,7 @@ def maxsim_pq(
         pq_codes: uint8 [T, M], one byte per sub-quantizer, rows contiguous in M.
         offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
         codebooks: float [M, 256, d / M] (``PQCodec.codebooks``); rounded to Q's dtype once per
-            launch for the tensor cores (256 * d values), or multiplied with the query in
+            call for the tensor cores (256 * d values), or multiplied with the query in
             float64 into fp32 lookup tables (``config.scoring="lut"``).
         pids: optional int32/int64 [M']: score only these documents, in place. Default: all N.
         centroid_codes: optional int32/int64 [T]: the PQ codes quantize residuals from these
@@ -354,6 +351,12 @@ def maxsim_pq(
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
+    if config is None or config.scoring != "lut":
+        # Once per call for every query chunk: the decode kernel multiplies the codebooks in Q's
+        # dtype (the lookup tables take them as given, in float64).
+        codebooks = codebooks.to(Q.dtype).contiguous()
+        if codebooks.data_ptr() % (2 * WORD_BYTES):
+            codebooks = codebooks.clone()  # word gathers read it as 4- or 8-byte words
     out = _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                   query_lengths, num_out, config)
     return out[0] if Q.dim() == 2 else out

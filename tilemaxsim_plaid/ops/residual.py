@@ -211,10 +211,10 @@ def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.T
 
 
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
-                 pairs: bool | int) -> torch.Tensor:
-    """The weight table the kernel decodes with, in the dot dtype's bits.
+                 group: int) -> torch.Tensor:
+    """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
+    number of dimensions per lookup (DECODERS).
 
-    ``pairs`` is the number of dimensions per lookup (True: 2, False: 1).
     1: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
@@ -222,7 +222,6 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     4 (16-bit dtypes): [2**(4*nbits)] int64, entry f the weights of its four fields, the highest
     field in the lowest 16 bits.
     """
-    group = int(pairs) + 1 if isinstance(pairs, bool) else pairs
     weights = bucket_weights.reshape(-1).to(dtype)
     index = _decode_table_index(nbits, group, weights.device)
     if group == 1:
