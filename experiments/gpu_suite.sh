@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -155,6 +155,15 @@ case "$part" in
       tests/kernels/test_maxsim_pq.py tests/kernels/test_maxsim_residual.py
     step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,pq16 words 32/1w bd64 rNone,pq16 words 32/1w bd128 rNone,pq32 words 32/1w bd64 rNone,pq16 zero,pq16 lut,pq32 lut,residual default,residual quads,rerank fp16x2 quads,rerank fp16x2 1w r128 d4"
+    ;;
+  byte-permute)  # residual and PQ kernel tests (8-byte PQ gathers now the default), the byte-
+                 # permute residual decoder against the pair table in interleaved rounds, then
+                 # bench_compressed's main rows (with a byte-permute row) and floors
+    step compressed_tests 330 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_residual.py tests/kernels/test_maxsim_pq.py
+    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,residual default,residual permute,rerank fp16x2 permute,rerank fp16x2 1w r128 d4 persistent,pq16 words 32/1w bd64 rNone,pq32 words 32/1w bd64 rNone"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the
                    # residual and PQ defaults (one launch each)

@@ -118,7 +118,7 @@ def test_bad_inputs_name_the_argument(device):
     word_gather=st.sampled_from([None, False, True]),
     persistent=st.booleans(),
     block_d=st.sampled_from([None, 32, 64]),
-    gather_bytes=st.sampled_from([4, 8]),
+    gather_bytes=st.sampled_from([None, 4, 8]),
     scoring=st.sampled_from(["decode", "lut"]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,

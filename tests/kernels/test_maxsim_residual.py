@@ -296,6 +296,78 @@ def test_quads_decode_like_pairs(device, poisoned_outputs, nbits, dim):
         score(Q32, index, nbits, inv_norms=norms, config=ResidualConfig(decode="quads"))
 
 
+def test_permute_selectors_match_the_codec_layout():
+    """The byte-permute decoder's arithmetic, replayed in Python on every byte value in every
+    byte of a word: word >> (6 - 2j) & 0x03030303, times 0x11 plus 0x40404040, selects (from the
+    two words decode_table(..., 0) gives) the weights of dimensions j, 4 + j (low 16 bits) and
+    8 + j, 12 + j (high 16 bits), as the codec's own bucket table decodes them."""
+    weights = torch.sort(torch.randn(4)).values
+    lo, hi = (int(w) & 0xFFFFFFFF for w in decode_table(weights, 2, torch.float16, 0).tolist())
+    source = lo | hi << 32
+    buckets = bucket_table(2)  # [256, 4]: bucket of each dimension of a byte
+
+    def permute(selector):
+        return sum(((source >> (8 * ((selector >> (4 * k)) & 7))) & 0xFF) << (8 * k)
+                   for k in range(4))
+
+    def weights_of(pair):  # the two fp16 weights packed in a 32-bit value, low half first
+        halves = torch.tensor([pair & 0xFFFF, pair >> 16], dtype=torch.int32).to(torch.int16)
+        return halves.view(torch.float16)
+
+    generator = torch.Generator().manual_seed(0)
+    words = [b * 0x01010101 for b in range(256)]  # every byte value, in every byte at once
+    words += torch.randint(0, 2**32, (64,), generator=generator, dtype=torch.int64).tolist()
+    for word in words:
+        dims = buckets[torch.tensor(list(word.to_bytes(4, "little")))].reshape(16)
+        for j in range(4):
+            selector = ((word >> (6 - 2 * j)) & 0x03030303) * 0x11 + 0x40404040
+            for h in range(2):
+                got = weights_of(permute(selector >> (16 * h)))
+                want = weights[dims[[8 * h + j, 8 * h + 4 + j]]].half()
+                assert torch.equal(got, want), (hex(word), j, h)
+    with pytest.raises(ValueError, match="nbits = 2"):
+        decode_table(weights[:2], 1, torch.float16, 0)
+    with pytest.raises(ValueError, match="16-bit"):
+        decode_table(weights, 2, torch.float32, 0)
+
+
+@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.bfloat16, id="bf16")])
+def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype):
+    """decode="permute" (two weights per byte permute, columns in the operand's register order)
+    scores like the pair decoder and the float64 reference: the table path, the gather path
+    (centroid rows read in the same column order), split_query, and d = 384's dynamic chunk
+    loop; configurations it cannot serve are refused."""
+    index = random_index(device, dim, 2, centroid_dtype=torch.float16)
+    norms = norms_of(index, 2)
+    Q = unit_queries(2, 19, dim, dtype, device)
+    for extra in (dict(inv_norms=norms), {}):
+        permute = score(Q, index, 2, config=ResidualConfig(decode="permute"), **extra)
+        pairs = score(Q, index, 2, config=ResidualConfig(decode="pairs"), **extra)
+        assert_close(permute, expected(Q, index, 2), "maxsim_residual", dtype)
+        assert_close(permute, pairs, "maxsim_residual", dtype)
+    one_warp = ResidualConfig(decode="permute", num_warps=1, block_t=32, docs_per_program=2,
+                              persistent=True)
+    out = score(Q[:1], index, 2, inv_norms=norms, config=one_warp)
+    assert_close(out, expected(Q[:1], index, 2), "maxsim_residual", dtype)
+    Q32 = unit_queries(1, 19, dim, torch.float32, device)
+    split = score(Q32, index, 2, inv_norms=norms, split_query=True,
+                  config=ResidualConfig(decode="permute"))
+    assert_close(split, expected(Q32, index, 2), "maxsim_residual_split", torch.float32)
+    with pytest.raises(ValueError, match="config.decode='permute'"):
+        score(Q32, index, 2, inv_norms=norms, config=ResidualConfig(decode="permute"))
+    other = random_index(device, dim, 4)
+    with pytest.raises(ValueError, match="config.decode='permute'"):
+        score(Q, other, 4, inv_norms=norms_of(other, 4), config=ResidualConfig(decode="permute"))
+    # Rows one byte into a wider buffer are not word-aligned: refused, not read as bytes.
+    wide = torch.zeros(index["residuals"].shape[0], dim // 4 + 1, dtype=torch.uint8, device=device)
+    wide[:, 1:] = index["residuals"]
+    with pytest.raises(ValueError, match="config.decode='permute'"):
+        score(Q, dict(index, residuals=wide[:, 1:]), 2, inv_norms=norms,
+              config=ResidualConfig(decode="permute"))
+
+
 def test_pids_in_place_and_2d_query(device, poisoned_outputs):
     index = random_index(device, 128, 2)
     Q = unit_queries(1, 32, 128, torch.float16, device)[0]
@@ -488,9 +560,13 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
         bucket_weights=codec.bucket_weights).items()}
     want = reference.maxsim_packed(Q, D_colbert, offsets, pids)
     inv_norms = norms_of(index, nbits)
+    # The default decoder, and at nbits = 2 byte permutes too.
+    configs = [None] + ([ResidualConfig(decode="permute")] if nbits == 2 else [])
     for norms in (inv_norms, None):
-        out = score(Q.to(device), index, nbits, pids=pids.to(device), inv_norms=norms)
-        assert_close(out, want, "maxsim_residual", torch.float16)
+        for config in configs:
+            out = score(Q.to(device), index, nbits, pids=pids.to(device), inv_norms=norms,
+                        config=config)
+            assert_close(out, want, "maxsim_residual", torch.float16)
     # Every passage of the three queries ranks itself first among the scored ones it is in.
     full = score(Q.to(device), index, nbits, inv_norms=inv_norms)
     assert full.argmax(dim=1).tolist() == [3, 50, 120]
@@ -508,7 +584,7 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     queries_per_block=st.sampled_from([1, 2]),
     docs_per_program=st.integers(1, 4),
     centroid_table=st.sampled_from([None, True, False]),
-    decode=st.sampled_from(["pairs", "select", "quads"]),
+    decode=st.sampled_from(["pairs", "select", "quads", "permute"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
     shuffle_table=st.booleans(),

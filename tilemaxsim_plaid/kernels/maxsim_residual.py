@@ -32,8 +32,8 @@ kernel is built around the instructions per embedding element:
       one L1 line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
       tensor-core operands per lookup.
     - quads (4; nbits <= 2, 16-bit weights): a whole byte (nbits = 2) indexes a 256-entry table
-      of four weights in an int64 (2 KB): half the lookups of pairs, from more L1 lines. Opt-in,
-      not yet timed on a GPU.
+      of four weights in an int64 (2 KB): half the lookups of pairs, from more L1 lines. Opt-in:
+      slower on the H200 (0.60 against 0.48-0.51 ms, results/compressed/h200-wide-gathers).
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU.
   Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,
@@ -201,6 +201,50 @@ def _shuffle_table_lookup(p_table, idx, NBITS: tl.constexpr):
 
 
 @triton.jit
+def _byte_permute(lo_bytes, hi_bytes, selector, USE_PTX: tl.constexpr):
+    """PTX ``prmt.b32``: byte k of the result is byte (nibble k of ``selector``) of the 8 bytes
+    ``hi_bytes:lo_bytes`` (selector nibbles are 0-7 here: no sign replication; bits 16-31 are
+    ignored). Without PTX (the CPU interpreter) the same selection in int64 arithmetic."""
+    if USE_PTX:
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [lo_bytes + tl.zeros_like(selector),
+                                          hi_bytes + tl.zeros_like(selector), selector],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    source = (lo_bytes.to(tl.int64) & 0xFFFFFFFF) | (hi_bytes.to(tl.int64) << 32)
+    out = tl.zeros_like(selector).to(tl.int64)
+    for k in tl.static_range(4):
+        byte_index = ((selector >> (4 * k)) & 7).to(tl.int64)
+        out |= ((source >> (8 * byte_index)) & 0xFF) << (8 * k)
+    return out.to(tl.int32)
+
+
+@triton.jit
+def _operand_dims(offs_c, DECODE_GROUP: tl.constexpr):
+    """The embedding dimension behind each tensor-core operand column. The byte-permute decoder
+    (DECODE_GROUP 0) emits its weights in the order of the fp16 operand's registers: in each
+    16-column block, column 8h + 2j + p holds dimension j + 4p + 8h (j < 4: the lane of a
+    quad, p and h: its register halves), so the query and centroid columns are read in that
+    order too, which leaves every dot product unchanged. Other decoders: the identity."""
+    if DECODE_GROUP == 0:
+        column = offs_c % 16
+        return offs_c - column + (column % 8) // 2 + 4 * (column % 2) + 8 * (column // 8)
+    return offs_c
+
+
+@triton.jit
+def _columns_to_operand_order(b_q, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                              DECODE_GROUP: tl.constexpr):
+    """[ROWS, BLOCK_D] columns in dimension order -> in _operand_dims order, by a register
+    permutation (a one-off layout conversion), so the held query chunk is still read with
+    contiguous vector loads."""
+    if DECODE_GROUP == 0:
+        # dimension 16w + 8h + 4p + j -> column 16w + 8h + 2j + p
+        b_q = tl.reshape(b_q, [ROWS, BLOCK_D // 16, 2, 2, 4])
+        b_q = tl.reshape(tl.permute(b_q, (0, 1, 2, 4, 3)), [ROWS, BLOCK_D])
+    return b_q
+
+
+@triton.jit
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                   ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -210,7 +254,23 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
     flattened in dimension order), so rows are read with vector loads, once.
     """
-    if DECODE_GROUP >= 2:
+    if DECODE_GROUP == 0:
+        # Byte permutes (nbits = 2, word units, 16-bit weights); w0 / w1 hold the low / high
+        # bytes of the four weights in field order. Byte b of a word holds dimensions 4b .. 4b+3,
+        # dimension 4b + j at bit 8b + 6 - 2j, so shifting by 6 - 2j and masking 0x03030303
+        # leaves the fields of dimensions j, 4 + j, 8 + j, 12 + j in bytes 0-3. Times 0x11 plus
+        # 0x40404040 each byte becomes the selector nibbles (f, 4 + f) of its weight, and one
+        # permute of the low 16 bits (then of the high 16) assembles the weights of dimensions
+        # (j, 4 + j) (then (8 + j, 12 + j)): the columns _operand_dims names. No memory access.
+        offs_j = tl.arange(0, 4)
+        fields = (b_units[:, :, None] >> (6 - 2 * offs_j)[None, None, :]) & 0x03030303
+        selector = fields * 0x11 + 0x40404040
+        # [BLOCK_T, UNITS, 2 (h), 4 (j)]
+        selector = selector[:, :, None, :] >> (16 * tl.arange(0, 2))[None, None, :, None]
+        packed = _byte_permute(w0, w1, selector, PTX_LOADS)
+        weights = unpack_16bit_weights(packed, dot_dtype, 2)
+        return tl.reshape(weights, [BLOCK_T, BLOCK_D])
+    elif DECODE_GROUP >= 2:
         # DECODE_GROUP (2 or 4) dimensions per lookup: their DECODE_GROUP * NBITS bits index the
         # group table, whose entries pack the weights into one integer (first dimension in the
         # low bits).
@@ -270,7 +330,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
                           DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS, SHUFFLE_TABLE)
     if not CENTROID_TABLE:
-        offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
         mask_d = offs_d < dim
         # [BLOCK_T, BLOCK_D], centroid rows from L2
         b_c = tl.load(p_centroids + (codes * stride_cc)[:, None] + offs_d[None, :] * stride_cd,
@@ -336,7 +396,7 @@ def _residual_tile_scores(
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
-            offs_d = kd * BLOCK_D + tl.arange(0, BLOCK_D)
+            offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
             # [BLOCK_Q, BLOCK_D] (L1/L2 hits); masked dimensions are 0 here, which cancels any
             # weight there.
             q_offsets = offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt + offs_d[None, :] * stride_qd
@@ -476,10 +536,12 @@ def _maxsim_residual_kernel(
     b_q0 = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d0[None, :] * stride_qd,
                    mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
+    b_q0 = _columns_to_operand_order(b_q0, BLOCK_Q, BLOCK_D, DECODE_GROUP)
     if SPLIT_Q:
         b_q0_lo = tl.load(p_q_lo + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                           + offs_d0[None, :] * stride_qd,
                           mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
+        b_q0_lo = _columns_to_operand_order(b_q0_lo, BLOCK_Q, BLOCK_D, DECODE_GROUP)
     else:
         b_q0_lo = b_q0
     if DECODE_GROUP >= 2:
@@ -488,6 +550,12 @@ def _maxsim_residual_kernel(
         w1 = 0.0
         w2 = 0.0
         w3 = 0.0
+    elif DECODE_GROUP == 0:
+        # The byte-permute table: the weights' low bytes and high bytes, one int32 each.
+        w0 = tl.load(p_table)
+        w1 = tl.load(p_table + 1)
+        w2 = 0
+        w3 = 0
     else:
         w0 = tl.load(p_table)
         w1 = tl.load(p_table + 1)

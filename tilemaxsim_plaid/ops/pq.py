@@ -52,8 +52,10 @@ class PQConfig:
         lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights) or
-            8 (four weights, half the gathers; needs d/M a multiple of 4). Not yet timed on a
-            GPU, so off by default: the PQ kernel is L1-bound (results/compressed/h200-pq-words).
+            8 (four weights, half the gathers; needs d/M a multiple of 4). None: 8 wherever it
+            applies. On the H200 the one-warp default went from 0.611 to 0.513 ms at M = 16 and
+            from 0.779 to 0.617 ms at M = 32 (results/compressed/h200-wide-gathers); the other
+            word-gather configurations were not timed with it.
         ptx_loads: with word_gather, read the words by inline PTX in the tensor-core operand's
             layout. None: on a GPU; the CPU interpreter runs no PTX, so there it is always off.
         persistent: a fixed grid of programs (ops.launch.document_grid)
@@ -75,7 +77,7 @@ class PQConfig:
     num_stages: int = 2
     block_d: int | None = None
     word_gather: bool | None = None
-    gather_bytes: int = 4
+    gather_bytes: int | None = None
     scoring: str = "decode"
     lut_rows: int = 8
     ptx_loads: bool | None = None
@@ -96,7 +98,9 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
     MARCO-like lengths, d = 128; results/compressed/h200-pq-words):
     * at least MANY_DOCS documents with 16-bit queries: word gathers in one-warp programs of
       32-token tiles decoded in two 64-column chunks, on a persistent grid taking 2 documents at
-      a time: M = 16 0.612 ms, M = 32 0.784 ms, against 1.567 / 2.823 ms for the former default.
+      a time: M = 16 0.612 ms, M = 32 0.784 ms, against 1.567 / 2.823 ms for the former default;
+      with 8-byte codebook words (gather_bytes None, d/M a multiple of 4) 0.513 / 0.617 ms
+      (results/compressed/h200-wide-gathers).
       A 2-warp program splits a tile's products by query columns, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. The kernel
       is L1-bound (Nsight Compute: L1/TEX 94 %, DRAM 4 %).
@@ -125,7 +129,9 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int,
     return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
 
 
-def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim, m_block) -> bool:
+def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim,
+                 m_block) -> tuple[bool, int]:
+    """(word gathers on, codebook bytes per gather) for cfg, or a ValueError naming the field."""
     applies = (Q3.element_size() == 2 and sub_dim % 2 == 0 and sub_dim & (sub_dim - 1) == 0
                and m_block % 4 == 0 and num_subquantizers % m_block == 0
                and pq_codes.stride(0) % WORD_BYTES == 0 and pq_codes.data_ptr() % WORD_BYTES == 0)
@@ -136,12 +142,15 @@ def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim, m_bloc
             f"{Q3.dtype} queries, M={num_subquantizers}, d/M={sub_dim}, {m_block} sub-quantizers "
             f"per chunk, code row stride {pq_codes.stride(0)}")
     words = applies if cfg.word_gather is None else cfg.word_gather
+    wide_applies = words and sub_dim % 4 == 0
+    if cfg.gather_bytes is None:
+        return words, 2 * WORD_BYTES if wide_applies else WORD_BYTES
     if cfg.gather_bytes not in (WORD_BYTES, 2 * WORD_BYTES):
-        raise ValueError(f"config.gather_bytes must be 4 or 8, got {cfg.gather_bytes}")
-    if cfg.gather_bytes == 8 and not (words and sub_dim % 4 == 0):
+        raise ValueError(f"config.gather_bytes must be None, 4 or 8, got {cfg.gather_bytes}")
+    if cfg.gather_bytes == 8 and not wide_applies:
         raise ValueError("config.gather_bytes=8 needs word gathers and d/M a multiple of 4; got "
                          f"word gathers {'on' if words else 'off'}, d/M={sub_dim}")
-    return words
+    return words, cfg.gather_bytes
 
 
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -161,7 +170,7 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
                 query_lengths, num_out_docs, cfg):
     """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
     (row tile, chunk of documents), row tiles summed per query here."""
-    if cfg.persistent or cfg.word_gather or cfg.gather_bytes != WORD_BYTES:
+    if cfg.persistent or cfg.word_gather or cfg.gather_bytes is not None:
         raise ValueError("config.scoring='lut' takes no persistent grid, word_gather or "
                          "gather_bytes (those are the decode kernel's)")
     if cfg.lut_rows not in LUT_ROWS:
@@ -231,7 +240,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
-    words = _word_gather(cfg, Q3, pq_codes, num_subquantizers, sub_dim, m_block)
+    words, gather_bytes = _word_gather(cfg, Q3, pq_codes, num_subquantizers, sub_dim,
+                                       m_block)
     dummy = out
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
@@ -257,7 +267,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
-        GATHER_BYTES=cfg.gather_bytes,
+        GATHER_BYTES=gather_bytes,
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,

@@ -51,8 +51,10 @@ WORD_BYTES = 4
 MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table, "quads" four in a 2**(4*nbits)-entry one (nbits <= 2, 16-bit
-# products); "select" picks one weight per dimension with a select tree. Dimensions per lookup:
-DECODERS = {"select": 1, "pairs": 2, "quads": 4}
+# products); "select" picks one weight per dimension with a select tree; "permute" (nbits = 2,
+# 32-bit word units, 16-bit products) assembles two weights per PTX byte permute from the four
+# held in two registers, with no lookup at all. Dimensions per lookup (0: none):
+DECODERS = {"select": 1, "pairs": 2, "quads": 4, "permute": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +83,11 @@ class ResidualConfig:
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
         decode: "pairs" (two weights per table load), "quads" (four per load from a 2 KB table
-            at nbits = 2: half the loads; nbits <= 2 and 16-bit products only; not yet timed on
-            a GPU) or "select" (a select tree per dimension).
+            at nbits = 2: half the loads; nbits <= 2 and 16-bit products only; slower on the
+            H200: 0.60 against 0.48-0.51 ms for pairs, results/compressed/h200-wide-gathers),
+            "select" (a select tree per dimension) or "permute" (no table lookups: two weights
+            per byte permute from registers; nbits = 2, 4-byte aligned residual rows, 16-bit
+            products only).
         num_warps, num_stages: Triton launch parameters.
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. Fewer registers let more programs share an SM, which hides the latency of
@@ -221,9 +226,19 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     adjacent dimensions.
     4 (16-bit dtypes): [2**(4*nbits)] int64, entry f the weights of its four fields, the highest
     field in the lowest 16 bits.
+    0 (byte permutes; nbits = 2, 16-bit dtypes): [2] int32, the low bytes of the four weights in
+    field order, then their high bytes: byte f of the first word and byte f of the second make
+    the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it.
     """
     weights = bucket_weights.reshape(-1).to(dtype)
-    index = _decode_table_index(nbits, group, weights.device)
+    index = _decode_table_index(nbits, max(group, 1), weights.device)
+    if group == 0:
+        if nbits != 2 or weights.element_size() != 2:
+            raise ValueError("a byte-permute decode table needs nbits = 2 and a 16-bit dtype, got "
+                             f"nbits={nbits}, {dtype}")
+        # [4, 2] bytes (little-endian) -> [2, 4]: low bytes, then high bytes.
+        weight_bytes = weights[index].contiguous().view(torch.uint8).reshape(4, 2)
+        return weight_bytes.t().contiguous().view(torch.int32).reshape(-1)
     if group == 1:
         return weights[index]
     if group == 4 and weights.element_size() != 2:
@@ -374,6 +389,12 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     if cfg.decode == "quads" and (nbits > 2 or Q3.element_size() != 2 and not split_query):
         raise ValueError("config.decode='quads' needs nbits <= 2 and 16-bit products (fp16/bf16 "
                          f"queries or split_query); got nbits={nbits}, {Q3.dtype} queries")
+    if cfg.decode == "permute" and (nbits != 2 or Q3.element_size() != 2 and not split_query
+                                    or _unit_bytes(residuals, block_d, nbits) != WORD_BYTES):
+        raise ValueError("config.decode='permute' needs nbits = 2, 16-bit products (fp16/bf16 "
+                         "queries or split_query) and 4-byte aligned residual rows; got "
+                         f"nbits={nbits}, {Q3.dtype} queries, residual row stride "
+                         f"{residuals.stride(0)}")
     if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
         raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
                          f"got {cfg.maxnreg}")
