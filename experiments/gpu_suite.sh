@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -163,6 +163,12 @@ case "$part" in
       tests/kernels/test_maxsim_residual.py tests/kernels/test_maxsim_pq.py
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,residual default,residual permute,rerank fp16x2 permute,rerank fp16x2 1w r128 d4 persistent,pq16 words 32/1w bd64 rNone,pq32 words 32/1w bd64 rNone"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  compressed-defaults)  # the residual kernel's tests (the byte-permute default and its
+                        # fallback), then bench_compressed's main rows and floors
+    step residual_tests 300 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_residual.py
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the

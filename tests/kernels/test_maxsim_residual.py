@@ -171,6 +171,7 @@ def test_default_config_by_number_of_documents():
     assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
     half = default_residual_config(1, 32, num_docs=many, half_table=True)
     assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (96, 1, 0, 0)
+    assert (fp16.decode, half.decode, split.decode) == ("permute", "permute", "pairs")
     # Queries that share one block of at most 32 rows: still one query block, as the
     # persistent grid needs.
     for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
@@ -366,6 +367,27 @@ def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype):
     with pytest.raises(ValueError, match="config.decode='permute'"):
         score(Q, dict(index, residuals=wide[:, 1:]), 2, inv_norms=norms,
               config=ResidualConfig(decode="permute"))
+
+
+@pytest.mark.parametrize("nbits,aligned", [pytest.param(2, False, id="nbits2-unaligned"),
+                                            pytest.param(1, True, id="nbits1"),
+                                            pytest.param(4, True, id="nbits4")])
+def test_default_permute_falls_back_to_pairs(device, poisoned_outputs, monkeypatch, nbits,
+                                             aligned):
+    """The many-document fp16 default decodes by byte permutes; where they cannot serve (other
+    nbits, rows not word-aligned) the default scores with the pair table instead of refusing."""
+    from tilemaxsim_plaid.ops import residual
+
+    monkeypatch.setattr(residual, "MANY_DOCS", 2)
+    index = random_index(device, 128, nbits)
+    if not aligned:
+        wide = torch.zeros(index["residuals"].shape[0], index["residuals"].shape[1] + 1,
+                           dtype=torch.uint8, device=device)
+        wide[:, 1:] = index["residuals"]
+        index["residuals"] = wide[:, 1:]
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    out = score(Q, index, nbits, inv_norms=norms_of(index, nbits))
+    assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
 
 
 def test_pids_in_place_and_2d_query(device, poisoned_outputs):

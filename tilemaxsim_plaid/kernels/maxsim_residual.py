@@ -34,6 +34,15 @@ kernel is built around the instructions per embedding element:
     - quads (4; nbits <= 2, 16-bit weights): a whole byte (nbits = 2) indexes a 256-entry table
       of four weights in an int64 (2 KB): half the lookups of pairs, from more L1 lines. Opt-in:
       slower on the H200 (0.60 against 0.48-0.51 ms, results/compressed/h200-wide-gathers).
+    - permute (0: no lookups; nbits = 2, word units, 16-bit weights): the four weights sit in
+      two registers (their low bytes, their high bytes), and one PTX byte permute assembles the
+      two weights of a k-pair from a selector computed from the word (shift, mask, one
+      multiply-add): no L1 access at all. The weights come out in the fp16 operand's register
+      order (_operand_dims), so the held query chunk is permuted once per program to match. The
+      one-query default on many documents: 0.430 against 0.498 ms for pairs (H200,
+      results/compressed/h200-byte-permute); the pair table stays with split_query, where it
+      was not slower (0.695 against 0.704 ms). A first byte-permute decoder (before the
+      inline-PTX loads) was 3x slower: its words and query crossed shared memory every tile.
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU.
   Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,

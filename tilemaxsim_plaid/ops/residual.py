@@ -87,7 +87,8 @@ class ResidualConfig:
             H200: 0.60 against 0.48-0.51 ms for pairs, results/compressed/h200-wide-gathers),
             "select" (a select tree per dimension) or "permute" (no table lookups: two weights
             per byte permute from registers; nbits = 2, 4-byte aligned residual rows, 16-bit
-            products only).
+            products only; default_residual_config's choice for one 16-bit query over many
+            documents, where the pair table is used instead when permutes do not apply).
         num_warps, num_stages: Triton launch parameters.
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. Fewer registers let more programs share an SM, which hides the latency of
@@ -193,9 +194,13 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
             # with the fp32 one it costs (0.499 -> 0.520): more L2 traffic beside 128-B rows.
             # The fp16-table tile spills a few registers under the 96 cap, and still beats 104
             # (no spills, fewer programs per SM): 0.461 against 0.480 ms.
+            # 16-bit queries decode by byte permutes (no table loads, no spills at 96): 0.430
+            # against 0.498 ms for pairs (results/compressed/h200-byte-permute); with
+            # split_query they were slower (0.704 against 0.695 ms), so pairs stay there.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query else 96, docs_per_program=2,
-                                  persistent=True, prefetch=1 if half_table else 0)
+                                  persistent=True, prefetch=1 if half_table else 0,
+                                  decode="pairs" if split_query else "permute")
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
@@ -246,6 +251,13 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     bits = {(2, 2): (torch.int16, torch.int32), (2, 4): (torch.int32, torch.int64),
             (4, 2): (torch.int16, torch.int64)}[(group, weights.element_size())]
     return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
+
+
+def _permute_applies(Q3, residuals, nbits, split_query, block_d) -> bool:
+    """Whether the byte-permute decoder can serve this call: nbits = 2, 16-bit products and
+    residual rows read as 32-bit words."""
+    return (nbits == 2 and (Q3.element_size() == 2 or split_query)
+            and _unit_bytes(residuals, block_d, nbits) == WORD_BYTES)
 
 
 def _ptx_loads(cfg: ResidualConfig) -> bool:
@@ -373,6 +385,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     half_default = builds_table and Q3.dtype == torch.float16 and inv_norms is not None
     cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
                                             half_default)
+    if config is None and cfg.decode == "permute" and not _permute_applies(
+            Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim)):
+        # The default falls back to the pair table; an explicit decode="permute" is refused.
+        cfg = dataclasses.replace(cfg, decode="pairs")
     half_table = half_default if cfg.half_table is None else cfg.half_table
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
@@ -389,8 +405,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     if cfg.decode == "quads" and (nbits > 2 or Q3.element_size() != 2 and not split_query):
         raise ValueError("config.decode='quads' needs nbits <= 2 and 16-bit products (fp16/bf16 "
                          f"queries or split_query); got nbits={nbits}, {Q3.dtype} queries")
-    if cfg.decode == "permute" and (nbits != 2 or Q3.element_size() != 2 and not split_query
-                                    or _unit_bytes(residuals, block_d, nbits) != WORD_BYTES):
+    if cfg.decode == "permute" and not _permute_applies(Q3, residuals, nbits, split_query,
+                                                        block_d):
         raise ValueError("config.decode='permute' needs nbits = 2, 16-bit products (fp16/bf16 "
                          "queries or split_query) and 4-byte aligned residual rows; got "
                          f"nbits={nbits}, {Q3.dtype} queries, residual row stride "
