@@ -390,7 +390,7 @@ def test_default_permute_falls_back_to_pairs(device, poisoned_outputs, monkeypat
     assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
 
 
-def test_default_decode_by_path(monkeypatch):
+def test_default_decode_by_path(device, monkeypatch):
     """The default decodes by byte permutes on the table path only: without inverse norms the
     centroid rows are gathered, and in permuted column order those would be 2-byte gathers."""
     from tilemaxsim_plaid.ops import residual
@@ -403,8 +403,8 @@ def test_default_decode_by_path(monkeypatch):
 
     monkeypatch.setattr(residual, "MANY_DOCS", 2)
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", RecordingKernel())
-    index = random_index("cpu", 128, 2)
-    Q = unit_queries(1, 32, 128, torch.float16, "cpu")
+    index = random_index(device, 128, 2)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
     score(Q, index, 2, inv_norms=norms_of(index, 2))
     score(Q, index, 2)
     assert launched == [residual.DECODERS["permute"], residual.DECODERS["pairs"]]
