@@ -522,7 +522,8 @@ def _maxsim_residual_kernel(
     as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
     stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d]; table: the
     group table (DECODE_GROUP >= 2: [2**(DECODE_GROUP*NBITS)] int32/int64 of packed ELEM_BITS-bit
-    weights) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
+    weights), the byte table (DECODE_GROUP 0: [2] int32, the four weights' low bytes then high
+    bytes) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
     float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc
     (when CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
     block): int32 [1], zero at launch, the next chunk of DOCS_PER_PROGRAM documents to score, of

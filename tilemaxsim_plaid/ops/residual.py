@@ -61,7 +61,8 @@ DECODERS = {"select": 1, "pairs": 2, "quads": 4, "permute": 0}
 class ResidualConfig:
     """One fixed launch configuration for :func:`maxsim_residual` (no heuristics).
 
-    The defaults are the fastest one-query configuration measured on the H200: per-document
+    The defaults (default_residual_config picks others by shape) were the fastest one-query
+    configuration measured on the H200 before one-warp programs: per-document
     programs of 2 warps (many small programs resident per SM hide one another's dependent
     codes -> S-row loads) walking 16-token tiles, with the pair decoder, the fewest sm_90
     instructions per token of the variants (kernels/maxsim_residual.py). Occupancy is what the
