@@ -171,13 +171,14 @@ case "$part" in
       tests/kernels/test_maxsim_residual.py
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
-  ncu-compressed)  # Nsight Compute's occupancy, speed-of-light and warp-stall sections of the
-                   # residual and PQ defaults (one launch each)
+  ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
+                   # residual and PQ defaults, and of the PQ default with every code 0 (one
+                   # launch each): what bounds PQ when its gathers do not conflict
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     step kernel_ncu 200 "$NCU" --clock-control none --profile-from-start off --import-source no \
       --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
-      --section MemoryWorkloadAnalysis \
-      python3 -m experiments.profile_kernels profile --only "residual default,pq16 words 32/1w bd64 rNone"
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      python3 -m experiments.profile_kernels profile --only "residual default,pq16 words 32/1w bd64 rNone g8,pq16 zero codes words 32/1w bd64 rNone g8"
     ;;
   compressed-main)  # bench_compressed's main rows and floors only
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
