@@ -118,7 +118,7 @@ def test_bad_inputs_name_the_argument(device):
     word_gather=st.sampled_from([None, False, True]),
     persistent=st.booleans(),
     block_d=st.sampled_from([None, 32, 64]),
-    gather_bytes=st.sampled_from([None, 4, 8]),
+    gather_bytes=st.sampled_from([None, 4, 8, 16]),
     scoring=st.sampled_from(["decode", "lut"]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
@@ -170,10 +170,13 @@ def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs,
     assert_close(words, reference.maxsim_pq(Q, *args, **extra), "maxsim_pq", dtype)
     assert_close(words, gathers, "maxsim_pq", dtype)
     assert torch.isneginf(words[:, 0]).all()
-    if (dim // num_subquantizers) % 4 == 0:
-        # Eight-byte codebook words (four weights each) decode to the same tile.
-        wide = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, gather_bytes=8))
-        assert_close(wide, words, "maxsim_pq", dtype)
+    for gather_bytes in (8, 16):
+        if (dim // num_subquantizers) % (gather_bytes // 2) == 0:
+            # Eight- and sixteen-byte codebook words (4 or 8 weights each) decode to the same
+            # tile; with 16 its columns and the query's come in the operand's register order.
+            wide = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, gather_bytes=gather_bytes))
+            assert_close(wide, words, "maxsim_pq", dtype)
+            assert_close(wide, reference.maxsim_pq(Q, *args, **extra), "maxsim_pq", dtype)
 
 
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
@@ -208,6 +211,21 @@ def test_configs_that_cannot_apply_are_refused(device):
     with pytest.raises(ValueError, match="config.gather_bytes"):
         maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args,
                   config=PQConfig(word_gather=False, gather_bytes=8))
+    index32 = random_pq_index(device, 128, 32)  # d/M = 4: half a 16-byte word per sub-vector
+    args32, _ = split(index32)
+    with pytest.raises(ValueError, match="config.gather_bytes=16"):
+        maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args32,
+                  config=PQConfig(gather_bytes=16))
+    # A codebook 8 bytes past a 16-byte boundary: 8-byte words apply, 16-byte ones are refused.
+    codes, offsets, codebooks = args[:3]
+    buffer = torch.empty(codebooks.numel() + 4, dtype=torch.float16, device=device)
+    shifted = buffer[4:].view_as(codebooks).copy_(codebooks)
+    assert shifted.data_ptr() % 16 == 8
+    Q1 = unit_queries(1, 8, 128, torch.float16, device)
+    assert_close(maxsim_pq(Q1, codes, offsets, shifted, config=PQConfig(gather_bytes=8)),
+                 reference.maxsim_pq(Q1, codes, offsets, codebooks), "maxsim_pq", torch.float16)
+    with pytest.raises(ValueError, match="config.gather_bytes=16"):
+        maxsim_pq(Q1, codes, offsets, shifted, config=PQConfig(gather_bytes=16))
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))

@@ -28,7 +28,11 @@ puts L1/TEX throughput at 94 % and DRAM at 4 % for the 4-byte word-gather kernel
 token. With every code 0, so that no two gathers of a warp conflict, it is only ~20 % faster
 (results/compressed/h200-pq-words). 8-byte codebook words (GATHER_BYTES = 8, the default where
 d/M is a multiple of 4) halve the gathers: 0.61 -> 0.51 ms at M = 16, and 0.47 ms with every
-code 0 (results/compressed/h200-wide-gathers). The codebooks are rounded to Q's dtype once per call
+code 0 (results/compressed/h200-wide-gathers). 16-byte words (GATHER_BYTES = 16, opt-in, not yet
+timed on a GPU) are one gather per 8-dimension sub-vector; their weights are laid out in the
+fp16 operand's register order and the query columns permuted to match (_to_gather16_order), so
+the words need no shuffles between lanes (sm_90 SASS: 451 instructions per 32-token tile body
+against 573, 16 LDG.E.128 against 32 LDG.E.64). The codebooks are rounded to Q's dtype once per call
 on the host, so the result equals MaxSim over the codec's decoded vectors within that rounding.
 
 Tile layout: a [BLOCK_T, M_BLOCK, DSUB_PAD] gather (sub-quantizer m, element k of its sub-vector)
@@ -83,6 +87,17 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
 
 
 @triton.jit
+def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES: tl.constexpr):
+    """[ROWS, COLS] query columns in dimension order -> the column order of a tile decoded from
+    16-byte codebook words (_decode_pq_words): in each 32-column group, dimension 8t + 4h + r
+    goes to column 16h + 4t + r. A register permutation; other gather widths: unchanged."""
+    if GATHER_BYTES == 16:
+        b_q = tl.reshape(b_q, [ROWS, COLS // 32, 4, 2, 4])
+        b_q = tl.reshape(tl.permute(b_q, (0, 1, 3, 2, 4)), [ROWS, COLS])
+    return b_q
+
+
+@triton.jit
 def _ptx_load_indexed(p_words, idx, WORD_BYTES: tl.constexpr):
     """WORD_BYTES-byte words ``p_words[idx]`` (int32 or int64) through the read-only path (L1
     evict-last), by inline PTX, in the layout of ``idx``. The address is formed inside the asm
@@ -103,13 +118,25 @@ def _ptx_load_indexed(p_words, idx, WORD_BYTES: tl.constexpr):
 
 
 @triton.jit
+def _ptx_load_indexed_pair(p_words, idx):
+    """16-byte words ``p_words[2 * idx : 2 * idx + 2]`` (two int64, low first) by one inline-PTX
+    vector load through the read-only path, as _ptx_load_indexed: one gather per eight 16-bit
+    weights."""
+    base = p_words + tl.zeros(idx.shape, tl.int32)
+    return tl.inline_asm_elementwise(
+        "{ .reg .u64 a; mul.wide.u32 a, $3, 16; add.u64 a, a, $2; "
+        "ld.global.nc.L1::evict_last.v2.b64 {$0, $1}, [a]; }",
+        "=l,=l,l,r", [base, idx], dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+
+
+@triton.jit
 def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
                      dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr,
                      DSUB: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr,
                      GATHER_BYTES: tl.constexpr):
     """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
     from code words (4 codes each) and a codebook read as GATHER_BYTES-byte words (int32: 2
-    weights each; int64: 4, half the gathers)."""
+    weights each; int64: 4, half the gathers; 16 bytes: 8, in the operand's column order)."""
     CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
     BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
     PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
@@ -129,11 +156,28 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
     base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
-    if PTX_LOADS:
-        entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
+    if GATHER_BYTES == 16:
+        # Eight weights per gather: a 16-byte word as two int64 halves (p_book_words is int64).
+        if PTX_LOADS:
+            low, high = _ptx_load_indexed_pair(p_book_words, idx)
+        else:
+            low = tl.load(p_book_words + 2 * idx, eviction_policy="evict_last")
+            high = tl.load(p_book_words + 2 * idx + 1, eviction_policy="evict_last")
+        # Columns in the fp16 operand's register order (kWidth 4: a lane holds 4 adjacent
+        # columns of each 16-column block): in each 32-column group, 8-weight word t (t < 4)
+        # gives its low half to columns 4t .. 4t+3 and its high half to 16 + 4t .. 16 + 4t+3,
+        # so a lane's eight weights arrive by one gather and no shuffle. The query columns are
+        # read in that order (_to_gather16_order).
+        GROUPS: tl.constexpr = M_BLOCK * BOOK_WORDS // 4
+        low = tl.reshape(unpack_16bit_weights(low, dot_dtype, 4), [BLOCK_T, GROUPS, 4, 4])
+        high = tl.reshape(unpack_16bit_weights(high, dot_dtype, 4), [BLOCK_T, GROUPS, 4, 4])
+        weights = tl.permute(tl.join(low, high), (0, 1, 4, 2, 3))  # [T, group, half, word, 4]
     else:
-        entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
-    weights = unpack_16bit_weights(entry, dot_dtype, GATHER_BYTES // 2)
+        if PTX_LOADS:
+            entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
+        else:
+            entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
+        weights = unpack_16bit_weights(entry, dot_dtype, GATHER_BYTES // 2)
     return tl.reshape(weights, [BLOCK_T, M_BLOCK * DSUB])
 
 
@@ -196,6 +240,7 @@ def _pq_tile_scores(
         else:
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+            b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
         # [BLOCK_T, M_BLOCK * DSUB_PAD] @ [M_BLOCK * DSUB_PAD, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
         acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
@@ -295,14 +340,16 @@ def _maxsim_pq_kernel(
     # are reloaded per tile from L1/L2.
     b_q0 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 0, stride_qb, stride_qt, stride_qd,
                                num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+    b_q0 = _to_gather16_order(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
     if NUM_M_BLOCKS >= 2:
         b_q1 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 1, stride_qb, stride_qt,
                                    stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
+        b_q1 = _to_gather16_order(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
     else:
         b_q1 = b_q0
     if WORD_GATHER:
         p_pq_codes = p_pq_codes.to(tl.pointer_type(tl.int32))
-        if GATHER_BYTES == 8:
+        if GATHER_BYTES >= 8:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int64))
         else:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))

@@ -26,6 +26,8 @@ CODEBOOK_SIZE = 256
 MANY_DOCS = 16384
 # Word gathers read codes and codebooks as 32-bit words: 4 codes, or two 16-bit weights.
 WORD_BYTES = 4
+# Codebook bytes per gather: 2, 4 or 8 16-bit weights.
+GATHER_BYTES = (4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +53,9 @@ class PQConfig:
             block_t, docs_per_program, num_warps, num_stages and lut_rows only).
         lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
-        gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights) or
-            8 (four weights, half the gathers; needs d/M a multiple of 4). None: 8 wherever it
-            applies. On the H200 the one-warp default went from 0.611 to 0.513 ms at M = 16 and
+        gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights), 8
+            (four, half the gathers; d/M a multiple of 4) or 16 (eight: one gather per
+            sub-vector at d/M = 8; not yet timed on a GPU). None: 8 wherever it applies. On the H200 the one-warp default went from 0.611 to 0.513 ms at M = 16 and
             from 0.779 to 0.617 ms at M = 32 (results/compressed/h200-wide-gathers); the other
             word-gather configurations were not timed with it.
         ptx_loads: with word_gather, read the words by inline PTX in the tensor-core operand's
@@ -129,27 +131,39 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int,
     return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
 
 
-def _word_gather(cfg: PQConfig, Q3, pq_codes, num_subquantizers, sub_dim,
+def _word_gather(cfg: PQConfig, Q3, pq_codes, codebooks, num_subquantizers, sub_dim,
                  m_block) -> tuple[bool, int]:
     """(word gathers on, codebook bytes per gather) for cfg, or a ValueError naming the field."""
     applies = (Q3.element_size() == 2 and sub_dim % 2 == 0 and sub_dim & (sub_dim - 1) == 0
                and m_block % 4 == 0 and num_subquantizers % m_block == 0
-               and pq_codes.stride(0) % WORD_BYTES == 0 and pq_codes.data_ptr() % WORD_BYTES == 0)
+               and pq_codes.stride(0) % WORD_BYTES == 0 and pq_codes.data_ptr() % WORD_BYTES == 0
+               and codebooks.data_ptr() % WORD_BYTES == 0)
     if cfg.word_gather and not applies:
         raise ValueError(
             "config.word_gather=True needs 16-bit queries, an even power-of-two sub-dimension, "
-            "whole chunks of a multiple of 4 sub-quantizers and 4-byte aligned code rows; got "
-            f"{Q3.dtype} queries, M={num_subquantizers}, d/M={sub_dim}, {m_block} sub-quantizers "
-            f"per chunk, code row stride {pq_codes.stride(0)}")
+            "whole chunks of a multiple of 4 sub-quantizers and 4-byte aligned code rows and "
+            f"codebook; got {Q3.dtype} queries, M={num_subquantizers}, d/M={sub_dim}, {m_block} "
+            f"sub-quantizers per chunk, code row stride {pq_codes.stride(0)}")
     words = applies if cfg.word_gather is None else cfg.word_gather
-    wide_applies = words and sub_dim % 4 == 0
+
+    def wide_applies(gather_bytes):
+        # Whole words per sub-vector and an aligned codebook; 16-byte words fill the operand's
+        # 32-column groups (kernels/maxsim_pq._decode_pq_words), so a chunk is whole groups.
+        return (words and sub_dim % (gather_bytes // 2) == 0
+                and codebooks.data_ptr() % gather_bytes == 0
+                and (gather_bytes < 16 or m_block * sub_dim % 32 == 0))
+
     if cfg.gather_bytes is None:
-        return words, 2 * WORD_BYTES if wide_applies else WORD_BYTES
-    if cfg.gather_bytes not in (WORD_BYTES, 2 * WORD_BYTES):
-        raise ValueError(f"config.gather_bytes must be None, 4 or 8, got {cfg.gather_bytes}")
-    if cfg.gather_bytes == 8 and not wide_applies:
-        raise ValueError("config.gather_bytes=8 needs word gathers and d/M a multiple of 4; got "
-                         f"word gathers {'on' if words else 'off'}, d/M={sub_dim}")
+        return words, 2 * WORD_BYTES if wide_applies(2 * WORD_BYTES) else WORD_BYTES
+    if cfg.gather_bytes not in GATHER_BYTES:
+        raise ValueError(f"config.gather_bytes must be None or one of {GATHER_BYTES}, got "
+                         f"{cfg.gather_bytes}")
+    if cfg.gather_bytes > WORD_BYTES and not wide_applies(cfg.gather_bytes):
+        raise ValueError(
+            f"config.gather_bytes={cfg.gather_bytes} needs word gathers, d/M a multiple of "
+            f"{cfg.gather_bytes // 2}, a {cfg.gather_bytes}-byte aligned codebook (and for 16, "
+            f"chunks of whole 32 columns); got word gathers {'on' if words else 'off'}, "
+            f"d/M={sub_dim}, {m_block * sub_dim}-column chunks")
     return words, cfg.gather_bytes
 
 
@@ -240,8 +254,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
-    words, gather_bytes = _word_gather(cfg, Q3, pq_codes, num_subquantizers, sub_dim,
-                                       m_block)
+    words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers,
+                                       sub_dim, m_block)
     dummy = out
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
