@@ -165,6 +165,12 @@ PQ_CONFIGS = {
                                                  num_stages=1, persistent=True, block_d=bd,
                                                  gather_bytes=16)
        for bd in (64, 128)},
+    # The word-gather defaults with the query read back from shared memory before every product,
+    # as before hold_query (the labels above hold it in the first operand's registers).
+    **{f"words 32/1w bd64 rNone g{g} nohold": PQConfig(block_t=32, docs_per_program=2,
+                                                      num_warps=1, num_stages=1, persistent=True,
+                                                      block_d=64, gather_bytes=g, hold_query=False)
+       for g in (8, 16)},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
                                              num_warps=w, docs_per_program=4)
@@ -172,7 +178,7 @@ PQ_CONFIGS = {
 }
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
-                        "words 32/1w bd64 rNone g16")
+                        "words 32/1w bd64 rNone g16", "words 32/1w bd64 rNone g8 nohold")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:

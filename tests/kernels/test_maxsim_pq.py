@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -120,10 +122,13 @@ def test_bad_inputs_name_the_argument(device):
     block_d=st.sampled_from([None, 32, 64]),
     gather_bytes=st.sampled_from([None, 4, 8, 16]),
     scoring=st.sampled_from(["decode", "lut"]),
+    num_warps=st.sampled_from([1, 2]),
+    hold_query=st.sampled_from([None, False, True]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
-                                        word_gather, persistent, block_d, gather_bytes, scoring):
+                                        word_gather, persistent, block_d, gather_bytes, scoring,
+                                        num_warps, hold_query):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -134,7 +139,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
                       docs_per_program=docs_per_program, word_gather=word_gather,
                       persistent=persistent, block_d=block_d, gather_bytes=gather_bytes,
-                      scoring=scoring)
+                      scoring=scoring, num_warps=num_warps, hold_query=hold_query)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -177,6 +182,37 @@ def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs,
             wide = maxsim_pq(Q, *args, **extra, config=PQConfig(**shape, gather_bytes=gather_bytes))
             assert_close(wide, words, "maxsim_pq", dtype)
             assert_close(wide, reference.maxsim_pq(Q, *args, **extra), "maxsim_pq", dtype)
+
+
+@pytest.mark.parametrize("dim,num_subquantizers", WORD_SHAPES + [
+    pytest.param(96, 16, id="d96-M16-dsub6"), pytest.param(128, 64, id="d128-M64")])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.bfloat16, id="bf16")])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+def test_held_query_equals_the_query_read_per_tile(device, poisoned_outputs, dim, num_subquantizers,
+                                                   dtype, residual_mode):
+    """A query held in the first operand's registers (a product with the identity and two
+    column relabellings) scores exactly as the query given to every product as it is: odd query
+    lengths, two queries per block, chunks past the two held ones (d = 384), byte and word
+    gathers, full tiles, tails and empty documents."""
+    lengths = [0, 1, 16, 17, 40, 83, 5, 32]
+    index = random_pq_index(device, dim, num_subquantizers, lengths,
+                            num_centroids=13 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(2, 13, dim, dtype, device)
+    query_lengths = torch.tensor([13, 6], device=device)
+    want = reference.maxsim_pq(Q, *args, query_lengths=query_lengths, **extra)
+    for queries_per_block, block_d in ((1, None), (2, 64)):
+        shape = dict(block_t=32, block_t_tail=16, num_warps=1, docs_per_program=3,
+                     queries_per_block=queries_per_block, block_d=block_d)
+        held = maxsim_pq(Q, *args, query_lengths=query_lengths, **extra,
+                         config=PQConfig(**shape, hold_query=True))
+        per_tile = maxsim_pq(Q, *args, query_lengths=query_lengths, **extra,
+                             config=PQConfig(**shape, hold_query=False))
+        assert_close(held, want, "maxsim_pq", dtype)
+        assert_close(held, per_tile, "maxsim_pq", dtype)
+        assert torch.isneginf(held[:, 0]).all()
 
 
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
@@ -226,6 +262,11 @@ def test_configs_that_cannot_apply_are_refused(device):
                  reference.maxsim_pq(Q1, codes, offsets, codebooks), "maxsim_pq", torch.float16)
     with pytest.raises(ValueError, match="config.gather_bytes=16"):
         maxsim_pq(Q1, codes, offsets, shifted, config=PQConfig(gather_bytes=16))
+    for Q_bad, config in ((unit_queries(1, 8, 128, torch.float32, device), PQConfig(num_warps=1)),
+                          (Q1, PQConfig(num_warps=2))):
+        with pytest.raises(ValueError, match="config.hold_query=True"):
+            maxsim_pq(Q_bad, codes, offsets, codebooks,
+                      config=dataclasses.replace(config, hold_query=True))
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))

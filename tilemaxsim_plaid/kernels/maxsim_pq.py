@@ -98,6 +98,42 @@ def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES
 
 
 @triton.jit
+def _swap_operand_column_bits(x, ROWS: tl.constexpr, COLS: tl.constexpr, INVERSE: tl.constexpr):
+    """x with its column index c relabelled: in each 16-column block, bits (b3 b2 b1 b0) of c
+    become (b2 b1 b3 b0) (INVERSE: back). A register permutation: see _hold_as_first_operand."""
+    x = tl.reshape(x, [ROWS, COLS // 16, 2, 2, 2, 2])  # [row, block, b3, b2, b1, b0]
+    if INVERSE:
+        x = tl.permute(x, (0, 1, 4, 2, 3, 5))
+    else:
+        x = tl.permute(x, (0, 1, 3, 4, 2, 5))
+    return tl.reshape(x, [ROWS, COLS])
+
+
+@triton.jit
+def _hold_as_first_operand(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, UPCAST: tl.constexpr):
+    """b_q, unchanged in value, computed so that the compiler holds it in registers in the
+    tensor cores' first-operand layout for the whole program.
+
+    A loop-invariant query chunk given to tl.dot as it is gets staged in shared memory and read
+    back with ldmatrix before every product (Triton sinks operand loads into the loop to save
+    registers): on the H200 that was 16 ldmatrix per 32-token tile of this kernel, with 2-way
+    bank conflicts, half the L1 wavefronts of the PQ default (Nsight Compute, run 47). Here the
+    chunk is first multiplied by the identity (exact: one nonzero term per sum), which puts it
+    in the accumulator layout, and an accumulator converts to a first operand without shared
+    memory. That conversion is a register renaming only when the lanes agree: in a 16-column
+    block the accumulator's lanes own column bits 1-2 and the (kWidth 4) operand's bits 2-3, so
+    the column bits are relabelled on the way in and back on the way out
+    (_swap_operand_column_bits), both register permutations."""
+    eye = tl.arange(0, ROWS)[:, None] == tl.arange(0, ROWS)[None, :]
+    b_in = _swap_operand_column_bits(b_q, ROWS, COLS, True)
+    if UPCAST:
+        held = tl.dot(eye.to(tl.float32), b_in.to(tl.float32), input_precision="ieee")
+    else:
+        held = tl.dot(eye.to(b_q.dtype), b_in)
+    return _swap_operand_column_bits(held.to(b_q.dtype), ROWS, COLS, False)
+
+
+@triton.jit
 def _ptx_load_indexed(p_words, idx, WORD_BYTES: tl.constexpr):
     """WORD_BYTES-byte words ``p_words[idx]`` (int32 or int64) through the read-only path (L1
     evict-last), by inline PTX, in the layout of ``idx``. The address is formed inside the asm
@@ -191,10 +227,13 @@ def _pq_tile_scores(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
+    HOLD_QUERY: tl.constexpr,
 ):
-    """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
+    """[BLOCK_Q, BLOCK_T] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
-    p_pq_codes and p_codebooks point to int32 words and stride_pt counts words."""
+    p_pq_codes and p_codebooks point to int32 words and stride_pt counts words. The products
+    accumulate with the query first when it is held (HOLD_QUERY), else with the decoded tile
+    first, [BLOCK_T, BLOCK_Q], transposed on return (a relabelling of registers)."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if FULL:
         # A constant-true mask folds away: unpredicated loads, no -inf select.
@@ -212,6 +251,10 @@ def _pq_tile_scores(
         # conversion through shared memory is cheaper.
         acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
                       eviction_policy="evict_last").to(tl.float32)
+        if HOLD_QUERY:
+            acc = tl.trans(acc)
+    elif HOLD_QUERY:
+        acc = tl.zeros([BLOCK_Q, BLOCK_T], tl.float32)
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
     offs_k = tl.arange(0, DSUB_PAD)
@@ -241,13 +284,22 @@ def _pq_tile_scores(
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
             b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
-        # [BLOCK_T, M_BLOCK * DSUB_PAD] @ [M_BLOCK * DSUB_PAD, BLOCK_Q] -> [BLOCK_T, BLOCK_Q]
-        acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+        if HOLD_QUERY:
+            acc += tile_dot(b_q, b_emb, INPUT_PRECISION, UPCAST)
+        else:
+            acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
-        acc = acc * inv_norm[:, None]
-    return tl.where(mask_t[:, None], acc, float("-inf"))
+        if HOLD_QUERY:
+            acc = acc * inv_norm[None, :]
+        else:
+            acc = acc * inv_norm[:, None]
+    if HOLD_QUERY:
+        scores = tl.where(mask_t[None, :], acc, float("-inf"))
+    else:
+        scores = tl.trans(tl.where(mask_t[:, None], acc, float("-inf")))
+    return scores
 
 
 @triton.jit
@@ -264,7 +316,7 @@ def _score_pq_document(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
-    GATHER_BYTES: tl.constexpr,
+    GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
@@ -279,7 +331,7 @@ def _score_pq_document(
         prefetch_rows_l2(p_pq_codes, next_start, next_end, code_row_bytes, 32)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
     # Main tiles are full: an elementwise running max, reduced over tokens once per document.
-    tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
+    tile_max = tl.full([BLOCK_Q, BLOCK_T], float("-inf"), tl.float32)
     for t0 in range(start, full_end, BLOCK_T):
         scores = _pq_tile_scores(
             t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
@@ -287,9 +339,9 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES)
+            GATHER_BYTES, HOLD_QUERY)
         tile_max = tl.maximum(tile_max, scores)
-    row_max = tl.max(tile_max, axis=0)
+    row_max = tl.max(tile_max, axis=1)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _pq_tile_scores(
             t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
@@ -297,8 +349,8 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES)
-        row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+            GATHER_BYTES, HOLD_QUERY)
+        row_max = tl.maximum(row_max, tl.max(scores, axis=1))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 
@@ -317,7 +369,7 @@ def _maxsim_pq_kernel(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
-    PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr,
+    PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -325,7 +377,9 @@ def _maxsim_pq_kernel(
     WORD_GATHER); centroid_codes: [T] and S: [C, B*Lq] fp32 (row stride stride_sc) when
     CENTROID_TABLE; inv_norms: [T] when PRECOMPUTED_NORMS; query_lengths: [B]; out: fp32 [B, M'];
     counter (PERSISTENT, one query block): int32 [1], zero at launch, the next chunk of
-    DOCS_PER_PROGRAM documents to score, of num_chunks."""
+    DOCS_PER_PROGRAM documents to score, of num_chunks. HOLD_QUERY (16-bit Q, BLOCK_Q and the
+    chunk width multiples of 16): the first two query chunks are held as the products' first
+    operand (_hold_as_first_operand)."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -341,10 +395,14 @@ def _maxsim_pq_kernel(
     b_q0 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 0, stride_qb, stride_qt, stride_qd,
                                num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
     b_q0 = _to_gather16_order(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
+    if HOLD_QUERY:
+        b_q0 = _hold_as_first_operand(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, UPCAST)
     if NUM_M_BLOCKS >= 2:
         b_q1 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 1, stride_qb, stride_qt,
                                    stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
         b_q1 = _to_gather16_order(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
+        if HOLD_QUERY:
+            b_q1 = _hold_as_first_operand(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, UPCAST)
     else:
         b_q1 = b_q0
     if WORD_GATHER:
@@ -367,7 +425,8 @@ def _maxsim_pq_kernel(
                     stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES)
+                    INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
+                    HOLD_QUERY)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -379,4 +438,5 @@ def _maxsim_pq_kernel(
                 stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES)
+                INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
+                    HOLD_QUERY)

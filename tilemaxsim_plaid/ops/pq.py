@@ -69,6 +69,11 @@ class PQConfig:
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. A cap fits more programs per SM; at 128 the one-warp default spilled and
             ran 20 % slower (H200).
+        hold_query: hold the query's first two chunks in registers in the tensor cores'
+            first-operand layout (kernels/maxsim_pq._hold_as_first_operand) instead of reading
+            them back from shared memory before every product. None: wherever it applies
+            (one warp, 16-bit queries, query blocks and chunks of multiples of 16 rows and
+            columns).
     """
 
     block_t: int = 64
@@ -86,6 +91,7 @@ class PQConfig:
     persistent: bool = False
     prefetch: int = 0
     maxnreg: int | None = None
+    hold_query: bool | None = None
 
 
 def _pow2(x: int) -> int:
@@ -165,6 +171,23 @@ def _word_gather(cfg: PQConfig, Q3, pq_codes, codebooks, num_subquantizers, sub_
             f"chunks of whole 32 columns); got word gathers {'on' if words else 'off'}, "
             f"d/M={sub_dim}, {m_block * sub_dim}-column chunks")
     return words, cfg.gather_bytes
+
+
+def _hold_query(cfg: PQConfig, dtype: torch.dtype, block_q: int, chunk_cols: int) -> bool:
+    """Whether the held query chunks sit in the first operand's registers
+    (kernels/maxsim_pq._hold_as_first_operand), or a ValueError for an explicit True that
+    cannot apply."""
+    # One warp: with more, the products' layouts split rows over warps differently from the
+    # identity product's (2 warps: shared-memory loads per tile again), and at 4 warps (wgmma)
+    # triton 3.6 fails to compile it.
+    applies = (cfg.num_warps == 1 and dtype in (torch.float16, torch.bfloat16)
+               and block_q % MIN_DOT_DIM == 0 and chunk_cols % MIN_DOT_DIM == 0)
+    if cfg.hold_query and not applies:
+        raise ValueError(f"config.hold_query=True needs one warp, a 16-bit query and query blocks "
+                         f"and chunks of multiples of {MIN_DOT_DIM}; got num_warps="
+                         f"{cfg.num_warps}, {dtype}, {block_q} query rows, {chunk_cols}-column "
+                         f"chunks")
+    return applies if cfg.hold_query is None else cfg.hold_query
 
 
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -282,6 +305,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
         GATHER_BYTES=gather_bytes,
+        HOLD_QUERY=_hold_query(cfg, Q3.dtype, lq * queries_per_block, m_block * dsub_pad),
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
