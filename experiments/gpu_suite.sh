@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -196,6 +196,15 @@ case "$part" in
       --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
       python3 -m experiments.profile_kernels profile --only "pq16 words 32/1w bd64 rNone g8"
+    ;;
+  pq-pipeline)  # PQ tests, then code words loaded one tile ahead (pipeline_codes) against per
+                # tile, 8- and 16-byte words, tails of 16 and 32 tokens, M = 16 and 32 (one
+                # 128-column chunk, query held), every code 0 too; bench_compressed's main rows
+    step pq_tests 290 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py
+    step kernel_rounds 120 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,pq16 words 32/1w bd128 rNone g,pq16 zero codes words 32/1w bd128,pq32 words 32/1w bd128 rNone g8"
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

@@ -171,6 +171,19 @@ PQ_CONFIGS = {
                                                       num_warps=1, num_stages=1, persistent=True,
                                                       block_d=64, gather_bytes=g, hold_query=False)
        for g in (8, 16)},
+    # One 128-column chunk with the query held: code words loaded per tile (nopipe) against one
+    # tile ahead (the labels above, pipeline_codes None), and tails of full tile width, whose
+    # code words come one tile ahead too (tail32).
+    **{f"words 32/1w bd128 rNone g{g} nopipe": PQConfig(block_t=32, docs_per_program=2,
+                                                       num_warps=1, num_stages=1,
+                                                       persistent=True, gather_bytes=g,
+                                                       pipeline_codes=False)
+       for g in (8, 16)},
+    **{f"words 32/1w bd128 rNone g{g} tail32": PQConfig(block_t=32, block_t_tail=32,
+                                                       docs_per_program=2, num_warps=1,
+                                                       num_stages=1, persistent=True,
+                                                       gather_bytes=g)
+       for g in (8, 16)},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
                                              num_warps=w, docs_per_program=4)
@@ -178,7 +191,8 @@ PQ_CONFIGS = {
 }
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
-                        "words 32/1w bd64 rNone g16", "words 32/1w bd64 rNone g8 nohold")
+                        "words 32/1w bd64 rNone g16", "words 32/1w bd64 rNone g8 nohold",
+                        "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 nopipe")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:

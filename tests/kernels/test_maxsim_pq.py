@@ -124,11 +124,12 @@ def test_bad_inputs_name_the_argument(device):
     scoring=st.sampled_from(["decode", "lut"]),
     num_warps=st.sampled_from([1, 2]),
     hold_query=st.sampled_from([None, False, True]),
+    pipeline_codes=st.sampled_from([None, False, True]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
                                         word_gather, persistent, block_d, gather_bytes, scoring,
-                                        num_warps, hold_query):
+                                        num_warps, hold_query, pipeline_codes):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -139,7 +140,8 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
     config = PQConfig(block_t=block_t, block_t_tail=block_t_tail, queries_per_block=queries_per_block,
                       docs_per_program=docs_per_program, word_gather=word_gather,
                       persistent=persistent, block_d=block_d, gather_bytes=gather_bytes,
-                      scoring=scoring, num_warps=num_warps, hold_query=hold_query)
+                      scoring=scoring, num_warps=num_warps, hold_query=hold_query,
+                      pipeline_codes=pipeline_codes)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -215,6 +217,32 @@ def test_held_query_equals_the_query_read_per_tile(device, poisoned_outputs, dim
         assert torch.isneginf(held[:, 0]).all()
 
 
+@pytest.mark.parametrize("num_subquantizers,gather_bytes", [(16, 16), (16, 8), (32, 8), (64, 4)])
+@pytest.mark.parametrize("block_t_tail", [16, 32])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+def test_code_words_loaded_a_tile_ahead_are_exact(device, poisoned_outputs, num_subquantizers,
+                                                  gather_bytes, block_t_tail, residual_mode):
+    """Each full tile's code words loaded while the tile before it is scored (and the tail's,
+    with tails of full tile width) give the scores of loading them per tile: documents of 0, 1,
+    exactly one and two tiles, one past, a last document ending at the array's end, pids with
+    repeats on a persistent grid."""
+    lengths = [0, 1, 31, 32, 33, 64, 65, 96, 17, 70]
+    index = random_pq_index(device, 128, num_subquantizers, lengths,
+                            num_centroids=11 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    pids = torch.tensor([9, 3, 3, 0, 5, 6, 1, 8, 2, 4, 7], device=device)
+    want = reference.maxsim_pq(Q, *args, pids, **extra)
+    shape = dict(block_t=32, block_t_tail=block_t_tail, num_warps=1, num_stages=1,
+                 docs_per_program=2, persistent=True, gather_bytes=gather_bytes)
+    ahead = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape, pipeline_codes=True))
+    per_tile = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape, pipeline_codes=False))
+    assert_close(ahead, want, "maxsim_pq", torch.float16)
+    assert_close(ahead, per_tile, "maxsim_pq", torch.float16)
+    assert torch.isneginf(ahead[:, 3]).all()  # pid 0 is the empty document
+
+
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
 def test_persistent_programs_are_exact(device, poisoned_outputs, docs_per_program):
     """A persistent grid (programs taking chunks from an atomic counter) scores every document
@@ -267,6 +295,13 @@ def test_configs_that_cannot_apply_are_refused(device):
         with pytest.raises(ValueError, match="config.hold_query=True"):
             maxsim_pq(Q_bad, codes, offsets, codebooks,
                       config=dataclasses.replace(config, hold_query=True))
+    index48 = random_pq_index(device, 384, 48)  # three chunks of 16 sub-quantizers
+    with pytest.raises(ValueError, match="config.pipeline_codes=True"):
+        maxsim_pq(unit_queries(1, 8, 384, torch.float16, device), *split(index48)[0],
+                  config=PQConfig(pipeline_codes=True))
+    with pytest.raises(ValueError, match="config.pipeline_codes=True"):
+        maxsim_pq(Q1, codes, offsets, codebooks,
+                  config=PQConfig(word_gather=False, pipeline_codes=True))
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))
@@ -274,7 +309,7 @@ def test_configs_that_cannot_apply_are_refused(device):
 
 def test_default_config_by_number_of_documents():
     many = default_pq_config(1, 32, MANY_DOCS)
-    assert many.persistent and many.num_warps == 1 and many.block_d == 64
+    assert many.persistent and many.num_warps == 1 and many.block_d is None
     assert not default_pq_config(1, 32, MANY_DOCS - 1).persistent
     assert not default_pq_config(1, 32, MANY_DOCS, element_size=4).persistent
     assert not default_pq_config(4, 32, MANY_DOCS).persistent  # several query blocks

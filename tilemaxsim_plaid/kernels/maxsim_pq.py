@@ -166,24 +166,33 @@ def _ptx_load_indexed_pair(p_words, idx):
 
 
 @triton.jit
-def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
-                     dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr,
-                     DSUB: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr,
-                     GATHER_BYTES: tl.constexpr):
-    """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
-    from code words (4 codes each) and a codebook read as GATHER_BYTES-byte words (int32: 2
-    weights each; int64: 4, half the gathers; 16 bytes: 8, in the operand's column order)."""
+def _load_pq_code_words(kd, offs_t, mask_t, p_code_words, stride_pw, BLOCK_T: tl.constexpr,
+                        M_BLOCK: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """[BLOCK_T, M_BLOCK / 4] int32 code words (4 codes each) of sub-quantizers
+    kd * M_BLOCK .. (kd + 1) * M_BLOCK of tokens offs_t (0 where masked), streamed once."""
     CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
-    BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
-    PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
     offs_u = kd * CODE_WORDS + tl.arange(0, CODE_WORDS)
-    # [BLOCK_T, CODE_WORDS]: the tile's codes, streamed once.
     p_units = p_code_words + offs_t.to(tl.int64)[:, None] * stride_pw + offs_u[None, :]
     if PTX_LOADS:
         words = _ptx_load_words(p_units, tl.broadcast_to(mask_t[:, None], [BLOCK_T, CODE_WORDS]),
                                 MASKED)
     else:
         words = tl.load(p_units, mask=mask_t[:, None], other=0, eviction_policy="evict_first")
+    return words
+
+
+@triton.jit
+def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
+                     M_BLOCK: tl.constexpr, DSUB: tl.constexpr, PTX_LOADS: tl.constexpr,
+                     GATHER_BYTES: tl.constexpr):
+    """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
+    from their code words (_load_pq_code_words) and a codebook read as GATHER_BYTES-byte words
+    (int32: 2 weights each; int64: 4, half the gathers; 16 bytes: 8, in the operand's column
+    order)."""
+    CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
+    BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
+    PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
+    offs_u = kd * CODE_WORDS + tl.arange(0, CODE_WORDS)
     # Column group k of a code word: byte k // BOOK_WORDS, codebook word k % BOOK_WORDS.
     offs_k = tl.arange(0, PER_CODE_WORD)
     byte = offs_k // BOOK_WORDS
@@ -219,7 +228,7 @@ def _decode_pq_words(kd, offs_t, mask_t, p_code_words, p_book_words, stride_pw,
 
 @triton.jit
 def _pq_tile_scores(
-    t0, t_end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
+    t0, t_end, next_words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
     num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, M_BLOCK: tl.constexpr,
@@ -227,13 +236,15 @@ def _pq_tile_scores(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
-    HOLD_QUERY: tl.constexpr,
+    HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
 ):
     """[BLOCK_Q, BLOCK_T] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
     p_pq_codes and p_codebooks point to int32 words and stride_pt counts words. The products
     accumulate with the query first when it is held (HOLD_QUERY), else with the decoded tile
-    first, [BLOCK_T, BLOCK_Q], transposed on return (a relabelling of registers)."""
+    first, [BLOCK_T, BLOCK_Q], transposed on return (a relabelling of registers).
+    PIPELINE_CODES (word gathers, one chunk): the tile's code words are next_words, loaded by
+    the caller; otherwise next_words is unused."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if FULL:
         # A constant-true mask folds away: unpredicated loads, no -inf select.
@@ -260,9 +271,13 @@ def _pq_tile_scores(
     offs_k = tl.arange(0, DSUB_PAD)
     for kd in tl.static_range(NUM_M_BLOCKS):
         if WORD_GATHER:
-            b_emb = _decode_pq_words(kd, offs_t, mask_t, p_pq_codes, p_codebooks, stride_pt,
-                                     b_q0.dtype, BLOCK_T, M_BLOCK, DSUB, not FULL, PTX_LOADS,
-                                     GATHER_BYTES)
+            if PIPELINE_CODES:
+                words = next_words  # loaded one tile ahead by the caller
+            else:
+                words = _load_pq_code_words(kd, offs_t, mask_t, p_pq_codes, stride_pt, BLOCK_T,
+                                            M_BLOCK, not FULL, PTX_LOADS)
+            b_emb = _decode_pq_words(kd, words, p_codebooks, b_q0.dtype, BLOCK_T, M_BLOCK, DSUB,
+                                     PTX_LOADS, GATHER_BYTES)
         else:
             offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
             mask_m = offs_m < num_subquantizers
@@ -316,7 +331,7 @@ def _score_pq_document(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
-    GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
+    GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
@@ -332,24 +347,37 @@ def _score_pq_document(
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
     # Main tiles are full: an elementwise running max, reduced over tokens once per document.
     tile_max = tl.full([BLOCK_Q, BLOCK_T], float("-inf"), tl.float32)
+    # With PIPELINE_CODES each full tile's code words are loaded one tile ahead, so the tile
+    # does not wait for its HBM read; rows past the document's end are masked. When tails are
+    # tiles of BLOCK_T too (at most one per document), the last load is the tail's.
+    offs_next = start + tl.arange(0, BLOCK_T)
+    next_words = tl.zeros([BLOCK_T, M_BLOCK // CODES_PER_WORD], tl.int32)
+    if PIPELINE_CODES:
+        next_words = _load_pq_code_words(0, offs_next, offs_next < end, p_pq_codes, stride_pt,
+                                         BLOCK_T, M_BLOCK, True, PTX_LOADS)
     for t0 in range(start, full_end, BLOCK_T):
+        words = next_words
+        if PIPELINE_CODES:
+            offs_next = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+            next_words = _load_pq_code_words(0, offs_next, offs_next < end, p_pq_codes,
+                                             stride_pt, BLOCK_T, M_BLOCK, True, PTX_LOADS)
         scores = _pq_tile_scores(
-            t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES)
         tile_max = tl.maximum(tile_max, scores)
     row_max = tl.max(tile_max, axis=1)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _pq_tile_scores(
-            t0, end, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, next_words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T)
         row_max = tl.maximum(row_max, tl.max(scores, axis=1))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
@@ -370,6 +398,7 @@ def _maxsim_pq_kernel(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
     PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
+    PIPELINE_CODES: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -379,7 +408,8 @@ def _maxsim_pq_kernel(
     counter (PERSISTENT, one query block): int32 [1], zero at launch, the next chunk of
     DOCS_PER_PROGRAM documents to score, of num_chunks. HOLD_QUERY (16-bit Q, BLOCK_Q and the
     chunk width multiples of 16): the first two query chunks are held as the products' first
-    operand (_hold_as_first_operand)."""
+    operand (_hold_as_first_operand). PIPELINE_CODES (word gathers, one chunk of sub-quantizers):
+    a full tile's code words are loaded while the tile before it is scored."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -426,7 +456,7 @@ def _maxsim_pq_kernel(
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                     INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY)
+                    HOLD_QUERY, PIPELINE_CODES)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -439,4 +469,4 @@ def _maxsim_pq_kernel(
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                 INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY)
+                    HOLD_QUERY, PIPELINE_CODES)

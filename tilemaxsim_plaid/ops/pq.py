@@ -74,6 +74,9 @@ class PQConfig:
             them back from shared memory before every product. None: wherever it applies
             (one warp, 16-bit queries, query blocks and chunks of multiples of 16 rows and
             columns).
+        pipeline_codes: load each full tile's code words while the tile before it is scored,
+            instead of waiting for them at the tile's start. None: wherever it applies (word
+            gathers, all sub-quantizers in one chunk: block_d covering d).
     """
 
     block_t: int = 64
@@ -92,6 +95,7 @@ class PQConfig:
     prefetch: int = 0
     maxnreg: int | None = None
     hold_query: bool | None = None
+    pipeline_codes: bool | None = None
 
 
 def _pow2(x: int) -> int:
@@ -120,8 +124,7 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
     if num_queries * lq <= 32:
         if num_docs >= MANY_DOCS and element_size == 2:
             return PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
-                            docs_per_program=2, num_warps=1, num_stages=1, persistent=True,
-                            block_d=64)
+                            docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
     return PQConfig(queries_per_block=queries_per_block,
@@ -138,7 +141,7 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int,
 
 
 def _word_gather(cfg: PQConfig, Q3, pq_codes, codebooks, num_subquantizers, sub_dim,
-                 m_block) -> tuple[bool, int]:
+                 m_block, held_query) -> tuple[bool, int]:
     """(word gathers on, codebook bytes per gather) for cfg, or a ValueError naming the field."""
     applies = (Q3.element_size() == 2 and sub_dim % 2 == 0 and sub_dim & (sub_dim - 1) == 0
                and m_block % 4 == 0 and num_subquantizers % m_block == 0
@@ -160,7 +163,12 @@ def _word_gather(cfg: PQConfig, Q3, pq_codes, codebooks, num_subquantizers, sub_
                 and (gather_bytes < 16 or m_block * sub_dim % 32 == 0))
 
     if cfg.gather_bytes is None:
-        return words, 2 * WORD_BYTES if wide_applies(2 * WORD_BYTES) else WORD_BYTES
+        # The widest word that applies; 16-byte words only with the query held (hold_query),
+        # where they beat 8-byte ones at both chunk widths (H200, M = 16: 0.416 against
+        # 0.439 ms at 128 columns, 0.493 against 0.526 at 64; results/compressed/
+        # h200-hold-query). Without it they were no faster (0.522 against 0.517 ms).
+        widths = GATHER_BYTES if held_query else GATHER_BYTES[:-1]
+        return words, next(g for g in widths[::-1] if g == WORD_BYTES or wide_applies(g))
     if cfg.gather_bytes not in GATHER_BYTES:
         raise ValueError(f"config.gather_bytes must be None or one of {GATHER_BYTES}, got "
                          f"{cfg.gather_bytes}")
@@ -188,6 +196,17 @@ def _hold_query(cfg: PQConfig, dtype: torch.dtype, block_q: int, chunk_cols: int
                          f"{cfg.num_warps}, {dtype}, {block_q} query rows, {chunk_cols}-column "
                          f"chunks")
     return applies if cfg.hold_query is None else cfg.hold_query
+
+
+def _pipeline_codes(cfg: PQConfig, words: bool, num_m_blocks: int) -> bool:
+    """Whether full tiles' code words are loaded one tile ahead, or a ValueError for an
+    explicit True that cannot apply."""
+    applies = words and num_m_blocks == 1
+    if cfg.pipeline_codes and not applies:
+        raise ValueError(f"config.pipeline_codes=True needs word gathers and one chunk of "
+                         f"sub-quantizers (block_d covering d); got word gathers "
+                         f"{'on' if words else 'off'}, {num_m_blocks} chunks")
+    return applies if cfg.pipeline_codes is None else cfg.pipeline_codes
 
 
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -277,8 +296,9 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     num_qblocks = triton.cdiv(B, queries_per_block)
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
+    held_query = _hold_query(cfg, Q3.dtype, lq * queries_per_block, m_block * dsub_pad)
     words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers,
-                                       sub_dim, m_block)
+                                       sub_dim, m_block, held_query)
     dummy = out
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
@@ -305,7 +325,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
         GATHER_BYTES=gather_bytes,
-        HOLD_QUERY=_hold_query(cfg, Q3.dtype, lq * queries_per_block, m_block * dsub_pad),
+        HOLD_QUERY=held_query,
+        PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
