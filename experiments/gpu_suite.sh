@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -205,6 +205,20 @@ case "$part" in
     step kernel_rounds 120 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,pq16 words 32/1w bd128 rNone g,pq16 zero codes words 32/1w bd128,pq32 words 32/1w bd128 rNone g8"
     step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  pq-final)  # PQ tests (not the config-space property test: the CPU suite runs it), the
+             # defaults' variants in rounds, bench_compressed's main rows, and Nsight Compute's
+             # warp-stall reasons and tensor-pipe use for the PQ default
+    step pq_tests 170 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "not any_config"
+    step kernel_rounds 90 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/1w bd128 rNone g16,pq16 words 32/2d,pq16 words 32/4d,pq16 words 32/8d,=pq32 words 32/1w bd128 rNone g8,pq32 words 32/1w bd128 rNone g8 pipe"
+    step bench_compressed 110 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 70 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section SpeedOfLight --section Occupancy \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

@@ -171,19 +171,24 @@ PQ_CONFIGS = {
                                                       num_warps=1, num_stages=1, persistent=True,
                                                       block_d=64, gather_bytes=g, hold_query=False)
        for g in (8, 16)},
-    # One 128-column chunk with the query held: code words loaded per tile (nopipe) against one
-    # tile ahead (the labels above, pipeline_codes None), and tails of full tile width, whose
-    # code words come one tile ahead too (tail32).
-    **{f"words 32/1w bd128 rNone g{g} nopipe": PQConfig(block_t=32, docs_per_program=2,
-                                                       num_warps=1, num_stages=1,
-                                                       persistent=True, gather_bytes=g,
-                                                       pipeline_codes=False)
+    # One 128-column chunk with the query held: code words loaded one tile ahead (pipe), also
+    # for tails of full tile width (tail32), against per tile (the labels above).
+    **{f"words 32/1w bd128 rNone g{g} pipe": PQConfig(block_t=32, docs_per_program=2,
+                                                     num_warps=1, num_stages=1, persistent=True,
+                                                     gather_bytes=g, pipeline_codes=True)
        for g in (8, 16)},
     **{f"words 32/1w bd128 rNone g{g} tail32": PQConfig(block_t=32, block_t_tail=32,
                                                        docs_per_program=2, num_warps=1,
                                                        num_stages=1, persistent=True,
-                                                       gather_bytes=g)
+                                                       gather_bytes=g, pipeline_codes=True)
        for g in (8, 16)},
+    # The 16-byte default with a register cap (144: 14 programs per SM, 4 spill loads per tile
+    # body in sm_90 SASS; 128: 16, 7) or 4 and 8 documents per counter increment.
+    **{f"words 32/{dpp}d/1w bd128 r{reg} g16": PQConfig(block_t=32, docs_per_program=dpp,
+                                                       num_warps=1, num_stages=1,
+                                                       persistent=True, gather_bytes=16,
+                                                       maxnreg=reg)
+       for dpp, reg in ((2, 144), (2, 128), (4, None), (8, None))},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
                                              num_warps=w, docs_per_program=4)
@@ -192,7 +197,7 @@ PQ_CONFIGS = {
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
                         "words 32/1w bd64 rNone g16", "words 32/1w bd64 rNone g8 nohold",
-                        "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 nopipe")
+                        "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 pipe")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
@@ -353,14 +358,16 @@ def main(argv=None) -> None:
     parser.add_argument("mode", choices=("time", "profile"))
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--rep-ms", type=int, default=50)
-    parser.add_argument("--only", default="", help="comma-separated substrings of variant names")
+    parser.add_argument("--only", default="", help="comma-separated substrings of variant names "
+                        "(a key starting with '=' is a whole name)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernels times GPU kernels and needs a CUDA device")
     variants = {**packed_variants(), **residual_variants(), **pq_variants()}
     if args.only:
         keys = [k.strip() for k in args.only.split(",")]
-        variants = {n: v for n, v in variants.items() if any(k in n for k in keys)}
+        variants = {n: v for n, v in variants.items()
+                    if any(n == k[1:] if k.startswith("=") else k in n for k in keys)}
     for name, (run, check) in variants.items():
         check(run())  # also the warm-up (compile) launch
         print(f"checked {name}", flush=True)
