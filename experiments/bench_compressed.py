@@ -190,7 +190,7 @@ def classify_bound(row: dict, ceilings: dict) -> str:
         "tilemaxsim_residual_gather": "decode arithmetic + centroid-row gathers from L2",
         "torch_decompress_score": "materialised decode: extra HBM passes and launches",
         "late_interaction_kernels": "per-(query, doc) programs: decode repeated, low occupancy",
-    }.get(row["provider"], "L1 throughput: codebook gathers (ncu L1/TEX 94 % with 4-byte words)"
+    }.get(row["provider"], "latency: 12 one-warp programs per SM (ncu: issue 30 %, L1/TEX 75 %)"
           if "pq" in row["provider"] else "latency / occupancy")
 
 

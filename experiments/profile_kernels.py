@@ -143,6 +143,8 @@ RERANK_CONFIGS = {
 # PQ codes (M = 16 and 32): the former one-query default (byte codes, 16-byte sub-vector
 # gathers through tl.load) against word gathers (code and codebook words by inline PTX, in the
 # tensor-core operand's layout) with the residual kernel's one-warp and persistent shapes.
+# One-warp labels hold the query in registers (hold_query None) unless they say nohold; rounds
+# before results/compressed/h200-hold-query ran the same labels with the query read per tile.
 PQ_CONFIGS = {
     "former 32/2w d16": PQConfig(block_t=32, docs_per_program=16, num_warps=2, word_gather=False),
     **{f"words {bt}/1w bd{bd} r{reg}{' tl.load' if not ptx else ''}":
@@ -152,8 +154,8 @@ PQ_CONFIGS = {
                                 (16, 32, None, True), (16, 64, None, True), (32, 64, 128, True),
                                 (16, 32, 96, True), (32, 128, None, False),
                                 (32, 64, None, False))},
-    # Eight-byte codebook words (the default since run 42): half the gathers of the L1-bound
-    # kernel (sm_90 SASS: 48 LDG.E.64 against 96 LDG.E per 32-token tile body and tail).
+    # Eight-byte codebook words (the default from run 42): half the gathers
+    # (sm_90 SASS: 48 LDG.E.64 against 96 LDG.E per 32-token tile body and tail).
     **{f"words 32/1w bd{bd} rNone g8": PQConfig(block_t=32, docs_per_program=2, num_warps=1,
                                                 num_stages=1, persistent=True, block_d=bd,
                                                 gather_bytes=8)

@@ -23,17 +23,22 @@ the M sub-vectors of the codebook (d * 2 B = 256 B in total, 4x less than the ta
 codebook is 256 * d * 2 B = 64 KB at d = 128, held in L1/L2 for the whole kernel) with one
 vectorised load of d/M contiguous elements per sub-quantizer, and multiplies the [BLOCK_T, d] tile
 by the query block with tl.dot. HBM traffic is M bytes per token (plus 4 for a centroid code and 4
-for an inverse norm in residual mode). What bounds it on an H200 is L1, not HBM: Nsight Compute
-puts L1/TEX throughput at 94 % and DRAM at 4 % for the 4-byte word-gather kernel, 64 gathers per
-token. With every code 0, so that no two gathers of a warp conflict, it is only ~20 % faster
-(results/compressed/h200-pq-words). 8-byte codebook words (GATHER_BYTES = 8, the default where
-d/M is a multiple of 4) halve the gathers: 0.61 -> 0.51 ms at M = 16, and 0.47 ms with every
-code 0 (results/compressed/h200-wide-gathers). 16-byte words (GATHER_BYTES = 16, opt-in, not yet
-timed on a GPU) are one gather per 8-dimension sub-vector; their weights are laid out in the
-fp16 operand's register order and the query columns permuted to match (_to_gather16_order), so
-the words need no shuffles between lanes (sm_90 SASS: 451 instructions per 32-token tile body
-against 573, 16 LDG.E.128 against 32 LDG.E.64). The codebooks are rounded to Q's dtype once per call
-on the host, so the result equals MaxSim over the codec's decoded vectors within that rounding.
+for an inverse norm in residual mode). 8-byte codebook words (GATHER_BYTES = 8) halve the
+gathers of 4-byte ones: 0.61 -> 0.51 ms at M = 16 (results/compressed/h200-wide-gathers).
+16-byte words (GATHER_BYTES = 16) are one gather per 8-dimension sub-vector; their weights are
+laid out in the fp16 operand's register order and the query columns permuted to match
+(_to_gather16_order), so the words need no shuffles between lanes.
+
+What bounds it on an H200 is latency, not HBM or L1 bandwidth (results/compressed/
+h200-hold-query). Nsight Compute had put L1/TEX at 94 % (DRAM 4 %), but 40 M of those
+wavefronts were the query operand, read back from shared memory by ldmatrix before every product
+with 2-way bank conflicts. Held in registers instead (HOLD_QUERY, _hold_as_first_operand) L1/TEX
+fell to 56 % and the time did not move. With every code 0, so that no two gathers of a warp
+touch different lines, the time is within 5 % of random codes. The default (one 128-column chunk,
+16-byte words, query held: 0.412 ms at M = 16) issues on 30 % of cycles: 12 one-warp programs
+per SM (168 registers), 9.8 cycles between a warp's instructions, 3.6 of them waiting on loads.
+The codebooks are rounded to Q's dtype once per call on the host, so the result equals MaxSim
+over the codec's decoded vectors within that rounding.
 
 Tile layout: a [BLOCK_T, M_BLOCK, DSUB_PAD] gather (sub-quantizer m, element k of its sub-vector)
 reshapes to [BLOCK_T, M_BLOCK * DSUB_PAD]; the query tile is loaded with the same (m, k) ->
@@ -47,7 +52,8 @@ and each word is broadcast over the 4 * DSUB / 2 codebook words its 4 codes sele
 and one multiply-add per word; each codebook word holds two fp16 weights, split by bitcast (the
 residual kernel's pair decode, with a 64 KB table instead of a 64 B one). With PTX_LOADS the code
 and codebook words are read by inline-PTX loads, elementwise ops that take the tensor-core
-operand's layout, so no tile crosses shared memory (kernels/maxsim_residual._ptx_load_words).
+operand's layout, so no document tile crosses shared memory (kernels/maxsim_residual.
+_ptx_load_words).
 
 Grid and tiles as in the residual kernel: documents are walked in full BLOCK_T tiles (unmasked,
 an elementwise running max reduced once per document) and then BLOCK_T_TAIL tiles; PERSISTENT
@@ -116,8 +122,9 @@ def _hold_as_first_operand(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, UPCAST: 
 
     A loop-invariant query chunk given to tl.dot as it is gets staged in shared memory and read
     back with ldmatrix before every product (Triton sinks operand loads into the loop to save
-    registers): on the H200 that was 16 ldmatrix per 32-token tile of this kernel, with 2-way
-    bank conflicts, half the L1 wavefronts of the PQ default (Nsight Compute, run 47). Here the
+    registers): 16 ldmatrix per 32-token tile of this kernel, 40 M shared-memory wavefronts
+    on the H200 with 2-way bank conflicts (Nsight Compute, results/compressed/h200-hold-query
+    run1). Here the
     chunk is first multiplied by the identity (exact: one nonzero term per sum), which puts it
     in the accumulator layout, and an accumulator converts to a first operand without shared
     memory. That conversion is a register renaming only when the lanes agree: in a 16-column

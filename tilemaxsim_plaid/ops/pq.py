@@ -40,9 +40,10 @@ class PQConfig:
         docs_per_program: documents one program walks (with persistent, per chunk).
         num_warps, num_stages: Triton launch parameters.
         block_d: decoded columns per tensor-core product (32, 64 or 128; None: 128); the
-            query's first two chunks stay held. Meant to hold fewer operands at once: at 64
-            columns the one-warp default compiles to the same 168 registers and runs 1-2 %
-            faster; at 32 the compiler's schedule collapses (4x slower, H200).
+            query's first two chunks stay held. With the query held (hold_query) one 128-column
+            chunk is the faster one on the H200: 0.416 against 0.493 ms (M = 16, 16-byte words;
+            all of a tile's gathers are in flight before its one product). Before hold_query,
+            64 columns ran 1-2 % faster; at 32 the compiler's schedule collapses (4x slower).
         word_gather: read codes and codebook as 32-bit words, two weights per gather
             (kernels/maxsim_pq.py). None: wherever it applies (16-bit queries, an even
             power-of-two sub-dimension, whole chunks of a multiple of 4 sub-quantizers, 4-byte
@@ -55,9 +56,11 @@ class PQConfig:
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights), 8
             (four, half the gathers; d/M a multiple of 4) or 16 (eight: one gather per
-            sub-vector at d/M = 8; not yet timed on a GPU). None: 8 wherever it applies. On the H200 the one-warp default went from 0.611 to 0.513 ms at M = 16 and
-            from 0.779 to 0.617 ms at M = 32 (results/compressed/h200-wide-gathers); the other
-            word-gather configurations were not timed with it.
+            sub-vector at d/M = 8, weights in the operand's register order). None: the widest
+            that applies, 16 only with the query held. On the H200 (one-warp default, M = 16)
+            4 -> 8 bytes took 0.611 to 0.513 ms (results/compressed/h200-wide-gathers); 8 -> 16
+            bytes gained nothing with the query read from shared memory (0.530 -> 0.526 ms) and
+            5 % with it held (0.439 -> 0.416 ms; results/compressed/h200-hold-query).
         ptx_loads: with word_gather, read the words by inline PTX in the tensor-core operand's
             layout. None: on a GPU; the CPU interpreter runs no PTX, so there it is always off.
         persistent: a fixed grid of programs (ops.launch.document_grid)
@@ -112,13 +115,18 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
     One query (H200, interleaved rounds of experiments/profile_kernels.py, 100k documents of MS
     MARCO-like lengths, d = 128; results/compressed/h200-pq-words):
     * at least MANY_DOCS documents with 16-bit queries: word gathers in one-warp programs of
-      32-token tiles decoded in two 64-column chunks, on a persistent grid taking 2 documents at
-      a time: M = 16 0.612 ms, M = 32 0.784 ms, against 1.567 / 2.823 ms for the former default;
-      with 8-byte codebook words (gather_bytes None, d/M a multiple of 4) 0.513 / 0.617 ms
-      (results/compressed/h200-wide-gathers).
-      A 2-warp program splits a tile's products by query columns, so both warps gather the
+      32-token tiles, on a persistent grid taking 2 documents at a time. In two 64-column
+      chunks: M = 16 0.612 ms, M = 32 0.784 ms, against 1.567 / 2.823 ms for the former
+      default; with 8-byte codebook words 0.513 / 0.617 ms (results/compressed/
+      h200-wide-gathers). Now one 128-column chunk with the query held in registers and
+      16-byte words where they apply: M = 16 **0.412 ms**, M = 32 0.552 (bench_compressed,
+      results/compressed/h200-hold-query). 4 or 8 documents per chunk ran 3 % faster there
+      in rounds (0.409 / 0.408 against 0.421 ms), not yet the default.
+      A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. The kernel
-      is L1-bound (Nsight Compute: L1/TEX 94 %, DRAM 4 %).
+      is latency-bound: Nsight Compute puts issue at 30 % of cycles, with 12 one-warp
+      programs per SM (168 registers) and 9.8 cycles between a warp's instructions, 3.6 of
+      them waiting on loads; L1/TEX 75 %, tensor pipe 25 %.
     * otherwise 32-token tiles, 16 documents per program and 2 warps (results/compressed/
       h200-final: 1.56 ms against 2.66 ms for 64-token tiles, 4 documents, 4 warps, M = 16).
     """
