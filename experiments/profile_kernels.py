@@ -191,6 +191,12 @@ PQ_CONFIGS = {
                                                        persistent=True, gather_bytes=16,
                                                        maxnreg=reg)
        for dpp, reg in ((2, 144), (2, 128), (4, None), (8, None))},
+    # Each tile reduced over its tokens as it comes (reduce_per_tile): 32 fewer live registers,
+    # so a cap of 144 has no spills in the tile loop (sm_90 SASS), 14 programs per SM.
+    **{f"words 32/{dpp}d/1w bd128 r{reg} g16 tilemax": PQConfig(
+        block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
+        gather_bytes=16, maxnreg=reg, reduce_per_tile=True)
+       for dpp, reg in ((2, None), (2, 144), (2, 128), (4, 144))},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
                                              num_warps=w, docs_per_program=4)

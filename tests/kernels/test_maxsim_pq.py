@@ -125,11 +125,12 @@ def test_bad_inputs_name_the_argument(device):
     num_warps=st.sampled_from([1, 2]),
     hold_query=st.sampled_from([None, False, True]),
     pipeline_codes=st.sampled_from([None, False, True]),
+    reduce_per_tile=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
                                         word_gather, persistent, block_d, gather_bytes, scoring,
-                                        num_warps, hold_query, pipeline_codes):
+                                        num_warps, hold_query, pipeline_codes, reduce_per_tile):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -141,7 +142,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
                       docs_per_program=docs_per_program, word_gather=word_gather,
                       persistent=persistent, block_d=block_d, gather_bytes=gather_bytes,
                       scoring=scoring, num_warps=num_warps, hold_query=hold_query,
-                      pipeline_codes=pipeline_codes)
+                      pipeline_codes=pipeline_codes, reduce_per_tile=reduce_per_tile)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -241,6 +242,29 @@ def test_code_words_loaded_a_tile_ahead_are_exact(device, poisoned_outputs, num_
     assert_close(ahead, want, "maxsim_pq", torch.float16)
     assert_close(ahead, per_tile, "maxsim_pq", torch.float16)
     assert torch.isneginf(ahead[:, 3]).all()  # pid 0 is the empty document
+
+
+@pytest.mark.parametrize("num_subquantizers", [16, 32])
+@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                           pytest.param(True, id="residuals")])
+def test_tiles_reduced_as_they_come_are_exact(device, poisoned_outputs, num_subquantizers,
+                                              residual_mode):
+    """Each full tile reduced over its tokens as it comes (reduce_per_tile) scores as the
+    elementwise running max reduced once per document: documents of 0 to 4 full tiles and
+    tails, the default's register cap included."""
+    lengths = [0, 1, 31, 32, 33, 64, 65, 96, 128, 17, 70]
+    index = random_pq_index(device, 128, num_subquantizers, lengths,
+                            num_centroids=7 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 27, 128, torch.float16, device)
+    want = reference.maxsim_pq(Q, *args, **extra)
+    base = default_pq_config(1, 27, MANY_DOCS)
+    per_tile = maxsim_pq(Q, *args, **extra,
+                         config=dataclasses.replace(base, reduce_per_tile=True, maxnreg=144))
+    running = maxsim_pq(Q, *args, **extra, config=base)
+    assert_close(per_tile, want, "maxsim_pq", torch.float16)
+    assert_close(per_tile, running, "maxsim_pq", torch.float16)
+    assert torch.isneginf(per_tile[:, 0]).all()
 
 
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])

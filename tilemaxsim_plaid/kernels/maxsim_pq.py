@@ -339,6 +339,7 @@ def _score_pq_document(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
+    REDUCE_PER_TILE: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
@@ -352,8 +353,11 @@ def _score_pq_document(
                                                     HAS_PIDS)
         prefetch_rows_l2(p_pq_codes, next_start, next_end, code_row_bytes, 32)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
-    # Main tiles are full: an elementwise running max, reduced over tokens once per document.
+    # Main tiles are full: an elementwise running max, reduced over tokens once per document;
+    # with REDUCE_PER_TILE each tile is reduced as it comes instead (BLOCK_Q * BLOCK_T / 32
+    # fewer live registers per lane, a few more shuffles per tile).
     tile_max = tl.full([BLOCK_Q, BLOCK_T], float("-inf"), tl.float32)
+    row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     # With PIPELINE_CODES each full tile's code words are loaded one tile ahead, so the tile
     # does not wait for its HBM read; rows past the document's end are masked. When tails are
     # tiles of BLOCK_T too (at most one per document), the last load is the tail's.
@@ -375,8 +379,12 @@ def _score_pq_document(
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
             GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES)
-        tile_max = tl.maximum(tile_max, scores)
-    row_max = tl.max(tile_max, axis=1)
+        if REDUCE_PER_TILE:
+            row_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        else:
+            tile_max = tl.maximum(tile_max, scores)
+    if not REDUCE_PER_TILE:
+        row_max = tl.max(tile_max, axis=1)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _pq_tile_scores(
             t0, end, next_words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
@@ -405,7 +413,7 @@ def _maxsim_pq_kernel(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
     PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
-    PIPELINE_CODES: tl.constexpr,
+    PIPELINE_CODES: tl.constexpr, REDUCE_PER_TILE: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -416,7 +424,8 @@ def _maxsim_pq_kernel(
     DOCS_PER_PROGRAM documents to score, of num_chunks. HOLD_QUERY (16-bit Q, BLOCK_Q and the
     chunk width multiples of 16): the first two query chunks are held as the products' first
     operand (_hold_as_first_operand). PIPELINE_CODES (word gathers, one chunk of sub-quantizers):
-    a full tile's code words are loaded while the tile before it is scored."""
+    a full tile's code words are loaded while the tile before it is scored. REDUCE_PER_TILE:
+    each full tile's scores are reduced over its tokens as they come (_score_pq_document)."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -463,7 +472,7 @@ def _maxsim_pq_kernel(
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                     INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY, PIPELINE_CODES)
+                    HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -476,4 +485,4 @@ def _maxsim_pq_kernel(
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                 INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY, PIPELINE_CODES)
+                    HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)

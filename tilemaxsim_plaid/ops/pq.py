@@ -83,6 +83,11 @@ class PQConfig:
             0.425 ms, 16-byte words; 0.436 -> 0.544 with 8-byte words, 186 registers) and
             gained 3 % at M = 32 (0.548 -> 0.530; results/compressed/h200-hold-query): only a
             document's second and later full tiles are covered, at 15 % more instructions.
+        reduce_per_tile: reduce each full tile's scores over its tokens as it comes, instead
+            of an elementwise running max reduced once per document: 32 fewer live registers
+            per lane at 32 x 32 tiles, 8 more shuffles per tile. Meant for a register cap
+            (maxnreg): sm_90 SASS of the 16-byte default at maxnreg=144 has no spills in the
+            tile loop (14 programs per SM against 12). Not yet timed on a GPU.
     """
 
     block_t: int = 64
@@ -102,6 +107,7 @@ class PQConfig:
     maxnreg: int | None = None
     hold_query: bool | None = None
     pipeline_codes: bool | None = None
+    reduce_per_tile: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -338,6 +344,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         GATHER_BYTES=gather_bytes,
         HOLD_QUERY=held_query,
         PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
+        REDUCE_PER_TILE=cfg.reduce_per_tile,
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
