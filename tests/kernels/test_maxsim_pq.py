@@ -17,6 +17,11 @@ from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.pq import MANY_DOCS, PQConfig, default_pq_config, maxsim_pq
 
 
+# PQ codes of embeddings, or of PLAID residuals over centroids (inverse norms included).
+residual_modes = pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
+                                                           pytest.param(True, id="residuals")])
+
+
 def random_pq_index(device, dim, num_subquantizers, lengths=DOC_LENGTHS, num_centroids=0):
     """Random codebooks scaled like sub-vectors of unit embeddings, random codes."""
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
@@ -52,8 +57,7 @@ def unit_queries(B, Lq, dim, dtype, device):
     pytest.param(384, 16, id="d384-M16-dsub24"),
     pytest.param(384, 48, id="d384-M48"),
 ])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 def test_random_codes_fp16(device, poisoned_outputs, dim, num_subquantizers, residual_mode):
     index = random_pq_index(device, dim, num_subquantizers, num_centroids=29 if residual_mode else 0)
     args, extra = split(index)
@@ -160,8 +164,7 @@ WORD_SHAPES = [pytest.param(128, 16, id="d128-M16"), pytest.param(128, 32, id="d
 @pytest.mark.parametrize("dim,num_subquantizers", WORD_SHAPES)
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs, dim,
                                                        num_subquantizers, dtype, residual_mode):
     """Codes and codebook read as 32-bit words decode to the same tile as byte and sub-vector
@@ -191,8 +194,7 @@ def test_word_gathers_equal_byte_gathers_and_reference(device, poisoned_outputs,
     pytest.param(96, 16, id="d96-M16-dsub6"), pytest.param(128, 64, id="d128-M64")])
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 def test_held_query_equals_the_query_read_per_tile(device, poisoned_outputs, dim, num_subquantizers,
                                                    dtype, residual_mode):
     """A query held in the first operand's registers (a product with the identity and two
@@ -220,8 +222,7 @@ def test_held_query_equals_the_query_read_per_tile(device, poisoned_outputs, dim
 
 @pytest.mark.parametrize("num_subquantizers,gather_bytes", [(16, 16), (16, 8), (32, 8), (64, 4)])
 @pytest.mark.parametrize("block_t_tail", [16, 32])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 def test_code_words_loaded_a_tile_ahead_are_exact(device, poisoned_outputs, num_subquantizers,
                                                   gather_bytes, block_t_tail, residual_mode):
     """Each full tile's code words loaded while the tile before it is scored (and the tail's,
@@ -245,8 +246,7 @@ def test_code_words_loaded_a_tile_ahead_are_exact(device, poisoned_outputs, num_
 
 
 @pytest.mark.parametrize("num_subquantizers", [16, 32])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 def test_tiles_reduced_as_they_come_are_exact(device, poisoned_outputs, num_subquantizers,
                                               residual_mode):
     """Each full tile reduced over its tokens as it comes (reduce_per_tile) scores as the
@@ -339,8 +339,7 @@ def test_default_config_by_number_of_documents():
     assert not default_pq_config(4, 32, MANY_DOCS).persistent  # several query blocks
 
 
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 @pytest.mark.parametrize("num_subquantizers", [16, 32])
 def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode, num_subquantizers):
     """The large-set default (persistent one-warp programs, 64-column chunks, word gathers) on a
@@ -362,8 +361,7 @@ def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode
     pytest.param(384, 48, id="d384-M48"),
     pytest.param(60, 5, id="d60-M5-odd"),
 ])
-@pytest.mark.parametrize("residual_mode", [pytest.param(False, id="embeddings"),
-                                           pytest.param(True, id="residuals")])
+@residual_modes
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16"),
                                    pytest.param(torch.float32, id="fp32")])
