@@ -122,15 +122,15 @@ def _hold_as_first_operand(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, UPCAST: 
 
     A loop-invariant query chunk given to tl.dot as it is gets staged in shared memory and read
     back with ldmatrix before every product (Triton sinks operand loads into the loop to save
-    registers): 16 ldmatrix per 32-token tile of this kernel, 40 M shared-memory wavefronts
-    on the H200 with 2-way bank conflicts (Nsight Compute, results/compressed/h200-hold-query
-    run1). Here the
-    chunk is first multiplied by the identity (exact: one nonzero term per sum), which puts it
-    in the accumulator layout, and an accumulator converts to a first operand without shared
-    memory. That conversion is a register renaming only when the lanes agree: in a 16-column
-    block the accumulator's lanes own column bits 1-2 and the (kWidth 4) operand's bits 2-3, so
-    the column bits are relabelled on the way in and back on the way out
-    (_swap_operand_column_bits), both register permutations."""
+    registers): 16 ldmatrix per 32-token tile of this kernel, 40 M shared-memory wavefronts on
+    the H200 with 2-way bank conflicts (Nsight Compute, results/compressed/h200-hold-query/run1).
+    Here the chunk is first multiplied by the identity (exact: one nonzero term per sum), which
+    puts it in the accumulator layout, and an accumulator converts to a first operand without
+    shared memory. That conversion is a register renaming only when the lanes agree: in a
+    16-column block the accumulator's lanes own column bits 1-2 and the (kWidth 4) operand's
+    bits 2-3, so the column bits are relabelled on the way in and back on the way out
+    (_swap_operand_column_bits), both register permutations. One warp: with more, the two
+    products split rows over warps differently (ops/pq._hold_query)."""
     eye = tl.arange(0, ROWS)[:, None] == tl.arange(0, ROWS)[None, :]
     b_in = _swap_operand_column_bits(b_q, ROWS, COLS, True)
     if UPCAST:
@@ -421,8 +421,8 @@ def _maxsim_pq_kernel(
     WORD_GATHER); centroid_codes: [T] and S: [C, B*Lq] fp32 (row stride stride_sc) when
     CENTROID_TABLE; inv_norms: [T] when PRECOMPUTED_NORMS; query_lengths: [B]; out: fp32 [B, M'];
     counter (PERSISTENT, one query block): int32 [1], zero at launch, the next chunk of
-    DOCS_PER_PROGRAM documents to score, of num_chunks. HOLD_QUERY (16-bit Q, BLOCK_Q and the
-    chunk width multiples of 16): the first two query chunks are held as the products' first
+    DOCS_PER_PROGRAM documents to score, of num_chunks. HOLD_QUERY (one warp, 16-bit Q, BLOCK_Q
+    and the chunk width multiples of 16): the first two query chunks are held as the products' first
     operand (_hold_as_first_operand). PIPELINE_CODES (word gathers, one chunk of sub-quantizers):
     a full tile's code words are loaded while the tile before it is scored. REDUCE_PER_TILE:
     each full tile's scores are reduced over its tokens as they come (_score_pq_document)."""
@@ -485,4 +485,4 @@ def _maxsim_pq_kernel(
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                 INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)
+                HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)

@@ -79,7 +79,7 @@ class PQConfig:
             columns).
         pipeline_codes: load each full tile's code words while the tile before it is scored,
             instead of at the tile's start (word gathers, all sub-quantizers in one chunk:
-            block_d covering d). None: off. On the H200 it cost 3 % at M = 16 (0.413 ->
+            block_d covering d); opt-in. On the H200 it cost 3 % at M = 16 (0.413 ->
             0.425 ms, 16-byte words; 0.436 -> 0.544 with 8-byte words, 186 registers) and
             gained 3 % at M = 32 (0.548 -> 0.530; results/compressed/h200-hold-query): only a
             document's second and later full tiles are covered, at 15 % more instructions.
@@ -106,7 +106,7 @@ class PQConfig:
     prefetch: int = 0
     maxnreg: int | None = None
     hold_query: bool | None = None
-    pipeline_codes: bool | None = None
+    pipeline_codes: bool = False
     reduce_per_tile: bool = False
 
 
