@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -225,6 +225,19 @@ case "$part" in
              # tests took 170 s). The property test passed on the GPU at ed5f374 (pq-pipeline).
     step pq_tests 560 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_pq.py -k "not any_config"
+    ;;
+  pq-smem)  # the codebook staged in shared memory (shared_codebook) against gathers through L1,
+             # one to eight warps per program; the register-cap variants of pq-occupancy;
+             # Nsight Compute for the default and the staged one- and four-warp variants
+    step pq_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "shared_memory or reduced_as_they_come or many_documents"
+    step kernel_rounds 250 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,=pq16 words 32/1w bd128 rNone g16,words 32+16/1w,words 64+,words 128+,pq16 words 32/4d/1w bd128 rNone g16,g16 tilemax,=pq32 words 32/1w bd128 rNone g8"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 150 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis_Tables \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32+16/1w bd128 rNone g16 smem,=pq16 words 64+16/4w bd128 rNone g8 smem,=pq16 words 128+32/8w bd128 rNone g8 smem"
     ;;
   pq-occupancy)  # the PQ default against tiles reduced as they come (reduce_per_tile) under
                  # register caps, so more one-warp programs fit an SM; Nsight Compute's stall

@@ -197,6 +197,15 @@ PQ_CONFIGS = {
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
         gather_bytes=16, maxnreg=reg, reduce_per_tile=True)
        for dpp, reg in ((2, None), (2, 144), (2, 128), (4, 144))},
+    # The codebook staged in shared memory once per program (shared_codebook): gathers served
+    # by banks instead of L1 lines, at 64 KB of shared memory per program (3 one-warp programs
+    # per SM, 2 of 4 or 8 warps). Each beside the same shape gathering through L1. Multi-warp
+    # programs take 8-byte words (16-byte ones do not compile at 4 warps in triton 3.6).
+    **{f"words {bt}+{tail}/{w}w bd128 rNone g{g}{' smem' if smem else ''}": PQConfig(
+        block_t=bt, block_t_tail=tail, docs_per_program=2, num_warps=w, num_stages=1,
+        persistent=True, gather_bytes=g, shared_codebook=smem)
+       for bt, tail, w, g in ((32, 16, 1, 16), (64, 16, 4, 8), (64, 64, 4, 8), (128, 32, 8, 8))
+       for smem in (True, False)},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
                                              num_warps=w, docs_per_program=4)

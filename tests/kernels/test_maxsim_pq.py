@@ -267,6 +267,30 @@ def test_tiles_reduced_as_they_come_are_exact(device, poisoned_outputs, num_subq
     assert torch.isneginf(per_tile[:, 0]).all()
 
 
+@pytest.mark.parametrize("num_subquantizers,gather_bytes,num_warps,block_t", [
+    (16, 16, 1, 32), (16, 8, 1, 32), (32, 8, 4, 64), (64, 4, 1, 32), (16, 8, 8, 128)])
+@residual_modes
+def test_codebook_in_shared_memory_is_exact(device, poisoned_outputs, num_subquantizers,
+                                            gather_bytes, num_warps, block_t, residual_mode):
+    """Gathers from a codebook staged in shared memory (shared_codebook; on a GPU, inline PTX
+    past Triton's own buffers, with as many programs as fit) score as gathers through L1 and as
+    the reference: every word width, one to eight warps, pids with repeats, more chunks than
+    programs, an empty document."""
+    lengths = [0, 1, 31, 32, 33, 64, 65, 96, 128, 17, 70, 130]
+    index = random_pq_index(device, 128, num_subquantizers, lengths,
+                            num_centroids=13 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    pids = torch.tensor([9, 3, 3, 0, 5, 6, 1, 8, 2, 4, 7, 11, 10], device=device)
+    shape = dict(block_t=block_t, block_t_tail=16, num_warps=num_warps, num_stages=1,
+                 docs_per_program=1, persistent=True, gather_bytes=gather_bytes)
+    staged = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape, shared_codebook=True))
+    through_l1 = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape))
+    assert_close(staged, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
+    assert_close(staged, through_l1, "maxsim_pq", torch.float16)
+    assert torch.isneginf(staged[:, 3]).all()  # pid 0 is the empty document
+
+
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
 def test_persistent_programs_are_exact(device, poisoned_outputs, docs_per_program):
     """A persistent grid (programs taking chunks from an atomic counter) scores every document
@@ -329,6 +353,11 @@ def test_configs_that_cannot_apply_are_refused(device):
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))
+    for config in (PQConfig(shared_codebook=True),  # not persistent
+                   PQConfig(persistent=True, word_gather=False, shared_codebook=True),
+                   PQConfig(persistent=True, ptx_loads=False, shared_codebook=True)):
+        with pytest.raises(ValueError, match="config.shared_codebook=True"):
+            maxsim_pq(Q1, codes, offsets, codebooks, config=config)
 
 
 def test_default_config_by_number_of_documents():

@@ -75,6 +75,13 @@ from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 # PQ codes are bytes: 256 centroids per sub-quantizer, 4 codes per 32-bit word.
 CODEBOOK_SIZE = tl.constexpr(256)
 CODES_PER_WORD = tl.constexpr(4)
+# PTX_LOADS values: code and codebook words by tl.load (0), by inline PTX from global memory
+# (1), or by inline PTX with the codebook staged in shared memory once per program (2,
+# _stage_codebook_in_shared).
+PTX_FROM_GLOBAL = tl.constexpr(1)
+PTX_FROM_SHARED = tl.constexpr(2)
+# 16-byte codebook words staged per step of _stage_codebook_in_shared.
+STAGE_WORDS = tl.constexpr(512)
 
 
 @triton.jit
@@ -173,6 +180,54 @@ def _ptx_load_indexed_pair(p_words, idx):
 
 
 @triton.jit
+def _shared_address(byte_offset):
+    """The shared-memory address byte_offset bytes past the start of the program's dynamic
+    shared memory (PTX ``global_smem``, where Triton places its own buffers; the host launches
+    with room for the codebook past them, ops/launch.prepare_shared_buffer)."""
+    return tl.inline_asm_elementwise("{ .reg .u32 a; mov.u32 a, global_smem; add.u32 $0, a, $1; }",
+                                     "=r,r", [byte_offset], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _stage_codebook_in_shared(p_book_words, book_address, num_words16):
+    """Copies the codebook's num_words16 16-byte words (p_book_words: int64, two per word) to
+    shared memory at book_address, then waits for the whole program. Shared memory is indexed
+    at run-time addresses only through inline PTX, so both the store and the gathers
+    (_ptx_load_shared) are asm."""
+    for w0 in range(0, num_words16, STAGE_WORDS):
+        offs_w = w0 + tl.arange(0, STAGE_WORDS)
+        mask_w = offs_w < num_words16
+        low = tl.load(p_book_words + 2 * offs_w, mask=mask_w, other=0)
+        high = tl.load(p_book_words + 2 * offs_w + 1, mask=mask_w, other=0)
+        # The result is a placeholder: asm needs one, and is_pure=False keeps the store.
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p st.shared.v2.b64 [$1], {$3, $4}; "
+            "mov.u32 $0, 0; }",
+            "=r,r,r,l,l", [book_address + offs_w * 16, mask_w.to(tl.int32), low, high],
+            dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _ptx_load_shared(book_address, idx, WORD_BYTES: tl.constexpr):
+    """WORD_BYTES-byte codebook words ``book[idx]`` from shared memory (_stage_codebook_in_shared)
+    in the layout of idx: int32, int64, or two int64 (low, high) for 16 bytes. Shared-memory
+    banks serve a warp's gathers by bank, not by 128-byte line as L1 does."""
+    address = book_address + idx * WORD_BYTES
+    if WORD_BYTES == 16:
+        words = tl.inline_asm_elementwise(
+            "ld.shared.v2.b64 {$0, $1}, [$2];", "=l,=l,r", [address],
+            dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+    elif WORD_BYTES == 8:
+        words = tl.inline_asm_elementwise("ld.shared.b64 $0, [$1];", "=l,r", [address],
+                                          dtype=tl.int64, is_pure=True, pack=1)
+    else:
+        words = tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", [address],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+    return words
+
+
+@triton.jit
 def _load_pq_code_words(kd, offs_t, mask_t, p_code_words, stride_pw, BLOCK_T: tl.constexpr,
                         M_BLOCK: tl.constexpr, MASKED: tl.constexpr, PTX_LOADS: tl.constexpr):
     """[BLOCK_T, M_BLOCK / 4] int32 code words (4 codes each) of sub-quantizers
@@ -210,7 +265,9 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
     if GATHER_BYTES == 16:
         # Eight weights per gather: a 16-byte word as two int64 halves (p_book_words is int64).
-        if PTX_LOADS:
+        if PTX_LOADS == PTX_FROM_SHARED:
+            low, high = _ptx_load_shared(p_book_words, idx, 16)
+        elif PTX_LOADS:
             low, high = _ptx_load_indexed_pair(p_book_words, idx)
         else:
             low = tl.load(p_book_words + 2 * idx, eviction_policy="evict_last")
@@ -225,7 +282,9 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
         high = tl.reshape(unpack_16bit_weights(high, dot_dtype, 4), [BLOCK_T, GROUPS, 4, 4])
         weights = tl.permute(tl.join(low, high), (0, 1, 4, 2, 3))  # [T, group, half, word, 4]
     else:
-        if PTX_LOADS:
+        if PTX_LOADS == PTX_FROM_SHARED:
+            entry = _ptx_load_shared(p_book_words, idx, GATHER_BYTES)
+        elif PTX_LOADS:
             entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
         else:
             entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
@@ -404,6 +463,7 @@ def _maxsim_pq_kernel(
     p_centroid_scores, p_query_lengths, p_out, p_counter,
     num_out_docs, num_queries, Lq, num_subquantizers, num_qblocks, num_chunks,
     stride_qb, stride_qt, stride_qd, stride_pt, stride_sc, stride_ob, stride_on,
+    book_shared_offset,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr,
     M_BLOCK: tl.constexpr, NUM_M_BLOCKS: tl.constexpr, DSUB: tl.constexpr,
@@ -453,7 +513,13 @@ def _maxsim_pq_kernel(
         b_q1 = b_q0
     if WORD_GATHER:
         p_pq_codes = p_pq_codes.to(tl.pointer_type(tl.int32))
-        if GATHER_BYTES >= 8:
+        if PTX_LOADS == PTX_FROM_SHARED:
+            # From here on the codebook is a shared-memory address, not a pointer.
+            book_address = _shared_address(book_shared_offset)
+            _stage_codebook_in_shared(p_codebooks.to(tl.pointer_type(tl.int64)), book_address,
+                                      num_subquantizers * CODEBOOK_SIZE * DSUB // 8)
+            p_codebooks = book_address
+        elif GATHER_BYTES >= 8:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int64))
         else:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))

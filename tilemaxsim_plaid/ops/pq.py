@@ -7,11 +7,13 @@ import dataclasses
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
+from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_GLOBAL, PTX_FROM_SHARED,
+                                               _maxsim_pq_kernel)
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
-                                         interpreting, launch_in_query_chunks)
+                                         interpreting, launch_in_query_chunks,
+                                         prepare_shared_buffer)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 
 __all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
@@ -88,6 +90,13 @@ class PQConfig:
             per lane at 32 x 32 tiles, 8 more shuffles per tile. Meant for a register cap
             (maxnreg): sm_90 SASS of the 16-byte default at maxnreg=144 has no spills in the
             tile loop (14 programs per SM against 12). Not yet timed on a GPU.
+        shared_codebook: stage the codebook (256 * d 16-bit weights, 64 KB at d = 128) in
+            shared memory once per program and gather from there by inline PTX, instead of
+            through L1 (kernels/maxsim_pq._stage_codebook_in_shared): shared-memory banks
+            serve a warp's 16-byte gathers in a few wavefronts, L1 in one per distinct line.
+            Needs word gathers and a persistent grid (a program stages it once for all its
+            documents); the grid is as many programs as fit by shared memory. GPU only: the CPU
+            interpreter runs no PTX and gathers through tl.load. Opt-in.
     """
 
     block_t: int = 64
@@ -108,6 +117,7 @@ class PQConfig:
     hold_query: bool | None = None
     pipeline_codes: bool = False
     reduce_per_tile: bool = False
+    shared_codebook: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -226,6 +236,16 @@ def _pipeline_codes(cfg: PQConfig, words: bool, num_m_blocks: int) -> bool:
     return bool(cfg.pipeline_codes)
 
 
+def _shared_codebook(cfg: PQConfig, words: bool) -> bool:
+    """Whether the codebook is staged in shared memory (opt-in), or a ValueError for a
+    config that cannot take it."""
+    if cfg.shared_codebook and not (words and cfg.persistent and cfg.ptx_loads is not False):
+        raise ValueError(f"config.shared_codebook=True needs word gathers, PTX loads and a "
+                         f"persistent grid; got word gathers {'on' if words else 'off'}, "
+                         f"ptx_loads={cfg.ptx_loads}, persistent={cfg.persistent}")
+    return cfg.shared_codebook
+
+
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
             query_lengths, num_out_docs, config):
     def launch(Q_chunk, chunk_lengths):
@@ -316,10 +336,14 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     held_query = _hold_query(cfg, Q3.dtype, lq * queries_per_block, m_block * dsub_pad)
     words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers,
                                        sub_dim, m_block, held_query)
+    book_in_shared = _shared_codebook(cfg, words)
+    ptx_loads = 0
+    if words and not interpreting() and cfg.ptx_loads is not False:
+        ptx_loads = (PTX_FROM_SHARED if book_in_shared else PTX_FROM_GLOBAL).value
     dummy = out
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
-    _maxsim_pq_kernel[(grid,)](
+    args = (
         Q3, pq_codes, offsets,
         pids if pids is not None else dummy,
         codebooks,
@@ -333,6 +357,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         pq_codes.stride(0) // WORD_BYTES if words else pq_codes.stride(0),
         scores_table.stride(0) if use_table else 0,
         out.stride(0), out.stride(1),
+    )
+    constants = dict(
         LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
         BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail,
         M_BLOCK=m_block, NUM_M_BLOCKS=num_m_blocks, DSUB=sub_dim, DSUB_PAD=dsub_pad,
@@ -340,7 +366,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
-        WORD_GATHER=words, PTX_LOADS=words and not interpreting() and cfg.ptx_loads is not False,
+        WORD_GATHER=words, PTX_LOADS=ptx_loads,
         GATHER_BYTES=gather_bytes,
         HOLD_QUERY=held_query,
         PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
@@ -349,6 +375,14 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
+    book_offset = 0
+    if ptx_loads == PTX_FROM_SHARED.value:
+        book_bytes = codebooks.numel() * codebooks.element_size()
+        book_offset, per_sm = prepare_shared_buffer(_maxsim_pq_kernel, book_bytes,
+                                                    "book_shared_offset", *args, **constants)
+        sms = torch.cuda.get_device_properties(Q3.device).multi_processor_count
+        grid = min(num_chunks, per_sm * sms)
+    _maxsim_pq_kernel[(grid,)](*args, book_shared_offset=book_offset, **constants)
     return out
 
 
