@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-close|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -238,6 +238,12 @@ case "$part" in
       --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis_Tables \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
       python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32+16/1w bd128 rNone g16 smem,=pq16 words 64+16/4w bd128 rNone g8 smem,=pq16 words 128+32/8w bd128 rNone g8 smem"
+    ;;
+  pq-close)  # the headline bench at the final PQ default, and rounds of the M = 32 one-warp
+              # shape with and without tiles reduced as they come under a cap
+    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,=pq16 words 32/1w bd128 rNone g16,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/1w bd128 rNone g8,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   pq-occupancy)  # the PQ default against tiles reduced as they come (reduce_per_tile) under
                  # register caps, so more one-warp programs fit an SM; Nsight Compute's stall

@@ -261,7 +261,8 @@ def test_tiles_reduced_as_they_come_are_exact(device, poisoned_outputs, num_subq
     base = default_pq_config(1, 27, MANY_DOCS)
     per_tile = maxsim_pq(Q, *args, **extra,
                          config=dataclasses.replace(base, reduce_per_tile=True, maxnreg=144))
-    running = maxsim_pq(Q, *args, **extra, config=base)
+    running = maxsim_pq(Q, *args, **extra,
+                        config=dataclasses.replace(base, reduce_per_tile=False, maxnreg=None))
     assert_close(per_tile, want, "maxsim_pq", torch.float16)
     assert_close(per_tile, running, "maxsim_pq", torch.float16)
     assert torch.isneginf(per_tile[:, 0]).all()
@@ -366,20 +367,28 @@ def test_default_config_by_number_of_documents():
     assert not default_pq_config(1, 32, MANY_DOCS - 1).persistent
     assert not default_pq_config(1, 32, MANY_DOCS, element_size=4).persistent
     assert not default_pq_config(4, 32, MANY_DOCS).persistent  # several query blocks
+    # d = 128 in 16 sub-quantizers: tiles reduced as they come under a register cap.
+    d128_m16 = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=16, sub_dim=8)
+    assert d128_m16.reduce_per_tile and d128_m16.maxnreg == 144 and d128_m16.docs_per_program == 4
+    assert dataclasses.replace(d128_m16, docs_per_program=2, reduce_per_tile=False,
+                               maxnreg=None) == many
+    assert not default_pq_config(1, 32, MANY_DOCS, num_subquantizers=32, sub_dim=4).reduce_per_tile
 
 
 @residual_modes
 @pytest.mark.parametrize("num_subquantizers", [16, 32])
 def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode, num_subquantizers):
-    """The large-set default (persistent one-warp programs, 64-column chunks, word gathers) on a
-    small index: full tiles, tails, empty documents, repeated pids."""
+    """The large-set default for the codebook's shape (persistent one-warp programs, one
+    128-column chunk, word gathers; at M = 16 tiles reduced as they come under a register cap)
+    on a small index: full tiles, tails, empty documents, repeated pids."""
     lengths = [0, 1, 31, 32, 33, 70, 96, 15, 64, 2]
     index = random_pq_index(device, 128, num_subquantizers, lengths,
                             num_centroids=17 if residual_mode else 0)
     args, extra = split(index)
     Q = unit_queries(1, 32, 128, torch.float16, device)
     pids = torch.tensor([9, 3, 3, 0, 5, 6, 1, 8], device=device)
-    config = default_pq_config(1, 32, MANY_DOCS)
+    config = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=num_subquantizers,
+                               sub_dim=128 // num_subquantizers)
     out = maxsim_pq(Q, *args, pids, **extra, config=config)
     assert_close(out, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
 

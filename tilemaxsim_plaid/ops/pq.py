@@ -89,14 +89,20 @@ class PQConfig:
             of an elementwise running max reduced once per document: 32 fewer live registers
             per lane at 32 x 32 tiles, 8 more shuffles per tile. Meant for a register cap
             (maxnreg): sm_90 SASS of the 16-byte default at maxnreg=144 has no spills in the
-            tile loop (14 programs per SM against 12). Not yet timed on a GPU.
+            tile loop, so 14 programs fit an SM against 12. On the H200 (M = 16): 0.406 ms at
+            144, 0.404 at 128, against 0.419 uncapped; 0.472 without a cap
+            (results/compressed/h200-shared-codebook).
         shared_codebook: stage the codebook (256 * d 16-bit weights, 64 KB at d = 128) in
             shared memory once per program and gather from there by inline PTX, instead of
             through L1 (kernels/maxsim_pq._stage_codebook_in_shared): shared-memory banks
             serve a warp's 16-byte gathers in a few wavefronts, L1 in one per distinct line.
             Needs word gathers and a persistent grid (a program stages it once for all its
             documents); the grid is as many programs as fit by shared memory. GPU only: the CPU
-            interpreter runs no PTX and gathers through tl.load. Opt-in.
+            interpreter runs no PTX and gathers through tl.load. Opt-in, and slower on the H200
+            (results/compressed/h200-shared-codebook, M = 16): each program needs its own copy,
+            so 3 one-warp programs fit an SM (1.007 ms against 0.415 through L1, although a warp
+            issues every 6.6 cycles against 9.8); programs of 4 or 8 warps split each tile's
+            products and ran 1.32-2.93 ms (1.18-3.16 through L1).
     """
 
     block_t: int = 64
@@ -125,7 +131,8 @@ def _pow2(x: int) -> int:
 
 
 def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
-                      element_size: int = 2) -> PQConfig:
+                      element_size: int = 2, num_subquantizers: int | None = None,
+                      sub_dim: int | None = None) -> PQConfig:
     """Same shape logic as the residual kernel: up to 64 query rows per block.
 
     One query (H200, interleaved rounds of experiments/profile_kernels.py, 100k documents of MS
@@ -136,8 +143,10 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       default; with 8-byte codebook words 0.513 / 0.617 ms (results/compressed/
       h200-wide-gathers). Now one 128-column chunk with the query held in registers and
       16-byte words where they apply: M = 16 **0.412 ms**, M = 32 0.552 (bench_compressed,
-      results/compressed/h200-hold-query). 4 or 8 documents per chunk ran 3 % faster there
-      in rounds (0.409 / 0.408 against 0.421 ms), not yet the default.
+      results/compressed/h200-hold-query).
+      At d = 128, M = 16 (8-dimension sub-vectors: one 16-byte gather each) also 4 documents per chunk, each tile reduced as it comes (reduce_per_tile) and a cap of
+      144 registers, so 14 programs fit an SM instead of 12: 0.397 against 0.419 ms in rounds
+      (0.412 with 4 documents alone; results/compressed/h200-shared-codebook).
       A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. The kernel
       is latency-bound: Nsight Compute puts issue at 30 % of cycles, with 12 one-warp
@@ -150,8 +159,12 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if num_queries * lq <= 32:
         if num_docs >= MANY_DOCS and element_size == 2:
-            return PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
-                            docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
+            one_warp = PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
+                                docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
+            if (num_subquantizers, sub_dim) == (16, 8):
+                return dataclasses.replace(one_warp, docs_per_program=4, reduce_per_tile=True,
+                                           maxnreg=144)
+            return one_warp
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
     return PQConfig(queries_per_block=queries_per_block,
@@ -309,7 +322,9 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
 def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
-    cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size())
+    num_subquantizers, _, sub_dim = codebooks.shape
+    cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size(),
+                                      num_subquantizers, sub_dim)
     if cfg.scoring not in SCORING:
         raise ValueError(f"config.scoring must be one of {SCORING}, got {cfg.scoring!r}")
     if cfg.scoring == "lut":
@@ -323,7 +338,6 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
         raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
                          f"got {cfg.maxnreg}")
-    num_subquantizers, _, sub_dim = codebooks.shape
     if cfg.block_d not in (None, 32, 64, MAX_BLOCK_D):
         raise ValueError(f"config.block_d must be None, 32, 64 or {MAX_BLOCK_D}, got {cfg.block_d}")
     m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim,
