@@ -190,7 +190,7 @@ def classify_bound(row: dict, ceilings: dict) -> str:
         "tilemaxsim_residual_gather": "decode arithmetic + centroid-row gathers from L2",
         "torch_decompress_score": "materialised decode: extra HBM passes and launches",
         "late_interaction_kernels": "per-(query, doc) programs: decode repeated, low occupancy",
-    }.get(row["provider"], "latency: 12 one-warp programs per SM (ncu: issue 30 %, L1/TEX 75 %)"
+    }.get(row["provider"], "latency: 14 one-warp programs per SM (144-register cap)"
           if "pq" in row["provider"] else "latency / occupancy")
 
 

@@ -239,11 +239,18 @@ case "$part" in
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
       python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32+16/1w bd128 rNone g16 smem,=pq16 words 64+16/4w bd128 rNone g8 smem,=pq16 words 128+32/8w bd128 rNone g8 smem"
     ;;
-  pq-close)  # the headline bench at the final PQ default, and rounds of the M = 32 one-warp
-              # shape with and without tiles reduced as they come under a cap
+  pq-close)  # the headline bench at the final PQ default, rounds of the one-warp shapes with
+              # and without tiles reduced as they come under a cap, Nsight Compute of the default
+    step pq_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "many_documents or reduced_as_they_come or default"
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,=pq16 words 32/1w bd128 rNone g16,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/1w bd128 rNone g8,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 100 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section SpeedOfLight --section Occupancy \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
     ;;
   pq-occupancy)  # the PQ default against tiles reduced as they come (reduce_per_tile) under
                  # register caps, so more one-warp programs fit an SM; Nsight Compute's stall

@@ -367,19 +367,22 @@ def test_default_config_by_number_of_documents():
     assert not default_pq_config(1, 32, MANY_DOCS - 1).persistent
     assert not default_pq_config(1, 32, MANY_DOCS, element_size=4).persistent
     assert not default_pq_config(4, 32, MANY_DOCS).persistent  # several query blocks
-    # d = 128 in 16 sub-quantizers: tiles reduced as they come under a register cap.
-    d128_m16 = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=16, sub_dim=8)
-    assert d128_m16.reduce_per_tile and d128_m16.maxnreg == 144 and d128_m16.docs_per_program == 4
-    assert dataclasses.replace(d128_m16, docs_per_program=2, reduce_per_tile=False,
-                               maxnreg=None) == many
-    assert not default_pq_config(1, 32, MANY_DOCS, num_subquantizers=32, sub_dim=4).reduce_per_tile
+    # d = 128 in 16 or 32 sub-quantizers: tiles reduced as they come under a register cap.
+    for num_subquantizers in (16, 32):
+        d128 = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=num_subquantizers,
+                                 sub_dim=128 // num_subquantizers)
+        assert d128.reduce_per_tile and d128.maxnreg == 144 and d128.docs_per_program == 4
+        assert dataclasses.replace(d128, docs_per_program=2, reduce_per_tile=False,
+                                   maxnreg=None) == many
+    assert not default_pq_config(1, 32, MANY_DOCS, num_subquantizers=64, sub_dim=2).reduce_per_tile
 
 
 @residual_modes
 @pytest.mark.parametrize("num_subquantizers", [16, 32])
 def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode, num_subquantizers):
     """The large-set default for the codebook's shape (persistent one-warp programs, one
-    128-column chunk, word gathers; at M = 16 tiles reduced as they come under a register cap)
+    128-column chunk, word gathers; at M = 16 and 32 tiles reduced as they come under a
+    register cap)
     on a small index: full tiles, tails, empty documents, repeated pids."""
     lengths = [0, 1, 31, 32, 33, 70, 96, 15, 64, 2]
     index = random_pq_index(device, 128, num_subquantizers, lengths,

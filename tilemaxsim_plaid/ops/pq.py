@@ -144,9 +144,10 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       h200-wide-gathers). Now one 128-column chunk with the query held in registers and
       16-byte words where they apply: M = 16 **0.412 ms**, M = 32 0.552 (bench_compressed,
       results/compressed/h200-hold-query).
-      At d = 128, M = 16 (8-dimension sub-vectors: one 16-byte gather each) also 4 documents per chunk, each tile reduced as it comes (reduce_per_tile) and a cap of
-      144 registers, so 14 programs fit an SM instead of 12: 0.397 against 0.419 ms in rounds
-      (0.412 with 4 documents alone; results/compressed/h200-shared-codebook).
+      At d = 128 with M = 16 or 32 also 4 documents per chunk, each tile reduced as it comes
+      (reduce_per_tile) and a cap of 144 registers, so 14 programs fit an SM instead of 12:
+      M = 16 0.397 against 0.419 ms in rounds (0.412 with 4 documents alone), M = 32 0.486
+      against 0.556 (results/compressed/h200-shared-codebook).
       A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. The kernel
       is latency-bound: Nsight Compute puts issue at 30 % of cycles, with 12 one-warp
@@ -161,7 +162,7 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
         if num_docs >= MANY_DOCS and element_size == 2:
             one_warp = PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
                                 docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
-            if (num_subquantizers, sub_dim) == (16, 8):
+            if (num_subquantizers, sub_dim) in ((16, 8), (32, 4)):
                 return dataclasses.replace(one_warp, docs_per_program=4, reduce_per_tile=True,
                                            maxnreg=144)
             return one_warp
