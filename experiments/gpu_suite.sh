@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-close|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-close|pq-caps|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -251,6 +251,19 @@ case "$part" in
       --section SpeedOfLight --section Occupancy \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
       python3 -m experiments.profile_kernels profile --only "=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
+    ;;
+  pq-caps)  # the PQ config-space property test (shared_codebook sampled too); the default's
+             # 144-register cap against 128 (16 one-warp programs per SM: registers are split over
+             # the SM's four schedulers, so 144 fits 3 per scheduler as 168 does), with occupancy
+    step pq_property 240 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "any_config or shared_memory or refused"
+    step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step kernel_ncu 100 "$NCU" --clock-control none --profile-from-start off --import-source no \
+      --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/4d/1w bd128 r128 g16 tilemax"
     ;;
   pq-occupancy)  # the PQ default against tiles reduced as they come (reduce_per_tile) under
                  # register caps, so more one-warp programs fit an SM; Nsight Compute's stall

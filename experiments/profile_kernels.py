@@ -196,10 +196,11 @@ PQ_CONFIGS = {
     **{f"words 32/{dpp}d/1w bd128 r{reg} g16 tilemax": PQConfig(
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
         gather_bytes=16, maxnreg=reg, reduce_per_tile=True)
-       for dpp, reg in ((2, None), (2, 144), (2, 128), (4, 144))},
-    **{f"words 32/4d/1w bd128 r144 g8 tilemax": PQConfig(
+       for dpp, reg in ((2, None), (2, 144), (2, 128), (4, 144), (4, 128))},
+    **{f"words 32/4d/1w bd128 r{reg} g8 tilemax": PQConfig(
         block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
-        gather_bytes=8, maxnreg=144, reduce_per_tile=True)},
+        gather_bytes=8, maxnreg=reg, reduce_per_tile=True)
+       for reg in (144, 128)},
     # The codebook staged in shared memory once per program (shared_codebook): gathers served
     # by banks instead of L1 lines, at 64 KB of shared memory per program (3 one-warp programs
     # per SM, 2 of 4 or 8 warps). Each beside the same shape gathering through L1. Multi-warp

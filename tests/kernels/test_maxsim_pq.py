@@ -130,11 +130,13 @@ def test_bad_inputs_name_the_argument(device):
     hold_query=st.sampled_from([None, False, True]),
     pipeline_codes=st.sampled_from([None, False, True]),
     reduce_per_tile=st.booleans(),
+    shared_codebook=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residual_mode, B, block_t,
                                         block_t_tail, queries_per_block, docs_per_program, with_pids,
                                         word_gather, persistent, block_d, gather_bytes, scoring,
-                                        num_warps, hold_query, pipeline_codes, reduce_per_tile):
+                                        num_warps, hold_query, pipeline_codes, reduce_per_tile,
+                                        shared_codebook):
     """Over the PQConfig space: a launch matches the float64 reference of the decoded vectors in
     every element or is refused with a ValueError naming the config."""
     dim, num_subquantizers = shape
@@ -146,7 +148,8 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, shape, residua
                       docs_per_program=docs_per_program, word_gather=word_gather,
                       persistent=persistent, block_d=block_d, gather_bytes=gather_bytes,
                       scoring=scoring, num_warps=num_warps, hold_query=hold_query,
-                      pipeline_codes=pipeline_codes, reduce_per_tile=reduce_per_tile)
+                      pipeline_codes=pipeline_codes, reduce_per_tile=reduce_per_tile,
+                      shared_codebook=shared_codebook)
     try:
         out = maxsim_pq(Q, *args, pids=pids, **extra, config=config)
     except ValueError as error:
@@ -444,6 +447,8 @@ def test_lookup_table_configs_that_cannot_apply_are_refused(device):
     for config, match in ((PQConfig(scoring="tables"), "config.scoring"),
                           (PQConfig(scoring="lut", lut_rows=3), "config.lut_rows"),
                           (PQConfig(scoring="lut", persistent=True), "config.scoring='lut'"),
-                          (PQConfig(scoring="lut", gather_bytes=8), "config.scoring='lut'")):
+                          (PQConfig(scoring="lut", gather_bytes=8), "config.scoring='lut'"),
+                          (PQConfig(scoring="lut", shared_codebook=True),
+                           "config.scoring='lut'")):
         with pytest.raises(ValueError, match=match):
             maxsim_pq(Q, *args, config=config)

@@ -277,9 +277,10 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
                 query_lengths, num_out_docs, cfg):
     """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
     (row tile, chunk of documents), row tiles summed per query here."""
-    if cfg.persistent or cfg.word_gather or cfg.gather_bytes is not None:
-        raise ValueError("config.scoring='lut' takes no persistent grid, word_gather or "
-                         "gather_bytes (those are the decode kernel's)")
+    if (cfg.persistent or cfg.word_gather or cfg.gather_bytes is not None
+            or cfg.shared_codebook):
+        raise ValueError("config.scoring='lut' takes no persistent grid, word_gather, "
+                         "gather_bytes or shared_codebook (those are the decode kernel's)")
     if cfg.lut_rows not in LUT_ROWS:
         raise ValueError(f"config.lut_rows must be one of {LUT_ROWS}, got {cfg.lut_rows}")
     B, Lq, dim = Q3.shape
@@ -393,8 +394,11 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     book_offset = 0
     if ptx_loads == PTX_FROM_SHARED.value:
         book_bytes = codebooks.numel() * codebooks.element_size()
-        book_offset, per_sm = prepare_shared_buffer(_maxsim_pq_kernel, book_bytes,
-                                                    "book_shared_offset", *args, **constants)
+        try:
+            book_offset, per_sm = prepare_shared_buffer(_maxsim_pq_kernel, book_bytes,
+                                                        "book_shared_offset", *args, **constants)
+        except ValueError as error:  # the codebook does not fit (d = 384: 192 KB)
+            raise ValueError(f"config.shared_codebook=True: {error}") from None
         sms = torch.cuda.get_device_properties(Q3.device).multi_processor_count
         grid = min(num_chunks, per_sm * sms)
     _maxsim_pq_kernel[(grid,)](*args, book_shared_offset=book_offset, **constants)
