@@ -190,7 +190,7 @@ def classify_bound(row: dict, ceilings: dict) -> str:
         "tilemaxsim_residual_gather": "decode arithmetic + centroid-row gathers from L2",
         "torch_decompress_score": "materialised decode: extra HBM passes and launches",
         "late_interaction_kernels": "per-(query, doc) programs: decode repeated, low occupancy",
-    }.get(row["provider"], "latency: 14 one-warp programs per SM (144-register cap)"
+    }.get(row["provider"], "latency + L1 gathers: 12 one-warp programs per SM (ncu: issue 31 %, L1/TEX 80 %)"
           if "pq" in row["provider"] else "latency / occupancy")
 
 

@@ -184,15 +184,17 @@ PQ_CONFIGS = {
                                                        num_stages=1, persistent=True,
                                                        gather_bytes=g, pipeline_codes=True)
        for g in (8, 16)},
-    # The 16-byte default with a register cap (144: 14 programs per SM, 4 spill loads per tile
-    # body in sm_90 SASS; 128: 16, 7) or 4 and 8 documents per counter increment.
+    # The 16-byte one-warp shape with a register cap (144: 4 spill loads per tile body in sm_90
+    # SASS, still 12 programs per SM, as registers are allocated per scheduler; 128: 7 spill
+    # loads, 16 programs) or 4 and 8 documents per counter increment.
     **{f"words 32/{dpp}d/1w bd128 r{reg} g16": PQConfig(block_t=32, docs_per_program=dpp,
                                                        num_warps=1, num_stages=1,
                                                        persistent=True, gather_bytes=16,
                                                        maxnreg=reg)
        for dpp, reg in ((2, 144), (2, 128), (4, None), (8, None))},
     # Each tile reduced over its tokens as it comes (reduce_per_tile): 32 fewer live registers,
-    # so a cap of 144 has no spills in the tile loop (sm_90 SASS), 14 programs per SM.
+    # so a cap of 144 has no spills in the tile loop (sm_90 SASS). 4 documents at 144: the
+    # default at d = 128, M = 16 and (with 8-byte words) M = 32.
     **{f"words 32/{dpp}d/1w bd128 r{reg} g16 tilemax": PQConfig(
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
         gather_bytes=16, maxnreg=reg, reduce_per_tile=True)

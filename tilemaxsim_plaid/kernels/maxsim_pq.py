@@ -35,8 +35,21 @@ wavefronts were the query operand, read back from shared memory by ldmatrix befo
 with 2-way bank conflicts. Held in registers instead (HOLD_QUERY, _hold_as_first_operand) L1/TEX
 fell to 56 % and the time did not move. With every code 0, so that no two gathers of a warp
 touch different lines, the time is within 5 % of random codes. The default (one 128-column chunk,
-16-byte words, query held: 0.412 ms at M = 16) issues on 30 % of cycles: 12 one-warp programs
-per SM (168 registers), 9.8 cycles between a warp's instructions, 3.6 of them waiting on loads.
+16-byte words, query held, tiles reduced as they come under a 144-register cap: 0.397 ms at
+M = 16; results/compressed/h200-shared-codebook) issues on 31 % of cycles: 12 one-warp programs
+per SM, 9.3 cycles between a warp's instructions, 2.9 of them waiting on loads, L1/TEX 80 %.
+Sixteen programs per SM (a 128-register cap) took L1/TEX to 84 % and the time did not move.
+
+The codebook in shared memory (PTX_LOADS == PTX_FROM_SHARED, PQConfig.shared_codebook, opt-in):
+shared-memory banks serve a warp's gathers in a few wavefronts where L1 takes one per line.
+Triton code cannot index shared memory at run-time addresses, so the copy
+(_stage_codebook_in_shared) and the gathers (_ptx_load_shared) are inline PTX at an address
+past Triton's own buffers, which the host reserves at launch (ops/launch.prepare_shared_buffer).
+On the H200 it is slower: every program needs its own 64 KB copy, so 3 one-warp programs fit an
+SM (1.007 ms against 0.415), and programs of 4 or 8 warps split each tile's products between
+warps and ran 1.3-2.9 ms. At 3 warps per SM a staged warp issued every 6.6 cycles, against 9.8
+for the same shape through L1 at 12 warps. Sharing one copy among many independent one-warp
+workers would need warp specialization, which Triton 3.6 does not offer for this kernel's shape.
 The codebooks are rounded to Q's dtype once per call on the host, so the result equals MaxSim
 over the codec's decoded vectors within that rounding.
 

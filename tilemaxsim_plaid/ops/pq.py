@@ -72,8 +72,10 @@ class PQConfig:
             L2 (inline PTX) before its tiles are walked; 2: the next document's too. GPU only
             (a hint: the interpreter skips it).
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
-            choice. A cap fits more programs per SM; at 128 the one-warp default spilled and
-            ran 20 % slower (H200).
+            choice. Registers are allocated per scheduler (16,384 each on an H200, a warp
+            on one), so a one-warp program's cap buys occupancy only in steps: 168 and 144
+            registers fit 3 warps per scheduler, 128 fits 4. At 128 the one-warp default
+            spilled and ran 9 % slower; with reduce_per_tile it did not lose (below).
         hold_query: hold the query's first two chunks in registers in the tensor cores'
             first-operand layout (kernels/maxsim_pq._hold_as_first_operand) instead of reading
             them back from shared memory before every product. None: wherever it applies
@@ -89,9 +91,10 @@ class PQConfig:
             of an elementwise running max reduced once per document: 32 fewer live registers
             per lane at 32 x 32 tiles, 8 more shuffles per tile. Meant for a register cap
             (maxnreg): sm_90 SASS of the 16-byte default at maxnreg=144 has no spills in the
-            tile loop, so 14 programs fit an SM against 12. On the H200 (M = 16): 0.406 ms at
-            144, 0.404 at 128, against 0.419 uncapped; 0.472 without a cap
-            (results/compressed/h200-shared-codebook).
+            tile loop. On the H200 (M = 16, 2 documents per chunk): 0.406 ms at 144 (still 12
+            warps per SM, Nsight Compute), 0.404 at 128 (16 warps), against 0.419 for the
+            running max uncapped and 0.472 for this without a cap
+            (results/compressed/h200-shared-codebook). The default at d = 128, M = 16 or 32.
         shared_codebook: stage the codebook (256 * d 16-bit weights, 64 KB at d = 128) in
             shared memory once per program and gather from there by inline PTX, instead of
             through L1 (kernels/maxsim_pq._stage_codebook_in_shared): shared-memory banks
@@ -100,9 +103,9 @@ class PQConfig:
             documents); the grid is as many programs as fit by shared memory. GPU only: the CPU
             interpreter runs no PTX and gathers through tl.load. Opt-in, and slower on the H200
             (results/compressed/h200-shared-codebook, M = 16): each program needs its own copy,
-            so 3 one-warp programs fit an SM (1.007 ms against 0.415 through L1, although a warp
-            issues every 6.6 cycles against 9.8); programs of 4 or 8 warps split each tile's
-            products and ran 1.32-2.93 ms (1.18-3.16 through L1).
+            so 3 one-warp programs fit an SM (1.007 ms against 0.415 through L1; at that
+            quarter of the warps a warp issued every 6.6 cycles against 9.8); programs of 4 or
+            8 warps split each tile's products and ran 1.32-2.93 ms (1.18-3.16 through L1).
     """
 
     block_t: int = 64
@@ -144,15 +147,17 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       h200-wide-gathers). Now one 128-column chunk with the query held in registers and
       16-byte words where they apply: M = 16 **0.412 ms**, M = 32 0.552 (bench_compressed,
       results/compressed/h200-hold-query).
-      At d = 128 with M = 16 or 32 also 4 documents per chunk, each tile reduced as it comes
-      (reduce_per_tile) and a cap of 144 registers, so 14 programs fit an SM instead of 12:
-      M = 16 0.397 against 0.419 ms in rounds (0.412 with 4 documents alone), M = 32 0.486
-      against 0.556 (results/compressed/h200-shared-codebook).
+      At d = 128 with M = 16 or 32 also 4 documents per chunk and each tile reduced as it
+      comes (reduce_per_tile) under a cap of 144 registers: M = 16 0.397 against 0.419 ms in
+      rounds (0.412 with 4 documents alone), M = 32 0.486 against 0.556; bench M = 16
+      **0.397 ms**, M = 32 0.484 (results/compressed/h200-shared-codebook). A cap of 128 fits
+      16 programs per SM instead of 12 and gained nothing sure (0.399 against 0.411 at M = 16,
+      0.492 against 0.485 at M = 32).
       A 2-warp program splits a tile's products by query rows, so both warps gather the
-      whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. The kernel
-      is latency-bound: Nsight Compute puts issue at 30 % of cycles, with 12 one-warp
-      programs per SM (168 registers) and 9.8 cycles between a warp's instructions, 3.6 of
-      them waiting on loads; L1/TEX 75 %, tensor pipe 25 %.
+      whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. Nsight
+      Compute on the default: issue on 31 % of cycles, 12 one-warp programs per SM, L1/TEX
+      80 % (84 % with 16 programs at 128 registers), a warp's instructions 9.3 cycles apart,
+      2.9 of them waiting on loads: between latency and the L1's gather wavefronts.
     * otherwise 32-token tiles, 16 documents per program and 2 warps (results/compressed/
       h200-final: 1.56 ms against 2.66 ms for 64-token tiles, 4 documents, 4 warps, M = 16).
     """
