@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-occupancy|pq-smem|pq-close|pq-caps|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -55,6 +55,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc (${limit}s limit, $((SECONDS - start))s)" | tee -a "$OUT/steps.txt"
+}
+
+ncu_stalls() {  # ncu_stalls SECONDS "VARIANTS" [ncu section args]: Nsight Compute's speed of light,
+  # occupancy and warp-stall reasons per issued instruction for profile_kernels' variants
+  local limit=$1 only=$2; shift 2
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  step kernel_ncu "$limit" "$ncu" --clock-control none --profile-from-start off --import-source no \
+    --section SpeedOfLight --section Occupancy "$@" \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+    python3 -m experiments.profile_kernels profile --only "$only"
 }
 
 gpu_tests() {  # every kernel test on the GPU (compiling each variant takes most of the time)
@@ -227,17 +238,14 @@ case "$part" in
       tests/kernels/test_maxsim_pq.py -k "not any_config"
     ;;
   pq-smem)  # the codebook staged in shared memory (shared_codebook) against gathers through L1,
-             # one to eight warps per program; the register-cap variants of pq-occupancy;
+             # one to eight warps per program; tiles reduced as they come under register caps;
              # Nsight Compute for the default and the staged one- and four-warp variants
     step pq_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_pq.py -k "shared_memory or reduced_as_they_come or many_documents"
     step kernel_rounds 250 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,=pq16 words 32/1w bd128 rNone g16,words 32+16/1w,words 64+,words 128+,pq16 words 32/4d/1w bd128 rNone g16,g16 tilemax,=pq32 words 32/1w bd128 rNone g8"
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    step kernel_ncu 150 "$NCU" --clock-control none --profile-from-start off --import-source no \
-      --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis_Tables \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
-      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32+16/1w bd128 rNone g16 smem,=pq16 words 64+16/4w bd128 rNone g8 smem,=pq16 words 128+32/8w bd128 rNone g8 smem"
+    ncu_stalls 150 "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32+16/1w bd128 rNone g16 smem,=pq16 words 64+16/4w bd128 rNone g8 smem,=pq16 words 128+32/8w bd128 rNone g8 smem" \
+      --section MemoryWorkloadAnalysis_Tables
     ;;
   pq-close)  # the headline bench at the final PQ default, rounds of the one-warp shapes with
               # and without tiles reduced as they come under a cap, Nsight Compute of the default
@@ -246,11 +254,7 @@ case "$part" in
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,=pq16 words 32/1w bd128 rNone g16,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/1w bd128 rNone g8,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    step kernel_ncu 100 "$NCU" --clock-control none --profile-from-start off --import-source no \
-      --section SpeedOfLight --section Occupancy \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
-      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
+    ncu_stalls 100 "=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax"
     ;;
   pq-caps)  # the PQ config-space property test (shared_codebook sampled too); the default's
              # 144-register cap against 128 (16 one-warp programs per SM: registers are split over
@@ -259,24 +263,7 @@ case "$part" in
       tests/kernels/test_maxsim_pq.py -k "any_config or shared_memory or refused"
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax"
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    step kernel_ncu 100 "$NCU" --clock-control none --profile-from-start off --import-source no \
-      --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
-      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/4d/1w bd128 r128 g16 tilemax"
-    ;;
-  pq-occupancy)  # the PQ default against tiles reduced as they come (reduce_per_tile) under
-                 # register caps, so more one-warp programs fit an SM; Nsight Compute's stall
-                 # reasons and occupancy for the default and the capped variant
-    step pq_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_pq.py -k "reduced_as_they_come or many_documents"
-    step kernel_rounds 100 python3 -m experiments.profile_kernels time --rounds 6 \
-      --only "packed default,=pq16 words 32/1w bd128 rNone g16,pq16 words 32/4d/1w bd128 rNone g16,g16 tilemax,=pq32 words 32/1w bd128 rNone g8"
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    step kernel_ncu 100 "$NCU" --clock-control none --profile-from-start off --import-source no \
-      --section SpeedOfLight --section Occupancy \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
-      python3 -m experiments.profile_kernels profile --only "=pq16 words 32/1w bd128 rNone g16,=pq16 words 32/2d/1w bd128 r144 g16 tilemax"
+    ncu_stalls 100 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax" --section LaunchStats
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one
