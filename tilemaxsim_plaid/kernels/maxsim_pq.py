@@ -498,7 +498,10 @@ def _maxsim_pq_kernel(
     and the chunk width multiples of 16): the first two query chunks are held as the products' first
     operand (_hold_as_first_operand). PIPELINE_CODES (word gathers, one chunk of sub-quantizers):
     a full tile's code words are loaded while the tile before it is scored. REDUCE_PER_TILE:
-    each full tile's scores are reduced over its tokens as they come (_score_pq_document)."""
+    each full tile's scores are reduced over its tokens as they come (_score_pq_document).
+    PTX_LOADS (word gathers): 0, PTX_FROM_GLOBAL or PTX_FROM_SHARED; with the last the codebook
+    is staged at book_shared_offset bytes into dynamic shared memory (the host reserves it:
+    ops/launch.prepare_shared_buffer), otherwise book_shared_offset is unused."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
