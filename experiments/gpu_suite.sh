@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -264,6 +264,15 @@ case "$part" in
     step kernel_rounds 150 python3 -m experiments.profile_kernels time --rounds 6 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax"
     ncu_stalls 100 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax" --section LaunchStats
+    ;;
+  pq-parts)  # 32-bit codebook parts: the PQ tests that run the word gathers (shared memory too),
+              # rounds of the default against register caps, document counts and 32-token tails,
+              # then the headline bench
+    step pq_tests 170 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "word_gathers or held_query or tile_ahead or reduced_as_they_come or shared_memory or many_documents or persistent"
+    step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r96 g16 tilemax,=pq16 words 32/4d/1w bd128 rNone g16 tilemax,=pq16 words 32/8d/1w bd128 r144 g16 tilemax,=pq16 words 32+32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 words 32/4d/1w bd128 r96 g8 tilemax,=pq32 words 32/4d/1w bd128 rNone g8 tilemax,=pq32 words 32+32/4d/1w bd128 r144 g8 tilemax"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

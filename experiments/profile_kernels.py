@@ -195,14 +195,20 @@ PQ_CONFIGS = {
     # Each tile reduced over its tokens as it comes (reduce_per_tile): 32 fewer live registers,
     # so a cap of 144 has no spills in the tile loop (sm_90 SASS). 4 documents at 144: the
     # default at d = 128, M = 16 and (with 8-byte words) M = 32.
-    **{f"words 32/{dpp}d/1w bd128 r{reg} g16 tilemax": PQConfig(
+    # With 32-bit codebook parts (each product takes its operand registers as the load wrote
+    # them; sm_90 SASS of the M = 16 tile body: 226 instructions against 351) the caps again,
+    # 96 (20 programs per SM) and none, and 8 documents per counter increment.
+    **{f"words 32/{dpp}d/1w bd128 r{reg} g{g} tilemax": PQConfig(
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
-        gather_bytes=16, maxnreg=reg, reduce_per_tile=True)
-       for dpp, reg in ((2, None), (2, 144), (2, 128), (4, 144), (4, 128))},
-    **{f"words 32/4d/1w bd128 r{reg} g8 tilemax": PQConfig(
-        block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
-        gather_bytes=8, maxnreg=reg, reduce_per_tile=True)
-       for reg in (144, 128)},
+        gather_bytes=g, maxnreg=reg, reduce_per_tile=True)
+       for g, dpp, reg in ((16, 2, None), (16, 2, 144), (16, 2, 128), (16, 4, 144), (16, 4, 128),
+                           (16, 4, 96), (16, 4, None), (16, 8, 144), (8, 4, 144), (8, 4, 128),
+                           (8, 4, 96), (8, 4, None), (8, 8, 144))},
+    # Tails in full 32-token tiles (masked) instead of 16-token ones.
+    **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
+        block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
+        persistent=True, gather_bytes=g, maxnreg=144, reduce_per_tile=True)
+       for g in (8, 16)},
     # The codebook staged in shared memory once per program (shared_codebook): gathers served
     # by banks instead of L1 lines, at 64 KB of shared memory per program (3 one-warp programs
     # per SM, 2 of 4 or 8 warps). Each beside the same shape gathering through L1. Multi-warp

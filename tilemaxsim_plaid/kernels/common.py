@@ -51,6 +51,18 @@ def unpack_16bit_weights(words, dot_dtype: tl.constexpr, PER_WORD: tl.constexpr)
     return weights
 
 
+@triton.jit
+def unpack_16bit_word_pair(low, high, dot_dtype: tl.constexpr):
+    """Two int32 words (low first) of four packed 16-bit weights -> [..., 2, 2] in dot_dtype,
+    as unpack_16bit_weights of the int64 they form. 32-bit halves, not an int64 split by 64-bit
+    shifts: each word is then already a tensor-core fp16 pair, and the compiler moves no bits."""
+    w0 = low.to(tl.int16).to(dot_dtype, bitcast=True)
+    w1 = (low >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
+    w2 = high.to(tl.int16).to(dot_dtype, bitcast=True)
+    w3 = (high >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
+    return tl.join(tl.join(w0, w2), tl.join(w1, w3))
+
+
 # L2 lines are 128 B; a prefetch asks for one line per element.
 LINE_BYTES = tl.constexpr(128)
 

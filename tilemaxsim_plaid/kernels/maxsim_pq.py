@@ -81,7 +81,7 @@ import triton
 import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import (packed_doc_bounds, prefetch_rows_l2, tile_dot,
-                                             unpack_16bit_weights)
+                                             unpack_16bit_word_pair, unpack_16bit_weights)
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
@@ -112,14 +112,23 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
 
 
+@triton.constexpr_function
+def _paired_gather_order(cols, gather_bytes):
+    """Whether a decoded chunk of cols columns takes the 16-byte words' column order: 16-byte
+    words, or 8-byte ones gathered in pairs that cover the same 8 dimensions (whole 32-column
+    groups)."""
+    return gather_bytes == 16 or (gather_bytes == 8 and cols % 32 == 0)
+
+
 @triton.jit
 def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES: tl.constexpr):
     """[ROWS, COLS] query columns in dimension order -> the column order of a tile decoded from
-    16-byte codebook words (_decode_pq_words): in each 32-column group, dimension 8t + 4h + r
-    goes to column 16h + 4t + r. A register permutation; other gather widths: unchanged."""
-    if GATHER_BYTES == 16:
-        b_q = tl.reshape(b_q, [ROWS, COLS // 32, 4, 2, 4])
-        b_q = tl.reshape(tl.permute(b_q, (0, 1, 3, 2, 4)), [ROWS, COLS])
+    16-byte codebook words, or 8-byte ones in pairs (_decode_pq_words): with G = COLS / 32
+    groups, dimension 8 (G t + g) + 4a + 2h + b goes to column 32g + 16h + 4t + 2a + b. A
+    register permutation; other gather widths: unchanged."""
+    if _paired_gather_order(COLS, GATHER_BYTES):
+        b_q = tl.reshape(b_q, [ROWS, 4, COLS // 32, 2, 2, 2])  # [row, t, g, a, h, b]
+        b_q = tl.reshape(tl.permute(b_q, (0, 2, 4, 1, 3, 5)), [ROWS, COLS])
     return b_q
 
 
@@ -162,34 +171,31 @@ def _hold_as_first_operand(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, UPCAST: 
 
 @triton.jit
 def _ptx_load_indexed(p_words, idx, WORD_BYTES: tl.constexpr):
-    """WORD_BYTES-byte words ``p_words[idx]`` (int32 or int64) through the read-only path (L1
-    evict-last), by inline PTX, in the layout of ``idx``. The address is formed inside the asm
-    from one base pointer and the 32-bit index, so the compiler holds an index per element,
-    not a 64-bit pointer: half the registers for a tile of gathers in flight."""
+    """WORD_BYTES-byte words (4, 8 or 16) at ``p_words + idx * WORD_BYTES`` (p_words: int32)
+    through the read-only path (L1 evict-last), by inline PTX, in the layout of ``idx``: one
+    int32, or a tuple of WORD_BYTES / 4 int32 (lowest first) from one vector load. The address
+    is formed inside the asm from one base pointer and the 32-bit index, so the compiler holds
+    an index per element, not a 64-bit pointer: half the registers for a tile of gathers in
+    flight. The parts are 32-bit registers, the width of the tensor cores' fp16 pairs: 64-bit
+    parts cost 8 shifts and byte permutes per 16-byte word to repack (sm_90 SASS)."""
     base = p_words + tl.zeros(idx.shape, tl.int32)
-    if WORD_BYTES == 8:
+    if WORD_BYTES == 16:
         words = tl.inline_asm_elementwise(
-            "{ .reg .u64 a; mul.wide.u32 a, $2, 8; add.u64 a, a, $1; "
-            "ld.global.nc.L1::evict_last.b64 $0, [a]; }",
-            "=l,l,r", [base, idx], dtype=tl.int64, is_pure=True, pack=1)
+            "{ .reg .u64 a; mul.wide.u32 a, $5, 16; add.u64 a, a, $4; "
+            "ld.global.nc.L1::evict_last.v4.b32 {$0, $1, $2, $3}, [a]; }",
+            "=r,=r,=r,=r,l,r", [base, idx], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+            is_pure=True, pack=1)
+    elif WORD_BYTES == 8:
+        words = tl.inline_asm_elementwise(
+            "{ .reg .u64 a; mul.wide.u32 a, $3, 8; add.u64 a, a, $2; "
+            "ld.global.nc.L1::evict_last.v2.b32 {$0, $1}, [a]; }",
+            "=r,=r,l,r", [base, idx], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
     else:
         words = tl.inline_asm_elementwise(
             "{ .reg .u64 a; mul.wide.u32 a, $2, 4; add.u64 a, a, $1; "
             "ld.global.nc.L1::evict_last.b32 $0, [a]; }",
             "=r,l,r", [base, idx], dtype=tl.int32, is_pure=True, pack=1)
     return words
-
-
-@triton.jit
-def _ptx_load_indexed_pair(p_words, idx):
-    """16-byte words ``p_words[2 * idx : 2 * idx + 2]`` (two int64, low first) by one inline-PTX
-    vector load through the read-only path, as _ptx_load_indexed: one gather per eight 16-bit
-    weights."""
-    base = p_words + tl.zeros(idx.shape, tl.int32)
-    return tl.inline_asm_elementwise(
-        "{ .reg .u64 a; mul.wide.u32 a, $3, 16; add.u64 a, a, $2; "
-        "ld.global.nc.L1::evict_last.v2.b64 {$0, $1}, [a]; }",
-        "=l,=l,l,r", [base, idx], dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -224,19 +230,43 @@ def _stage_codebook_in_shared(p_book_words, book_address, num_words16):
 @triton.jit
 def _ptx_load_shared(book_address, idx, WORD_BYTES: tl.constexpr):
     """WORD_BYTES-byte codebook words ``book[idx]`` from shared memory (_stage_codebook_in_shared)
-    in the layout of idx: int32, int64, or two int64 (low, high) for 16 bytes. Shared-memory
-    banks serve a warp's gathers by bank, not by 128-byte line as L1 does."""
+    in the layout of idx, in 32-bit parts as _ptx_load_indexed. Shared-memory banks serve a
+    warp's gathers by bank, not by 128-byte line as L1 does."""
     address = book_address + idx * WORD_BYTES
     if WORD_BYTES == 16:
         words = tl.inline_asm_elementwise(
-            "ld.shared.v2.b64 {$0, $1}, [$2];", "=l,=l,r", [address],
-            dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+            "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [address],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
     elif WORD_BYTES == 8:
-        words = tl.inline_asm_elementwise("ld.shared.b64 $0, [$1];", "=l,r", [address],
-                                          dtype=tl.int64, is_pure=True, pack=1)
+        words = tl.inline_asm_elementwise("ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r",
+                                          [address], dtype=(tl.int32, tl.int32), is_pure=True,
+                                          pack=1)
     else:
         words = tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", [address],
                                           dtype=tl.int32, is_pure=True, pack=1)
+    return words
+
+
+@triton.jit
+def _load_book_word(p_book_words, idx, WORD_BYTES: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """Codebook word idx (WORD_BYTES bytes) as 32-bit parts, lowest first (_ptx_load_indexed):
+    from shared memory, by inline PTX from global memory, or by tl.load (the interpreter)."""
+    if PTX_LOADS == PTX_FROM_SHARED:
+        words = _ptx_load_shared(p_book_words, idx, WORD_BYTES)
+    elif PTX_LOADS:
+        words = _ptx_load_indexed(p_book_words, idx, WORD_BYTES)
+    elif WORD_BYTES == 16:
+        p_word = p_book_words + 4 * idx
+        words = (tl.load(p_word, eviction_policy="evict_last"),
+                 tl.load(p_word + 1, eviction_policy="evict_last"),
+                 tl.load(p_word + 2, eviction_policy="evict_last"),
+                 tl.load(p_word + 3, eviction_policy="evict_last"))
+    elif WORD_BYTES == 8:
+        p_word = p_book_words + 2 * idx
+        words = (tl.load(p_word, eviction_policy="evict_last"),
+                 tl.load(p_word + 1, eviction_policy="evict_last"))
+    else:
+        words = tl.load(p_book_words + idx, eviction_policy="evict_last")
     return words
 
 
@@ -262,8 +292,8 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
                      GATHER_BYTES: tl.constexpr):
     """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
     from their code words (_load_pq_code_words) and a codebook read as GATHER_BYTES-byte words
-    (int32: 2 weights each; int64: 4, half the gathers; 16 bytes: 8, in the operand's column
-    order)."""
+    (4 bytes: 2 weights each; 8: 4, half the gathers; 16: 8, in the operand's column order),
+    each in 32-bit parts (_load_book_word)."""
     CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
     BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
     PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
@@ -276,32 +306,35 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
-    if GATHER_BYTES == 16:
-        # Eight weights per gather: a 16-byte word as two int64 halves (p_book_words is int64).
-        if PTX_LOADS == PTX_FROM_SHARED:
-            low, high = _ptx_load_shared(p_book_words, idx, 16)
-        elif PTX_LOADS:
-            low, high = _ptx_load_indexed_pair(p_book_words, idx)
-        else:
-            low = tl.load(p_book_words + 2 * idx, eviction_policy="evict_last")
-            high = tl.load(p_book_words + 2 * idx + 1, eviction_policy="evict_last")
+    if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES):
+        # Eight weights per gather (16-byte words) or per two gathers of adjacent 8-byte words,
+        # as 32-bit parts p0 .. p3 (dimensions 2j, 2j + 1 of the eight in pj).
         # Columns in the fp16 operand's register order (kWidth 4: a lane holds 4 adjacent
-        # columns of each 16-column block): in each 32-column group, 8-weight word t (t < 4)
-        # gives its low half to columns 4t .. 4t+3 and its high half to 16 + 4t .. 16 + 4t+3,
-        # so a lane's eight weights arrive by one gather and no shuffle. The query columns are
-        # read in that order (_to_gather16_order).
-        GROUPS: tl.constexpr = M_BLOCK * BOOK_WORDS // 4
-        low = tl.reshape(unpack_16bit_weights(low, dot_dtype, 4), [BLOCK_T, GROUPS, 4, 4])
-        high = tl.reshape(unpack_16bit_weights(high, dot_dtype, 4), [BLOCK_T, GROUPS, 4, 4])
-        weights = tl.permute(tl.join(low, high), (0, 1, 4, 2, 3))  # [T, group, half, word, 4]
-    else:
-        if PTX_LOADS == PTX_FROM_SHARED:
-            entry = _ptx_load_shared(p_book_words, idx, GATHER_BYTES)
-        elif PTX_LOADS:
-            entry = _ptx_load_indexed(p_book_words, idx, GATHER_BYTES)
+        # columns of each 16-column block): with G 32-column groups, eight-weight span
+        # s = G t + g gives p0 and p2 to columns 32g + 4t .. 32g + 4t+3 and p1 and p3 to
+        # 32g + 16 + 4t .. 32g + 16 + 4t+3. So each product takes two adjacent registers
+        # (p0, p1), (p2, p3) as a load wrote them: no shuffle, no move (sm_90 SASS; 64-bit parts
+        # or other orders cost 4-8 moves or byte permutes per span). And the lane of column
+        # 4t holds spans G t .. G t + G - 1, adjacent sub-quantizers, so it reads its codes from
+        # as few code words as hold them (one per token at M = 16) instead of one per span.
+        # The query columns are read in that order (_to_gather16_order).
+        if GATHER_BYTES == 16:
+            p0, p1, p2, p3 = _load_book_word(p_book_words, idx, 16, PTX_LOADS)
         else:
-            entry = tl.load(p_book_words + idx, eviction_policy="evict_last")
-        weights = unpack_16bit_weights(entry, dot_dtype, GATHER_BYTES // 2)
+            SPANS: tl.constexpr = M_BLOCK * BOOK_WORDS // 2
+            idx_first, idx_second = tl.split(tl.reshape(idx, [BLOCK_T, SPANS, 2]))
+            p0, p1 = _load_book_word(p_book_words, idx_first, 8, PTX_LOADS)
+            p2, p3 = _load_book_word(p_book_words, idx_second, 8, PTX_LOADS)
+        GROUPS: tl.constexpr = M_BLOCK * DSUB // 32
+        low = tl.reshape(unpack_16bit_word_pair(p0, p2, dot_dtype), [BLOCK_T, 4, GROUPS, 4])
+        high = tl.reshape(unpack_16bit_word_pair(p1, p3, dot_dtype), [BLOCK_T, 4, GROUPS, 4])
+        weights = tl.permute(tl.join(low, high), (0, 2, 4, 1, 3))  # [T, g, half, t, 4]
+    elif GATHER_BYTES == 8:
+        words = _load_book_word(p_book_words, idx, 8, PTX_LOADS)
+        weights = unpack_16bit_word_pair(words[0], words[1], dot_dtype)
+    else:
+        weights = unpack_16bit_weights(_load_book_word(p_book_words, idx, 4, PTX_LOADS),
+                                       dot_dtype, 2)
     return tl.reshape(weights, [BLOCK_T, M_BLOCK * DSUB])
 
 
@@ -535,8 +568,6 @@ def _maxsim_pq_kernel(
             _stage_codebook_in_shared(p_codebooks.to(tl.pointer_type(tl.int64)), book_address,
                                       num_subquantizers * CODEBOOK_SIZE * DSUB // 8)
             p_codebooks = book_address
-        elif GATHER_BYTES >= 8:
-            p_codebooks = p_codebooks.to(tl.pointer_type(tl.int64))
         else:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
 
