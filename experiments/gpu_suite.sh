@@ -265,14 +265,13 @@ case "$part" in
       --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax"
     ncu_stalls 100 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax" --section LaunchStats
     ;;
-  pq-parts)  # 32-bit codebook parts: the PQ tests that run the word gathers (shared memory too),
-              # rounds of the default against register caps, document counts and 32-token tails,
-              # then the headline bench
-    step pq_tests 170 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
-      tests/kernels/test_maxsim_pq.py -k "word_gathers or held_query or tile_ahead or reduced_as_they_come or shared_memory or many_documents or persistent"
-    step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 5 \
-      --only "packed default,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r96 g16 tilemax,=pq16 words 32/4d/1w bd128 rNone g16 tilemax,=pq16 words 32/8d/1w bd128 r144 g16 tilemax,=pq16 words 32+32/4d/1w bd128 r144 g16 tilemax,=pq32 words 32/4d/1w bd128 r144 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 words 32/4d/1w bd128 r96 g8 tilemax,=pq32 words 32/4d/1w bd128 rNone g8 tilemax,=pq32 words 32+32/4d/1w bd128 r144 g8 tilemax"
+  pq-parts)  # 32-bit codebook parts: the PQ test file but its property test, the headline bench,
+              # then the default with every code 0 (no gather conflicts) against random codes
+    step pq_tests 290 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "not any_config"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    step kernel_rounds 60 python3 -m experiments.profile_kernels time --rounds 4 \
+      --only "=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 zero codes words 32/4d/1w bd128 r128 g8 tilemax"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

@@ -226,7 +226,9 @@ PQ_CONFIGS = {
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
                         "words 32/1w bd64 rNone g16", "words 32/1w bd64 rNone g8 nohold",
-                        "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 pipe")
+                        "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 pipe",
+                        "words 32/4d/1w bd128 r128 g16 tilemax",
+                        "words 32/4d/1w bd128 r128 g8 tilemax")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:

@@ -113,20 +113,22 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
 
 
 @triton.constexpr_function
-def _paired_gather_order(cols, gather_bytes):
+def _paired_gather_order(cols, gather_bytes, hold_query):
     """Whether a decoded chunk of cols columns takes the 16-byte words' column order: 16-byte
     words, or 8-byte ones gathered in pairs that cover the same 8 dimensions (whole 32-column
-    groups)."""
-    return gather_bytes == 16 or (gather_bytes == 8 and cols % 32 == 0)
+    groups) in one-warp programs with the query held (with more warps triton 3.6 fails to
+    compile the pairs' split: "Illegal shared layout" in TritonGPUOptimizeDotOperands)."""
+    return gather_bytes == 16 or (gather_bytes == 8 and hold_query and cols % 32 == 0)
 
 
 @triton.jit
-def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES: tl.constexpr):
+def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES: tl.constexpr,
+                       HOLD_QUERY: tl.constexpr):
     """[ROWS, COLS] query columns in dimension order -> the column order of a tile decoded from
     16-byte codebook words, or 8-byte ones in pairs (_decode_pq_words): with G = COLS / 32
     groups, dimension 8 (G t + g) + 4a + 2h + b goes to column 32g + 16h + 4t + 2a + b. A
     register permutation; other gather widths: unchanged."""
-    if _paired_gather_order(COLS, GATHER_BYTES):
+    if _paired_gather_order(COLS, GATHER_BYTES, HOLD_QUERY):
         b_q = tl.reshape(b_q, [ROWS, 4, COLS // 32, 2, 2, 2])  # [row, t, g, a, h, b]
         b_q = tl.reshape(tl.permute(b_q, (0, 2, 4, 1, 3, 5)), [ROWS, COLS])
     return b_q
@@ -289,7 +291,7 @@ def _load_pq_code_words(kd, offs_t, mask_t, p_code_words, stride_pw, BLOCK_T: tl
 @triton.jit
 def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
                      M_BLOCK: tl.constexpr, DSUB: tl.constexpr, PTX_LOADS: tl.constexpr,
-                     GATHER_BYTES: tl.constexpr):
+                     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr):
     """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
     from their code words (_load_pq_code_words) and a codebook read as GATHER_BYTES-byte words
     (4 bytes: 2 weights each; 8: 4, half the gathers; 16: 8, in the operand's column order),
@@ -306,7 +308,7 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
-    if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES):
+    if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
         # Eight weights per gather (16-byte words) or per two gathers of adjacent 8-byte words,
         # as 32-bit parts p0 .. p3 (dimensions 2j, 2j + 1 of the eight in pj).
         # Columns in the fp16 operand's register order (kWidth 4: a lane holds 4 adjacent
@@ -389,7 +391,7 @@ def _pq_tile_scores(
                 words = _load_pq_code_words(kd, offs_t, mask_t, p_pq_codes, stride_pt, BLOCK_T,
                                             M_BLOCK, not FULL, PTX_LOADS)
             b_emb = _decode_pq_words(kd, words, p_codebooks, b_q0.dtype, BLOCK_T, M_BLOCK, DSUB,
-                                     PTX_LOADS, GATHER_BYTES)
+                                     PTX_LOADS, GATHER_BYTES, HOLD_QUERY)
         else:
             offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
             mask_m = offs_m < num_subquantizers
@@ -410,7 +412,8 @@ def _pq_tile_scores(
         else:
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
-            b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
+            b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES,
+                                     HOLD_QUERY)
         if HOLD_QUERY:
             acc += tile_dot(b_q, b_emb, INPUT_PRECISION, UPCAST)
         else:
@@ -549,13 +552,14 @@ def _maxsim_pq_kernel(
     # are reloaded per tile from L1/L2.
     b_q0 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 0, stride_qb, stride_qt, stride_qd,
                                num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
-    b_q0 = _to_gather16_order(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
+    b_q0 = _to_gather16_order(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES, HOLD_QUERY)
     if HOLD_QUERY:
         b_q0 = _hold_as_first_operand(b_q0, BLOCK_Q, M_BLOCK * DSUB_PAD, UPCAST)
     if NUM_M_BLOCKS >= 2:
         b_q1 = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, 1, stride_qb, stride_qt,
                                    stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
-        b_q1 = _to_gather16_order(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES)
+        b_q1 = _to_gather16_order(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES,
+                                    HOLD_QUERY)
         if HOLD_QUERY:
             b_q1 = _hold_as_first_operand(b_q1, BLOCK_Q, M_BLOCK * DSUB_PAD, UPCAST)
     else:

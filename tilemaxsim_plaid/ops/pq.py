@@ -152,7 +152,11 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       rounds (0.412 with 4 documents alone), M = 32 0.486 against 0.556; bench M = 16
       **0.397 ms**, M = 32 0.484 (results/compressed/h200-shared-codebook). A cap of 128 fits
       16 programs per SM instead of 12 and gained nothing sure (0.399 against 0.411 at M = 16,
-      0.492 against 0.485 at M = 32).
+      0.492 against 0.485 at M = 32). With the codebook read in 32-bit parts in the
+      products' register order (kernels/maxsim_pq._decode_pq_words; sm_90 SASS of the tile
+      body 351 -> 215 instructions at M = 16) the time moved little, and 128 registers now
+      gain: M = 16 0.375 against 0.387 ms at 144, M = 32 0.421 against 0.441, in five
+      interleaved rounds (results/compressed/h200-register-order). So the cap is 128.
       A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. Nsight
       Compute on the default: issue on 31 % of cycles, 12 one-warp programs per SM, L1/TEX
@@ -169,7 +173,7 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
                                 docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
             if (num_subquantizers, sub_dim) in ((16, 8), (32, 4)):
                 return dataclasses.replace(one_warp, docs_per_program=4, reduce_per_tile=True,
-                                           maxnreg=144)
+                                           maxnreg=128)
             return one_warp
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
