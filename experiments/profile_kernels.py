@@ -202,8 +202,8 @@ PQ_CONFIGS = {
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
         gather_bytes=g, maxnreg=reg, reduce_per_tile=True)
        for g, dpp, reg in ((16, 2, None), (16, 2, 144), (16, 2, 128), (16, 4, 144), (16, 4, 128),
-                           (16, 4, 96), (16, 4, None), (16, 8, 144), (8, 4, 144), (8, 4, 128),
-                           (8, 4, 96), (8, 4, None), (8, 8, 144))},
+                           (16, 4, 96), (16, 4, None), (16, 8, 144), (16, 8, 128), (8, 4, 144),
+                           (8, 4, 128), (8, 4, 96), (8, 4, None), (8, 8, 144), (8, 8, 128))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
