@@ -273,8 +273,11 @@ case "$part" in
     step kernel_rounds 60 python3 -m experiments.profile_kernels time --rounds 4 \
       --only "=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 zero codes words 32/4d/1w bd128 r128 g8 tilemax"
     ;;
-  pq-bound)  # the headline bench again, rounds of the PQ default against 8 documents per counter
-              # increment, Nsight Compute (stalls, L1 tables) of the M = 16 default
+  pq-bound)  # the PQ tests pq-parts did not reach in its limit (those after the one-tile-ahead
+              # test), the headline bench again, rounds of the PQ default against 8 documents per
+              # counter increment, Nsight Compute (stalls, L1 tables) of the M = 16 default
+    step pq_tests 200 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "reduced_as_they_come or shared_memory or persistent or refused or default or many_documents or lookup"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     step kernel_rounds 80 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/8d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 words 32/8d/1w bd128 r128 g8 tilemax"
