@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -58,13 +58,14 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
 }
 
 ncu_stalls() {  # ncu_stalls SECONDS "VARIANTS" [ncu section args]: Nsight Compute's speed of light,
-  # occupancy and warp-stall reasons per issued instruction for profile_kernels' variants
+  # occupancy and warp-stall reasons per issued instruction for profile_kernels' variants, and
+  # the metrics in $NCU_EXTRA_METRICS (comma-separated) if set
   local limit=$1 only=$2; shift 2
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   step kernel_ncu "$limit" "$ncu" --clock-control none --profile-from-start off --import-source no \
     --section SpeedOfLight --section Occupancy "$@" \
-    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active${NCU_EXTRA_METRICS:+,$NCU_EXTRA_METRICS}" \
     python3 -m experiments.profile_kernels profile --only "$only"
 }
 
@@ -282,6 +283,17 @@ case "$part" in
     step kernel_rounds 80 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/8d/1w bd128 r128 g16 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 words 32/8d/1w bd128 r128 g8 tilemax"
     ncu_stalls 120 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax" --section MemoryWorkloadAnalysis_Tables --section LaunchStats
+    ;;
+  pq-skew)  # two skewed codebook copies (skewed_codebook): their tests, rounds against the codebook
+             # as it is (random and all-zero codes, 128 and 144 registers), the headline bench,
+             # Nsight Compute's L1 wavefronts and bank conflicts of both
+    step pq_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "skewed or refused or many_documents or default or word_gathers"
+    step kernel_rounds 90 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax noskew,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r144 g16 tilemax noskew,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax noskew"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    NCU_EXTRA_METRICS=l1tex__data_bank_conflicts_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum \
+      ncu_stalls 120 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax noskew"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

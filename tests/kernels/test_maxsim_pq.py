@@ -14,7 +14,8 @@ from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # 
 from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.ops.pq import MANY_DOCS, PQConfig, default_pq_config, maxsim_pq
+from tilemaxsim_plaid.ops.pq import (MANY_DOCS, PQConfig, default_pq_config, maxsim_pq,
+                                     skewed_codebook)
 
 
 # PQ codes of embeddings, or of PLAID residuals over centroids (inverse norms included).
@@ -295,6 +296,58 @@ def test_codebook_in_shared_memory_is_exact(device, poisoned_outputs, num_subqua
     assert torch.isneginf(staged[:, 3]).all()  # pid 0 is the empty document
 
 
+@pytest.mark.parametrize("dim,num_subquantizers,block_d", [
+    pytest.param(128, 16, None, id="d128-M16"),
+    pytest.param(128, 16, 64, id="d128-M16-two-chunks"),
+    pytest.param(256, 32, None, id="d256-M32-two-chunks"),
+])
+@residual_modes
+def test_skewed_codebook_is_exact(device, poisoned_outputs, dim, num_subquantizers, block_d,
+                                  residual_mode):
+    """Gathers from the two skewed codebook copies (skewed_codebook) score exactly as from the
+    codebook as it is, and as the reference: both token parities, sub-quantizers past the
+    first chunk, pids with repeats, an empty document."""
+    lengths = [0, 1, 31, 32, 33, 64, 65, 96, 17, 70, 130]
+    index = random_pq_index(device, dim, num_subquantizers, lengths,
+                            num_centroids=11 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 32, dim, torch.float16, device)
+    pids = torch.tensor([9, 3, 3, 0, 5, 6, 1, 8, 2, 4, 7, 10], device=device)
+    shape = dict(block_t=32, block_t_tail=16, num_warps=1, num_stages=1, docs_per_program=2,
+                 persistent=True, gather_bytes=16, block_d=block_d)
+    skewed = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape, skewed_codebook=True))
+    plain = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape, skewed_codebook=False))
+    assert_close(skewed, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq", torch.float16)
+    assert torch.equal(skewed, plain)  # the same weights, multiplied in the same order
+    assert torch.isneginf(skewed[:, 3]).all()  # pid 0 is the empty document
+
+
+@pytest.mark.parametrize("num_subquantizers,m_block", [(16, 16), (32, 16), (32, 32)])
+def test_skewed_codebook_layout(num_subquantizers, m_block):
+    """Each entry sits once in each copy, and the 8 gathers of a quarter-warp (sub-quantizers
+    G t + g of one chunk, t = 0 .. 3, for a token of either parity) fall in 8 different 16-byte
+    bank groups whatever their codes."""
+    books = torch.randn(num_subquantizers, 256, 8)
+    books[:, :, 0] = torch.arange(num_subquantizers * 256).reshape(-1, 256)  # each row's id
+    table = skewed_codebook(books, m_block)
+    assert table.shape == (2 * num_subquantizers * 256, 8)
+    ids = table[:, 0].long()
+    assert (torch.bincount(ids, minlength=num_subquantizers * 256) == 2).all()
+    assert torch.equal(table, books.reshape(-1, 8)[ids])
+    slot_of = {}  # row id -> [slot in copy 0, slot in copy 1]
+    for slot, row in enumerate(ids.tolist()):
+        slot_of.setdefault(row, []).append(slot)
+    groups = m_block // 4
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        chunk = int(torch.randint(0, num_subquantizers // m_block, (1,), generator=g))
+        first = int(torch.randint(0, groups, (1,), generator=g))
+        codes = torch.randint(0, 256, (2, 4), generator=g)
+        banks = {slot_of[(chunk * m_block + groups * t + first) * 256 + int(codes[p, t])][p] % 8
+                 for p in range(2) for t in range(4)}
+        assert len(banks) == 8
+
+
 @pytest.mark.parametrize("docs_per_program", [1, 2, 5])
 def test_persistent_programs_are_exact(device, poisoned_outputs, docs_per_program):
     """A persistent grid (programs taking chunks from an atomic counter) scores every document
@@ -362,6 +415,16 @@ def test_configs_that_cannot_apply_are_refused(device):
                    PQConfig(persistent=True, ptx_loads=False, shared_codebook=True)):
         with pytest.raises(ValueError, match="config.shared_codebook=True"):
             maxsim_pq(Q1, codes, offsets, codebooks, config=config)
+    one_warp = dict(block_t=32, num_warps=1, num_stages=1, persistent=True)
+    for config in (PQConfig(**one_warp, gather_bytes=8, skewed_codebook=True),
+                   PQConfig(**one_warp, hold_query=False, skewed_codebook=True),
+                   PQConfig(**one_warp, gather_bytes=16, shared_codebook=True,
+                            skewed_codebook=True)):
+        with pytest.raises(ValueError, match="config.skewed_codebook=True"):
+            maxsim_pq(Q1, *args, config=config)
+    with pytest.raises(ValueError, match="config.skewed_codebook=True"):
+        maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args32,
+                  config=PQConfig(**one_warp, skewed_codebook=True))  # d/M = 4
 
 
 def test_default_config_by_number_of_documents():

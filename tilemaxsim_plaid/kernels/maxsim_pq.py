@@ -289,9 +289,29 @@ def _load_pq_code_words(kd, offs_t, mask_t, p_code_words, stride_pw, BLOCK_T: tl
 
 
 @triton.jit
+def _skewed_slot(kd, code, local_sub, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr):
+    """16-byte slot of sub-quantizer kd * M_BLOCK + local_sub's entry ``code`` in the codebook
+    laid out as two skewed copies (BOOK_COPIES = 2, ops/pq.skewed_codebook; 8-dimension
+    sub-vectors, 16-byte words, the query held). code: [BLOCK_T, U, 4]; local_sub: [U, 4].
+
+    A warp's 16-byte gather is served a quarter-warp at a time, 8 lanes that are here 2 tokens
+    (the operand's row pairs: tokens of either parity) times the 4 lanes of a row, which
+    gather sub-quantizers G t + g (t = 0 .. 3, G = M_BLOCK / 4; _decode_pq_words). An entry's
+    16-byte bank group is its slot mod 8: with the codebook as it is, code mod 8, random, so a
+    quarter-warp's 8 gathers collide in a bank group about 2.5 ways. Here copy p (tokens of
+    parity p) puts sub-quantizer m's entries in bank group m // G + 4p, so the 8 gathers of a
+    quarter-warp fall in 8 different bank groups whatever the codes."""
+    G: tl.constexpr = M_BLOCK // 4
+    parity = (tl.arange(0, BLOCK_T) % 2)[:, None, None]
+    slot = 8 * (code * G + (local_sub % G)[None, :, :]) + (local_sub // G)[None, :, :]
+    return slot + 4 * parity + kd * (2 * CODEBOOK_SIZE * M_BLOCK)
+
+
+@triton.jit
 def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
                      M_BLOCK: tl.constexpr, DSUB: tl.constexpr, PTX_LOADS: tl.constexpr,
-                     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr):
+                     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
+                     BOOK_COPIES: tl.constexpr):
     """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
     from their code words (_load_pq_code_words) and a codebook read as GATHER_BYTES-byte words
     (4 bytes: 2 weights each; 8: 4, half the gathers; 16: 8, in the operand's column order),
@@ -306,7 +326,11 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     code = (words[:, :, None] >> (8 * byte)[None, None, :]) & (CODEBOOK_SIZE - 1)
     sub = offs_u[:, None] * CODES_PER_WORD + byte[None, :]  # [CODE_WORDS, PER_CODE_WORD]
     base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
-    idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
+    if BOOK_COPIES == 2:
+        idx = tl.reshape(_skewed_slot(kd, code, sub - kd * M_BLOCK, BLOCK_T, M_BLOCK),
+                         [BLOCK_T, M_BLOCK])
+    else:
+        idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
     if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
         # Eight weights per gather (16-byte words) or per two gathers of adjacent 8-byte words,
@@ -350,7 +374,7 @@ def _pq_tile_scores(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
-    HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
+    HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr, BOOK_COPIES: tl.constexpr,
 ):
     """[BLOCK_Q, BLOCK_T] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
@@ -391,7 +415,7 @@ def _pq_tile_scores(
                 words = _load_pq_code_words(kd, offs_t, mask_t, p_pq_codes, stride_pt, BLOCK_T,
                                             M_BLOCK, not FULL, PTX_LOADS)
             b_emb = _decode_pq_words(kd, words, p_codebooks, b_q0.dtype, BLOCK_T, M_BLOCK, DSUB,
-                                     PTX_LOADS, GATHER_BYTES, HOLD_QUERY)
+                                     PTX_LOADS, GATHER_BYTES, HOLD_QUERY, BOOK_COPIES)
         else:
             offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
             mask_m = offs_m < num_subquantizers
@@ -447,7 +471,7 @@ def _score_pq_document(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
-    REDUCE_PER_TILE: tl.constexpr,
+    REDUCE_PER_TILE: tl.constexpr, BOOK_COPIES: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
@@ -486,7 +510,7 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES, BOOK_COPIES)
         if REDUCE_PER_TILE:
             row_max = tl.maximum(row_max, tl.max(scores, axis=1))
         else:
@@ -500,7 +524,7 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T, BOOK_COPIES)
         row_max = tl.maximum(row_max, tl.max(scores, axis=1))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
@@ -522,7 +546,7 @@ def _maxsim_pq_kernel(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
     PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
-    PIPELINE_CODES: tl.constexpr, REDUCE_PER_TILE: tl.constexpr,
+    PIPELINE_CODES: tl.constexpr, REDUCE_PER_TILE: tl.constexpr, BOOK_COPIES: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -537,7 +561,9 @@ def _maxsim_pq_kernel(
     each full tile's scores are reduced over its tokens as they come (_score_pq_document).
     PTX_LOADS (word gathers): 0, PTX_FROM_GLOBAL or PTX_FROM_SHARED; with the last the codebook
     is staged at book_shared_offset bytes into dynamic shared memory (the host reserves it:
-    ops/launch.prepare_shared_buffer), otherwise book_shared_offset is unused."""
+    ops/launch.prepare_shared_buffer), otherwise book_shared_offset is unused. BOOK_COPIES 2
+    (16-byte words of 8-dimension sub-vectors, the query held): codebooks is the layout of
+    ops/pq.skewed_codebook, two copies of 2 * M * 256 slots in all (_skewed_slot); else 1."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -589,7 +615,7 @@ def _maxsim_pq_kernel(
                     QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                     DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                     INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                    HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)
+                    HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE, BOOK_COPIES)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         for doc_step in range(DOCS_PER_PROGRAM):
@@ -602,4 +628,4 @@ def _maxsim_pq_kernel(
                 QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, BLOCK_T_TAIL, M_BLOCK, NUM_M_BLOCKS,
                 DSUB, DSUB_PAD, HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS,
                 INPUT_PRECISION, UPCAST, WORD_GATHER, PTX_LOADS, PREFETCH, GATHER_BYTES,
-                HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE)
+                HOLD_QUERY, PIPELINE_CODES, REDUCE_PER_TILE, BOOK_COPIES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -106,6 +107,12 @@ class PQConfig:
             so 3 one-warp programs fit an SM (1.007 ms against 0.415 through L1; at that
             quarter of the warps a warp issued every 6.6 cycles against 9.8); programs of 4 or
             8 warps split each tile's products and ran 1.32-2.93 ms (1.18-3.16 through L1).
+        skewed_codebook: gather from two copies of the codebook laid out so that the eight
+            16-byte gathers a quarter-warp issues together fall in eight different bank groups
+            (kernels/maxsim_pq._skewed_slot, skewed_codebook below): 128 KB at d = 128 instead
+            of 64, built once per launch by one index_select. None: wherever it applies
+            (16-byte words of 8-dimension sub-vectors, the query held, the codebook not staged
+            in shared memory).
     """
 
     block_t: int = 64
@@ -127,6 +134,7 @@ class PQConfig:
     pipeline_codes: bool = False
     reduce_per_tile: bool = False
     shared_codebook: bool = False
+    skewed_codebook: bool | None = None
 
 
 def _pow2(x: int) -> int:
@@ -269,6 +277,47 @@ def _shared_codebook(cfg: PQConfig, words: bool) -> bool:
     return cfg.shared_codebook
 
 
+def _skewed_codebook(cfg: PQConfig, gather_bytes: int, sub_dim: int, held_query: bool,
+                     book_in_shared: bool) -> bool:
+    """Whether the kernel gathers from two skewed codebook copies, or a ValueError for a config
+    that cannot take them."""
+    applies = gather_bytes == 16 and sub_dim == 8 and held_query and not book_in_shared
+    if cfg.skewed_codebook and not applies:
+        raise ValueError("config.skewed_codebook=True needs 16-byte codebook words of "
+                         "8-dimension sub-vectors, the query held and the codebook not in shared "
+                         f"memory; got gather_bytes={gather_bytes}, d/M={sub_dim}, query held: "
+                         f"{held_query}, shared_codebook={book_in_shared}")
+    return applies if cfg.skewed_codebook is None else cfg.skewed_codebook
+
+
+@functools.lru_cache(maxsize=16)
+def _skewed_sources(num_subquantizers: int, m_block: int, device: torch.device) -> torch.Tensor:
+    """int64 [2 * M * 256]: the codebook row ([M * 256, d / M] flattened) in each slot of
+    skewed_codebook's layout."""
+    sub = torch.arange(num_subquantizers)
+    chunk, local = sub // m_block, sub % m_block
+    groups = m_block // 4
+    code = torch.arange(CODEBOOK_SIZE)
+    # kernels/maxsim_pq._skewed_slot for copy 0; copy 1 is 4 slots on.
+    slot = (chunk[:, None] * (2 * CODEBOOK_SIZE * m_block)
+            + 8 * (code[None, :] * groups + (local % groups)[:, None]) + (local // groups)[:, None])
+    rows = torch.arange(num_subquantizers * CODEBOOK_SIZE)
+    sources = torch.empty(2 * num_subquantizers * CODEBOOK_SIZE, dtype=torch.int64)
+    sources[slot.reshape(-1)] = rows
+    sources[slot.reshape(-1) + 4] = rows
+    return sources.to(device)
+
+
+def skewed_codebook(codebooks: torch.Tensor, m_block: int) -> torch.Tensor:
+    """[M, 256, 8] -> [2 * M * 256, 8]: two copies of the codebook, entry (m, k) of copy p in
+    the slot kernels/maxsim_pq._skewed_slot reads it from for tokens of parity p. A copy puts
+    each sub-quantizer's entries in one 16-byte bank group (of 8), so the gathers one
+    quarter-warp issues together do not collide."""
+    M, _, sub_dim = codebooks.shape
+    sources = _skewed_sources(M, m_block, codebooks.device)
+    return codebooks.reshape(-1, sub_dim).index_select(0, sources)
+
+
 def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
             query_lengths, num_out_docs, config):
     def launch(Q_chunk, chunk_lengths):
@@ -362,6 +411,10 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers,
                                        sub_dim, m_block, held_query)
     book_in_shared = _shared_codebook(cfg, words)
+    book_copies = 2 if _skewed_codebook(cfg, gather_bytes, sub_dim, held_query,
+                                        book_in_shared) else 1
+    if book_copies == 2:
+        codebooks = skewed_codebook(codebooks, m_block)
     ptx_loads = 0
     if words and not interpreting() and cfg.ptx_loads is not False:
         ptx_loads = (PTX_FROM_SHARED if book_in_shared else PTX_FROM_GLOBAL).value
@@ -396,6 +449,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         HOLD_QUERY=held_query,
         PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
         REDUCE_PER_TILE=cfg.reduce_per_tile,
+        BOOK_COPIES=book_copies,
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
