@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -286,14 +286,24 @@ case "$part" in
     ;;
   pq-skew)  # two skewed codebook copies (skewed_codebook): their tests, rounds against the codebook
              # as it is (random and all-zero codes, 128 and 144 registers), the headline bench,
-             # Nsight Compute's L1 wavefronts and bank conflicts of both
+             # Nsight Compute's L1 of both. (Run 4 of results/compressed/h200-register-order ran
+             # this when the skew was the default: its labels then were these without " skew"
+             # and, for the plain layout, with " noskew".)
     step pq_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
       tests/kernels/test_maxsim_pq.py -k "skewed or refused or many_documents or default or word_gathers"
     step kernel_rounds 90 python3 -m experiments.profile_kernels time --rounds 5 \
-      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax noskew,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 words 32/4d/1w bd128 r144 g16 tilemax noskew,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax noskew"
+      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax skew,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r144 g16 tilemax skew,=pq16 words 32/4d/1w bd128 r144 g16 tilemax,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax skew,=pq16 zero codes words 32/4d/1w bd128 r128 g16 tilemax"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     NCU_EXTRA_METRICS=l1tex__data_bank_conflicts_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum \
-      ncu_stalls 120 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax noskew"
+      ncu_stalls 120 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax skew,=pq16 words 32/4d/1w bd128 r128 g16 tilemax"
+    ;;
+  pq-latency)  # the word-gather PQ tests at the final default, rounds of the default against
+                # code rows asked of L2 ahead (prefetch) or loaded a tile ahead, the headline bench
+    step pq_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "skewed or many_documents or default or word_gathers"
+    step kernel_rounds 100 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pf1,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pf2,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 words 32/8d/1w bd128 r128 g16 tilemax"
+    step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

@@ -204,12 +204,20 @@ PQ_CONFIGS = {
        for g, dpp, reg in ((16, 2, None), (16, 2, 144), (16, 2, 128), (16, 4, 144), (16, 4, 128),
                            (16, 4, 96), (16, 4, None), (16, 8, 144), (16, 8, 128), (8, 4, 144),
                            (8, 4, 128), (8, 4, 96), (8, 4, None), (8, 8, 144), (8, 8, 128))},
-    # The codebook as it is, against two skewed copies (skewed_codebook, which the labels
-    # above take wherever it applies: 16-byte words).
-    **{f"words 32/4d/1w bd128 r{reg} g16 tilemax noskew": PQConfig(
+    # Two skewed codebook copies (skewed_codebook, opt-in) against the codebook as it is (the
+    # labels above). Run 4 of results/compressed/h200-register-order timed these when the skew
+    # was the default, under the labels above and with "noskew" for the plain layout.
+    **{f"words 32/4d/1w bd128 r{reg} g16 tilemax skew": PQConfig(
         block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
-        gather_bytes=16, maxnreg=reg, reduce_per_tile=True, skewed_codebook=False)
+        gather_bytes=16, maxnreg=reg, reduce_per_tile=True, skewed_codebook=True)
        for reg in (128, 144)},
+    # The default with its documents' code rows past the first tile asked of L2 ahead (pf1; pf2:
+    # the next document's too), or each full tile's code words loaded a tile ahead (pipe).
+    **{f"words 32/4d/1w bd128 r128 g16 tilemax {label}": PQConfig(
+        block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
+        gather_bytes=16, maxnreg=128, reduce_per_tile=True, **extra)
+       for label, extra in (("pf1", dict(prefetch=1)), ("pf2", dict(prefetch=2)),
+                            ("pipe", dict(pipeline_codes=True)))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
@@ -235,7 +243,7 @@ PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
                         "words 32/1w bd128 rNone g16", "words 32/1w bd128 rNone g16 pipe",
                         "words 32/4d/1w bd128 r128 g16 tilemax",
                         "words 32/4d/1w bd128 r128 g8 tilemax",
-                        "words 32/4d/1w bd128 r128 g16 tilemax noskew")
+                        "words 32/4d/1w bd128 r128 g16 tilemax skew")
 
 
 def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-3) -> None:
