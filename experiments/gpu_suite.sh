@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -304,6 +304,9 @@ case "$part" in
     step kernel_rounds 100 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pf1,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pf2,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 words 32/8d/1w bd128 r128 g16 tilemax"
     step bench_compressed 200 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  pq-pipe)  # the headline bench alone, at the PQ default with code words loaded a tile ahead (M = 16)
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one

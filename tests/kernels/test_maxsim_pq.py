@@ -438,8 +438,10 @@ def test_default_config_by_number_of_documents():
         d128 = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=num_subquantizers,
                                  sub_dim=128 // num_subquantizers)
         assert d128.reduce_per_tile and d128.maxnreg == 128 and d128.docs_per_program == 4
+        # M = 16 also loads each full tile's code words a tile ahead.
+        assert d128.pipeline_codes == (num_subquantizers == 16)
         assert dataclasses.replace(d128, docs_per_program=2, reduce_per_tile=False,
-                                   maxnreg=None) == many
+                                   maxnreg=None, pipeline_codes=False) == many
     assert not default_pq_config(1, 32, MANY_DOCS, num_subquantizers=64, sub_dim=2).reduce_per_tile
 
 

@@ -168,7 +168,12 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       products' register order (kernels/maxsim_pq._decode_pq_words; sm_90 SASS of the tile
       body 351 -> 215 instructions at M = 16) the time moved little, and 128 registers now
       gain: M = 16 0.375 against 0.387 ms at 144, M = 32 0.421 against 0.441, in five
-      interleaved rounds (results/compressed/h200-register-order). So the cap is 128.
+      interleaved rounds (results/compressed/h200-register-order). So the cap is 128. What
+      is left is load latency (Nsight Compute at M = 16: 7.3 of a warp's 17 cycles between
+      instructions wait on loads, L1/TEX 84 %; skewing the codebook out of bank conflicts took
+      L1/TEX to 62 % and gained nothing): code words loaded a tile ahead (pipeline_codes) now
+      gain at M = 16, 0.349 against 0.388 ms in rounds (L2 prefetches of the code rows:
+      0.360-0.364), so M = 16 takes them; M = 32 was not re-timed with them.
       A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. Nsight
       Compute on the default: issue on 31 % of cycles, 12 one-warp programs per SM, L1/TEX
@@ -185,7 +190,8 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
                                 docs_per_program=2, num_warps=1, num_stages=1, persistent=True)
             if (num_subquantizers, sub_dim) in ((16, 8), (32, 4)):
                 return dataclasses.replace(one_warp, docs_per_program=4, reduce_per_tile=True,
-                                           maxnreg=128)
+                                           maxnreg=128,
+                                           pipeline_codes=num_subquantizers == 16)
             return one_warp
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
