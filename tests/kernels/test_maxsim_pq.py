@@ -450,8 +450,8 @@ def test_default_config_by_number_of_documents():
 def test_many_documents_default_is_exact(device, poisoned_outputs, residual_mode, num_subquantizers):
     """The large-set default for the codebook's shape (persistent one-warp programs, one
     128-column chunk, word gathers; at M = 16 and 32 tiles reduced as they come under a
-    register cap)
-    on a small index: full tiles, tails, empty documents, repeated pids."""
+    register cap, at M = 16 code words a tile ahead) on a small index: full tiles, tails, empty
+    documents, repeated pids."""
     lengths = [0, 1, 31, 32, 33, 70, 96, 15, 64, 2]
     index = random_pq_index(device, 128, num_subquantizers, lengths,
                             num_centroids=17 if residual_mode else 0)

@@ -33,12 +33,15 @@ What bounds it on an H200 is latency, not HBM or L1 bandwidth (results/compresse
 h200-hold-query). Nsight Compute had put L1/TEX at 94 % (DRAM 4 %), but 40 M of those
 wavefronts were the query operand, read back from shared memory by ldmatrix before every product
 with 2-way bank conflicts. Held in registers instead (HOLD_QUERY, _hold_as_first_operand) L1/TEX
-fell to 56 % and the time did not move. With every code 0, so that no two gathers of a warp
-touch different lines, the time is within 5 % of random codes. The default (one 128-column chunk,
-16-byte words, query held, tiles reduced as they come under a 144-register cap: 0.397 ms at
-M = 16; results/compressed/h200-shared-codebook) issues on 31 % of cycles: 12 one-warp programs
-per SM, 9.3 cycles between a warp's instructions, 2.9 of them waiting on loads, L1/TEX 80 %.
-Sixteen programs per SM (a 128-register cap) took L1/TEX to 84 % and the time did not move.
+fell to 56 % and the time did not move. Nor did it when the codebook words came in the products'
+register order (_decode_pq_words: 351 -> 215 instructions per M = 16 tile body, 0.397 ->
+0.387 ms at the same cap), nor when two skewed codebook copies took the gathers out of bank
+conflicts (_skewed_slot: L1/TEX 84 -> 62 %, 0.374 -> 0.382 ms; results/compressed/
+h200-register-order). The default at M = 16 (one 128-column chunk, 16-byte words, query held,
+tiles reduced as they come, 128 registers) ran 366 us under Nsight Compute: 16 one-warp
+programs per SM, issue on 24 % of cycles, a warp's instructions 17 cycles apart, 7.5 of them
+waiting on loads. What gained was hiding load latency: code words a tile ahead
+(PIPELINE_CODES, the M = 16 default since: 0.388 -> 0.349 ms; bench 0.347).
 
 The codebook in shared memory (PTX_LOADS == PTX_FROM_SHARED, PQConfig.shared_codebook, opt-in):
 shared-memory banks serve a warp's gathers in a few wavefronts where L1 takes one per line.

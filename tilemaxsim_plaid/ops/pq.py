@@ -84,10 +84,13 @@ class PQConfig:
             columns).
         pipeline_codes: load each full tile's code words while the tile before it is scored,
             instead of at the tile's start (word gathers, all sub-quantizers in one chunk:
-            block_d covering d); opt-in. On the H200 it cost 3 % at M = 16 (0.413 ->
-            0.425 ms, 16-byte words; 0.436 -> 0.544 with 8-byte words, 186 registers) and
-            gained 3 % at M = 32 (0.548 -> 0.530; results/compressed/h200-hold-query): only a
-            document's second and later full tiles are covered, at 15 % more instructions.
+            block_d covering d). On the H200 it first cost 3 % at M = 16 (0.413 -> 0.425 ms,
+            16-byte words; 0.436 -> 0.544 with 8-byte words, 186 registers) and gained 3 % at
+            M = 32 (0.548 -> 0.530; results/compressed/h200-hold-query): only a document's
+            second and later full tiles are covered, at 15 % more instructions. With the
+            shorter tile body of 32-bit codebook parts and 128 registers it gains 10 % at
+            M = 16 (0.388 -> 0.349; results/compressed/h200-register-order), the default
+            there since.
         reduce_per_tile: reduce each full tile's scores over its tokens as it comes, instead
             of an elementwise running max reduced once per document: 32 fewer live registers
             per lane at 32 x 32 tiles, 8 more shuffles per tile. Meant for a register cap
