@@ -213,11 +213,16 @@ PQ_CONFIGS = {
        for reg in (128, 144)},
     # The default with its documents' code rows past the first tile asked of L2 ahead (pf1; pf2:
     # the next document's too), or each full tile's code words loaded a tile ahead (pipe).
-    **{f"words 32/4d/1w bd128 r128 g16 tilemax {label}": PQConfig(
+    # Both together ("pipe pf2") and the 8-byte shape with code words a tile ahead: the open
+    # predictions of results/PERFORMANCE_LOG.md.
+    **{f"words 32/4d/1w bd128 r128 g{g} tilemax {label}": PQConfig(
         block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
-        gather_bytes=16, maxnreg=128, reduce_per_tile=True, **extra)
-       for label, extra in (("pf1", dict(prefetch=1)), ("pf2", dict(prefetch=2)),
-                            ("pipe", dict(pipeline_codes=True)))},
+        gather_bytes=g, maxnreg=128, reduce_per_tile=True, **extra)
+       for g, label, extra in ((16, "pf1", dict(prefetch=1)), (16, "pf2", dict(prefetch=2)),
+                               (16, "pipe", dict(pipeline_codes=True)),
+                               (16, "pipe pf2", dict(pipeline_codes=True, prefetch=2)),
+                               (8, "pipe", dict(pipeline_codes=True)),
+                               (8, "pipe pf2", dict(pipeline_codes=True, prefetch=2)))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
