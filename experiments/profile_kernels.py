@@ -196,7 +196,7 @@ PQ_CONFIGS = {
     # so a cap of 144 has no spills in the tile loop (sm_90 SASS). 4 documents at 144: the
     # default at d = 128, M = 16 and (with 8-byte words) M = 32.
     # With 32-bit codebook parts (each product takes its operand registers as the load wrote
-    # them; sm_90 SASS of the M = 16 tile body: 226 instructions against 351) the caps again,
+    # them; sm_90 SASS of the M = 16 tile body: 215 instructions against 351) the caps again,
     # 96 (20 programs per SM) and none, and 8 documents per counter increment.
     **{f"words 32/{dpp}d/1w bd128 r{reg} g{g} tilemax": PQConfig(
         block_t=32, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
