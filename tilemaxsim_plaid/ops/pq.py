@@ -172,16 +172,16 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       body 351 -> 215 instructions at M = 16) the time moved little, and 128 registers now
       gain: M = 16 0.375 against 0.387 ms at 144, M = 32 0.421 against 0.441, in five
       interleaved rounds (results/compressed/h200-register-order). So the cap is 128. What
-      is left is load latency (Nsight Compute at M = 16: 7.3 of a warp's 17 cycles between
+      is left is load latency (Nsight Compute at M = 16: 7.5 of a warp's 17 cycles between
       instructions wait on loads, L1/TEX 84 %; skewing the codebook out of bank conflicts took
       L1/TEX to 62 % and gained nothing): code words loaded a tile ahead (pipeline_codes) now
       gain at M = 16, 0.349 against 0.388 ms in rounds (L2 prefetches of the code rows:
       0.360-0.364), so M = 16 takes them; M = 32 was not re-timed with them.
       A 2-warp program splits a tile's products by query rows, so both warps gather the
       whole tile (16-token tiles: 1.03 ms); 16-token one-warp tiles took 0.695 ms. Nsight
-      Compute on the default: issue on 31 % of cycles, 12 one-warp programs per SM, L1/TEX
-      80 % (84 % with 16 programs at 128 registers), a warp's instructions 9.3 cycles apart,
-      2.9 of them waiting on loads: between latency and the L1's gather wavefronts.
+      Compute on the earlier 144-register default: issue on 31 % of cycles, 12 one-warp
+      programs per SM, L1/TEX 80 % (84 % with 16 programs at 128 registers), a warp's
+      instructions 9.3 cycles apart, 2.9 of them waiting on loads.
     * otherwise 32-token tiles, 16 documents per program and 2 warps (results/compressed/
       h200-final: 1.56 ms against 2.66 ms for 64-token tiles, 4 documents, 4 warps, M = 16).
     """
