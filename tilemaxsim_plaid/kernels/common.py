@@ -36,22 +36,6 @@ def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.con
 
 
 @triton.jit
-def unpack_16bit_weights(words, dot_dtype: tl.constexpr, PER_WORD: tl.constexpr):
-    """[..., n] int32 (PER_WORD = 2) or int64 (PER_WORD = 4) words of packed 16-bit weights ->
-    [..., 2] or [..., 2, 2] in dot_dtype, in the order that flattens to the weights' own (first
-    weight in the lowest bits). The split is shifts and bitcasts, no arithmetic."""
-    w0 = words.to(tl.int16).to(dot_dtype, bitcast=True)
-    w1 = (words >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
-    if PER_WORD == 4:
-        w2 = (words >> 32).to(tl.int16).to(dot_dtype, bitcast=True)
-        w3 = (words >> 48).to(tl.int16).to(dot_dtype, bitcast=True)
-        weights = tl.join(tl.join(w0, w2), tl.join(w1, w3))
-    else:
-        weights = tl.join(w0, w1)
-    return weights
-
-
-@triton.jit
 def unpack_16bit_word_pair(low, high, dot_dtype: tl.constexpr):
     """Two int32 words (low first) of four packed 16-bit weights -> [..., 2, 2] in dot_dtype,
     as unpack_16bit_weights of the int64 they form. 32-bit halves, not an int64 split by 64-bit
@@ -61,6 +45,20 @@ def unpack_16bit_word_pair(low, high, dot_dtype: tl.constexpr):
     w2 = high.to(tl.int16).to(dot_dtype, bitcast=True)
     w3 = (high >> 16).to(tl.int16).to(dot_dtype, bitcast=True)
     return tl.join(tl.join(w0, w2), tl.join(w1, w3))
+
+
+@triton.jit
+def unpack_16bit_weights(words, dot_dtype: tl.constexpr, PER_WORD: tl.constexpr):
+    """[..., n] int32 (PER_WORD = 2) or int64 (PER_WORD = 4) words of packed 16-bit weights ->
+    [..., 2] or [..., 2, 2] in dot_dtype, in the order that flattens to the weights' own (first
+    weight in the lowest bits). The split is shifts and bitcasts, no arithmetic."""
+    if PER_WORD == 4:
+        weights = unpack_16bit_word_pair(words.to(tl.int32), (words >> 32).to(tl.int32),
+                                         dot_dtype)
+    else:
+        weights = tl.join(words.to(tl.int16).to(dot_dtype, bitcast=True),
+                          (words >> 16).to(tl.int16).to(dot_dtype, bitcast=True))
+    return weights
 
 
 # L2 lines are 128 B; a prefetch asks for one line per element.

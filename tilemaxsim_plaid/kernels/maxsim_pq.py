@@ -328,11 +328,11 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     byte = offs_k // BOOK_WORDS
     code = (words[:, :, None] >> (8 * byte)[None, None, :]) & (CODEBOOK_SIZE - 1)
     sub = offs_u[:, None] * CODES_PER_WORD + byte[None, :]  # [CODE_WORDS, PER_CODE_WORD]
-    base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
     if BOOK_COPIES == 2:
         idx = tl.reshape(_skewed_slot(kd, code, sub - kd * M_BLOCK, BLOCK_T, M_BLOCK),
                          [BLOCK_T, M_BLOCK])
     else:
+        base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
         idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
     # [BLOCK_T, M_BLOCK * BOOK_WORDS]: the whole codebook is 64 KB at d = 128, L1-resident.
     if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
