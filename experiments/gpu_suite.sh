@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -315,6 +315,14 @@ case "$part" in
       tests/kernels/test_maxsim_pq.py -k "not any_config"
     step kernel_rounds 100 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe pf2,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,=pq32 words 32/4d/1w bd128 r128 g8 tilemax pipe,=pq32 words 32/4d/1w bd128 r128 g8 tilemax pipe pf2"
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
+    ;;
+  pq-stream)  # the tile stream (stream_tiles, decode_ahead): its tests and the PQ tests they
+              # touch, rounds against the M = 16 / M = 32 defaults, then the bench
+    step pq_tests 200 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "stream or refused or ahead or default"
+    step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,pq16 words 32/4d/1w bd128 r128 g16 stream,pq16 words 16/4d/1w bd128 r128 g16 stream,pq16 words 16/4d/1w bd128 r168 g16 stream,pq16 words 16/4d/1w bd128 rNone g16 stream,pq16 words 16/8d/1w bd128 r168 g16 stream,pq16 words 32/4d/1w bd128 rNone g16 stream,pq32 words 32/4d/1w bd128 r128 g8 stream,pq32 words 16/4d/1w bd128 r168 g8 stream"
     step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the

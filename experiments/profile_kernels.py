@@ -223,6 +223,19 @@ PQ_CONFIGS = {
                                (16, "pipe pf2", dict(pipeline_codes=True, prefetch=2)),
                                (8, "pipe", dict(pipeline_codes=True)),
                                (8, "pipe pf2", dict(pipeline_codes=True, prefetch=2)))},
+    # A chunk's documents as one stream of tiles (stream_tiles): code words always a tile
+    # ahead, a document's last tile masked in the same loop; with the codebook words gathered
+    # a tile ahead too (ahead), at 16-token tiles (a second tile of gathered words in
+    # registers) under caps of 128 (spills in sm_90 SASS), 168 (3 programs per scheduler) and
+    # none (194 registers, 2 per scheduler), and with 8 documents per chunk.
+    **{f"words {bt}/{dpp}d/1w bd128 r{reg} g{g} stream{' ahead' if ahead else ''}": PQConfig(
+        block_t=bt, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
+        gather_bytes=g, maxnreg=reg, stream_tiles=True, decode_ahead=ahead)
+       for g, bt, dpp, reg, ahead in ((16, 32, 4, 128, False), (16, 16, 4, 128, False),
+                                      (16, 16, 4, 128, True), (16, 16, 4, 168, True),
+                                      (16, 16, 4, None, True), (16, 16, 8, 168, True),
+                                      (16, 32, 4, None, True), (8, 32, 4, 128, False),
+                                      (8, 16, 4, 168, True))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,

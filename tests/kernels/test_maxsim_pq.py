@@ -296,6 +296,51 @@ def test_codebook_in_shared_memory_is_exact(device, poisoned_outputs, num_subqua
     assert torch.isneginf(staged[:, 3]).all()  # pid 0 is the empty document
 
 
+@pytest.mark.parametrize("num_subquantizers,gather_bytes,block_t,num_warps,decode_ahead", [
+    (16, 16, 32, 1, False), (16, 16, 16, 1, True), (32, 8, 16, 1, False), (32, 8, 32, 1, True),
+    (16, 8, 16, 2, False), (64, 4, 16, 1, True)])
+@pytest.mark.parametrize("docs_per_program", [1, 3])
+@residual_modes
+def test_tile_stream_is_exact(device, poisoned_outputs, num_subquantizers, gather_bytes, block_t,
+                              num_warps, decode_ahead, docs_per_program, residual_mode):
+    """A persistent program's documents walked as one stream of tiles (stream_tiles, with and
+    without the codebook words gathered a tile ahead) score as the reference and as document by
+    document: empty documents first, in a row and last, documents of exactly one and two tiles,
+    one token past, pids with repeats, chunks that end past the last document."""
+    lengths = [0, 0, 1, 15, 16, 17, 31, 32, 33, 64, 65, 70, 0, 3, 96]
+    index = random_pq_index(device, 128, num_subquantizers, lengths,
+                            num_centroids=11 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(1, 29, 128, torch.float16, device)
+    pids = torch.tensor([0, 9, 3, 3, 14, 1, 5, 6, 12, 8, 2, 4, 7, 10, 11, 13, 0],
+                        device=device)
+    shape = dict(block_t=block_t, block_t_tail=16, num_warps=num_warps, num_stages=1,
+                 docs_per_program=docs_per_program, persistent=True, gather_bytes=gather_bytes)
+    stream = maxsim_pq(Q, *args, pids, **extra,
+                       config=PQConfig(**shape, stream_tiles=True, decode_ahead=decode_ahead))
+    per_document = maxsim_pq(Q, *args, pids, **extra, config=PQConfig(**shape))
+    assert_close(stream, reference.maxsim_pq(Q, *args, pids, **extra), "maxsim_pq",
+                 torch.float16)
+    assert_close(stream, per_document, "maxsim_pq", torch.float16)
+    assert torch.isneginf(stream[:, [0, 16]]).all()  # pid 0 is an empty document
+
+
+def test_tile_stream_with_skewed_codebook_and_every_document(device, poisoned_outputs):
+    """The tile stream without pids (every document in order), 16-token tiles with the
+    codebook words gathered ahead from the two skewed codebook copies."""
+    lengths = [5, 0, 40, 16, 0, 0, 100, 7, 32, 1]
+    index = random_pq_index(device, 128, 16, lengths)
+    args, _ = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    config = PQConfig(block_t=16, num_warps=1, num_stages=1, docs_per_program=2,
+                      persistent=True, gather_bytes=16, skewed_codebook=True, stream_tiles=True,
+                      decode_ahead=True)
+    out = maxsim_pq(Q, *args, config=config)
+    assert_close(out, reference.maxsim_pq(Q, *args), "maxsim_pq", torch.float16)
+    assert torch.isneginf(out[:, [1, 4, 5]]).all()
+    assert torch.isfinite(out[:, [0, 2, 3, 6, 7, 8, 9]]).all()
+
+
 @pytest.mark.parametrize("dim,num_subquantizers,block_d", [
     pytest.param(128, 16, None, id="d128-M16"),
     pytest.param(128, 16, 64, id="d128-M16-two-chunks"),
@@ -425,6 +470,15 @@ def test_configs_that_cannot_apply_are_refused(device):
     with pytest.raises(ValueError, match="config.skewed_codebook=True"):
         maxsim_pq(unit_queries(1, 8, 128, torch.float16, device), *args32,
                   config=PQConfig(**one_warp, skewed_codebook=True))  # d/M = 4
+    with pytest.raises(ValueError, match="config.decode_ahead=True needs config.stream_tiles"):
+        maxsim_pq(Q1, *args, config=PQConfig(**one_warp, decode_ahead=True))
+    for Q_x, args_x, config in (
+            (Q1, args, PQConfig(block_t=32, num_warps=1, stream_tiles=True)),  # not persistent
+            (Q1, args, PQConfig(**one_warp, word_gather=False, stream_tiles=True)),
+            (unit_queries(1, 8, 384, torch.float16, device), split(index48)[0],
+             PQConfig(**one_warp, stream_tiles=True))):  # three chunks of sub-quantizers
+        with pytest.raises(ValueError, match="config.stream_tiles=True"):
+            maxsim_pq(Q_x, *args_x, config=config)
 
 
 def test_default_config_by_number_of_documents():
@@ -514,6 +568,7 @@ def test_lookup_table_configs_that_cannot_apply_are_refused(device):
                           (PQConfig(scoring="lut", persistent=True), "config.scoring='lut'"),
                           (PQConfig(scoring="lut", gather_bytes=8), "config.scoring='lut'"),
                           (PQConfig(scoring="lut", shared_codebook=True),
-                           "config.scoring='lut'")):
+                           "config.scoring='lut'"),
+                          (PQConfig(scoring="lut", stream_tiles=True), "config.scoring='lut'")):
         with pytest.raises(ValueError, match=match):
             maxsim_pq(Q, *args, config=config)

@@ -311,14 +311,15 @@ def _skewed_slot(kd, code, local_sub, BLOCK_T: tl.constexpr, M_BLOCK: tl.constex
 
 
 @triton.jit
-def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
-                     M_BLOCK: tl.constexpr, DSUB: tl.constexpr, PTX_LOADS: tl.constexpr,
-                     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
-                     BOOK_COPIES: tl.constexpr):
-    """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
-    from their code words (_load_pq_code_words) and a codebook read as GATHER_BYTES-byte words
-    (4 bytes: 2 weights each; 8: 4, half the gathers; 16: 8, in the operand's column order),
-    each in 32-bit parts (_load_book_word)."""
+def _gather_pq_words(kd, words, p_book_words, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr,
+                     DSUB: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
+                     HOLD_QUERY: tl.constexpr, BOOK_COPIES: tl.constexpr):
+    """The codebook words of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK selected by
+    their code words (_load_pq_code_words), read as GATHER_BYTES-byte words (4 bytes: 2
+    weights each; 8: 4, half the gathers; 16: 8, in the operand's column order), as four
+    32-bit parts p0 .. p3 (_load_book_word; parts a word width does not have repeat p0) for
+    _assemble_pq_weights. Apart from the weights so that a caller can hold the loaded
+    registers a tile ahead (DECODE_AHEAD) without a layout of their own."""
     CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
     BOOK_WORDS: tl.constexpr = DSUB // (GATHER_BYTES // 2)  # codebook words per sub-vector
     PER_CODE_WORD: tl.constexpr = CODES_PER_WORD * BOOK_WORDS
@@ -338,6 +339,31 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
         # Eight weights per gather (16-byte words) or per two gathers of adjacent 8-byte words,
         # as 32-bit parts p0 .. p3 (dimensions 2j, 2j + 1 of the eight in pj).
+        if GATHER_BYTES == 16:
+            p0, p1, p2, p3 = _load_book_word(p_book_words, idx, 16, PTX_LOADS)
+        else:
+            SPANS: tl.constexpr = M_BLOCK * BOOK_WORDS // 2
+            idx_first, idx_second = tl.split(tl.reshape(idx, [BLOCK_T, SPANS, 2]))
+            p0, p1 = _load_book_word(p_book_words, idx_first, 8, PTX_LOADS)
+            p2, p3 = _load_book_word(p_book_words, idx_second, 8, PTX_LOADS)
+    elif GATHER_BYTES == 8:
+        p0, p1 = _load_book_word(p_book_words, idx, 8, PTX_LOADS)
+        p2 = p0
+        p3 = p0
+    else:
+        p0 = _load_book_word(p_book_words, idx, 4, PTX_LOADS)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _assemble_pq_weights(p0, p1, p2, p3, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
+                         M_BLOCK: tl.constexpr, DSUB: tl.constexpr, GATHER_BYTES: tl.constexpr,
+                         HOLD_QUERY: tl.constexpr):
+    """[BLOCK_T, M_BLOCK * DSUB] weights from the parts _gather_pq_words read."""
+    if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
         # Columns in the fp16 operand's register order (kWidth 4: a lane holds 4 adjacent
         # columns of each 16-column block): with G 32-column groups, eight-weight span
         # s = G t + g gives p0 and p2 to columns 32g + 4t .. 32g + 4t+3 and p1 and p3 to
@@ -347,24 +373,28 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
         # 4t holds spans G t .. G t + G - 1, adjacent sub-quantizers, so it reads its codes from
         # as few code words as hold them (one per token at M = 16) instead of one per span.
         # The query columns are read in that order (_to_gather16_order).
-        if GATHER_BYTES == 16:
-            p0, p1, p2, p3 = _load_book_word(p_book_words, idx, 16, PTX_LOADS)
-        else:
-            SPANS: tl.constexpr = M_BLOCK * BOOK_WORDS // 2
-            idx_first, idx_second = tl.split(tl.reshape(idx, [BLOCK_T, SPANS, 2]))
-            p0, p1 = _load_book_word(p_book_words, idx_first, 8, PTX_LOADS)
-            p2, p3 = _load_book_word(p_book_words, idx_second, 8, PTX_LOADS)
         GROUPS: tl.constexpr = M_BLOCK * DSUB // 32
         low = tl.reshape(unpack_16bit_word_pair(p0, p2, dot_dtype), [BLOCK_T, 4, GROUPS, 4])
         high = tl.reshape(unpack_16bit_word_pair(p1, p3, dot_dtype), [BLOCK_T, 4, GROUPS, 4])
         weights = tl.permute(tl.join(low, high), (0, 2, 4, 1, 3))  # [T, g, half, t, 4]
     elif GATHER_BYTES == 8:
-        words = _load_book_word(p_book_words, idx, 8, PTX_LOADS)
-        weights = unpack_16bit_word_pair(words[0], words[1], dot_dtype)
+        weights = unpack_16bit_word_pair(p0, p1, dot_dtype)
     else:
-        weights = unpack_16bit_weights(_load_book_word(p_book_words, idx, 4, PTX_LOADS),
-                                       dot_dtype, 2)
+        weights = unpack_16bit_weights(p0, dot_dtype, 2)
     return tl.reshape(weights, [BLOCK_T, M_BLOCK * DSUB])
+
+
+@triton.jit
+def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
+                     M_BLOCK: tl.constexpr, DSUB: tl.constexpr, PTX_LOADS: tl.constexpr,
+                     GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
+                     BOOK_COPIES: tl.constexpr):
+    """[BLOCK_T, M_BLOCK * DSUB] weights of sub-quantizers kd * M_BLOCK .. (kd + 1) * M_BLOCK,
+    from their code words (_load_pq_code_words) and the codebook words they select."""
+    p0, p1, p2, p3 = _gather_pq_words(kd, words, p_book_words, BLOCK_T, M_BLOCK, DSUB,
+                                      PTX_LOADS, GATHER_BYTES, HOLD_QUERY, BOOK_COPIES)
+    return _assemble_pq_weights(p0, p1, p2, p3, dot_dtype, BLOCK_T, M_BLOCK, DSUB, GATHER_BYTES,
+                                HOLD_QUERY)
 
 
 @triton.jit
@@ -378,6 +408,7 @@ def _pq_tile_scores(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL: tl.constexpr,
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr,
     HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr, BOOK_COPIES: tl.constexpr,
+    ahead_emb, DECODE_AHEAD: tl.constexpr,
 ):
     """[BLOCK_Q, BLOCK_T] scores of tokens t0 .. t0+BLOCK_T (those at or past t_end are -inf).
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. With WORD_GATHER
@@ -385,7 +416,9 @@ def _pq_tile_scores(
     accumulate with the query first when it is held (HOLD_QUERY), else with the decoded tile
     first, [BLOCK_T, BLOCK_Q], transposed on return (a relabelling of registers).
     PIPELINE_CODES (word gathers, one chunk): the tile's code words are next_words, loaded by
-    the caller; otherwise next_words is unused."""
+    the caller; otherwise next_words is unused. DECODE_AHEAD (the same, and the tile stream):
+    the decoded tile is ahead_emb, gathered by the caller while the tile before it was
+    multiplied; otherwise ahead_emb is unused."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if FULL:
         # A constant-true mask folds away: unpredicated loads, no -inf select.
@@ -411,7 +444,9 @@ def _pq_tile_scores(
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
     offs_k = tl.arange(0, DSUB_PAD)
     for kd in tl.static_range(NUM_M_BLOCKS):
-        if WORD_GATHER:
+        if WORD_GATHER and DECODE_AHEAD:
+            b_emb = ahead_emb  # gathered one tile ahead by the caller
+        elif WORD_GATHER:
             if PIPELINE_CODES:
                 words = next_words  # loaded one tile ahead by the caller
             else:
@@ -513,7 +548,7 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES, BOOK_COPIES)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES, BOOK_COPIES, b_q0, False)
         if REDUCE_PER_TILE:
             row_max = tl.maximum(row_max, tl.max(scores, axis=1))
         else:
@@ -527,10 +562,152 @@ def _score_pq_document(
             num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
-            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T, BOOK_COPIES)
+            GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T, BOOK_COPIES,
+            b_q0, False)
         row_max = tl.maximum(row_max, tl.max(scores, axis=1))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+
+
+@triton.jit
+def _chunk_tiles(first_idx, p_pids, p_offsets, num_out_docs, BLOCK_T: tl.constexpr,
+                 DOCS_PER_PROGRAM: tl.constexpr, HAS_PIDS: tl.constexpr):
+    """Tiles in the stream of the chunk of scored documents from first_idx (_score_pq_stream):
+    ceil(length / BLOCK_T) per document, and one for an empty document (a masked tile, so that
+    its -inf is stored); none for slots past the last document."""
+    num_tiles = 0
+    for j in tl.static_range(DOCS_PER_PROGRAM):
+        valid, start, end = packed_doc_bounds(p_pids, p_offsets, first_idx + j, num_out_docs,
+                                              HAS_PIDS)
+        num_tiles += tl.where(valid, tl.maximum(tl.cdiv(end - start, BLOCK_T), 1), 0)
+    return num_tiles
+
+
+@triton.jit
+def _next_stream_tile(out_idx, t0, end, p_pids, p_offsets, num_out_docs, BLOCK_T: tl.constexpr,
+                      HAS_PIDS: tl.constexpr):
+    """The tile after tile (out_idx, t0, end) of a stream: the document's next BLOCK_T tokens,
+    else the first tile of the next scored document (empty past the last one)."""
+    next_idx = out_idx
+    next_t0 = t0 + BLOCK_T
+    next_end = end
+    if next_t0 >= end:
+        next_idx = out_idx + 1
+        _, next_t0, next_end = packed_doc_bounds(p_pids, p_offsets, next_idx, num_out_docs,
+                                                 HAS_PIDS)
+    return next_idx, next_t0, next_end
+
+
+@triton.jit
+def _load_stream_code_words(t0, end, p_pq_codes, stride_pt, BLOCK_T: tl.constexpr,
+                            M_BLOCK: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """Code words of a stream tile's tokens t0 .. t0 + BLOCK_T (0 at or past end)."""
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    return _load_pq_code_words(0, offs_t, offs_t < end, p_pq_codes, stride_pt, BLOCK_T, M_BLOCK,
+                               True, PTX_LOADS)
+
+
+@triton.jit
+def _reduce_stream_tile(scores, row_max, out_idx, t0, end, p_out, mask_r, pid_qblock,
+                        num_out_docs, num_queries, stride_ob, stride_on, BLOCK_T: tl.constexpr,
+                        LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr):
+    """Folds a stream tile's [BLOCK_Q, BLOCK_T] scores into its document's row maxima; after
+    the document's last tile, stores its scores and starts the next document's maxima."""
+    row_max = tl.maximum(row_max, tl.max(scores, axis=1))
+    if t0 + BLOCK_T >= end:
+        _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
+                            out_idx < num_out_docs, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+        row_max = tl.full(row_max.shape, float("-inf"), tl.float32)
+    return row_max
+
+
+@triton.jit
+def _score_pq_stream(
+    pid_qblock, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
+    p_q, p_pq_codes, p_offsets, p_pids, p_codebooks, p_centroid_codes, p_inv_norms,
+    p_centroid_scores, p_out, p_counter,
+    num_out_docs, num_queries, num_subquantizers, num_chunks,
+    stride_qb, stride_qt, stride_qd, stride_pt, stride_sc, stride_ob, stride_on,
+    LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr, DSUB: tl.constexpr,
+    DOCS_PER_PROGRAM: tl.constexpr, HAS_PIDS: tl.constexpr,
+    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PTX_LOADS: tl.constexpr,
+    GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr, BOOK_COPIES: tl.constexpr,
+    DECODE_AHEAD: tl.constexpr,
+):
+    """Scores each chunk of DOCS_PER_PROGRAM documents this persistent program takes as one
+    stream of BLOCK_T-token tiles (word gathers, one chunk of sub-quantizers), instead of
+    document by document (_score_pq_document).
+
+    Why. Walking a document at a time, each document starts with a tile whose code words were
+    not loaded ahead and ends with a tail tile in a loop of its own, and MS MARCO-like documents
+    (mean 70 tokens) are two or three tiles long. Here the tile after the current one, which may
+    be the next document's first, has its code words loaded while the current one is
+    multiplied, and a document's last tile is a masked tile like any other. DECODE_AHEAD goes
+    one step further: the next tile's codebook words are gathered before the current tile's
+    products, so their L1 latency hides behind the products instead of in front of them (a
+    second tile of gathered words in registers: meant for 16-token tiles), and code words are
+    loaded two tiles ahead.
+
+    The stream is a counted loop per chunk (_chunk_tiles), not one loop over every chunk:
+    the gathered words are held across iterations, and triton 3.6 gives a value held across a
+    while loop a layout of its own (sm_90 SASS: 64 byte permutes, shared-memory stores and
+    ldmatrix per tile to convert it back), while across a for loop it keeps the gathers'
+    layout. The pipeline restarts at each chunk, and the tiles looked ahead past a chunk's
+    last are loaded and not used."""
+    chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+    while chunk < num_chunks:
+        out_idx = chunk.to(tl.int64) * DOCS_PER_PROGRAM
+        num_tiles = _chunk_tiles(out_idx, p_pids, p_offsets, num_out_docs, BLOCK_T,
+                                 DOCS_PER_PROGRAM, HAS_PIDS)
+        _, t0, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+        words = _load_stream_code_words(t0, end, p_pq_codes, stride_pt, BLOCK_T, M_BLOCK,
+                                        PTX_LOADS)
+        row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        if DECODE_AHEAD:
+            p0, p1, p2, p3 = _gather_pq_words(0, words, p_codebooks, BLOCK_T, M_BLOCK, DSUB,
+                                              PTX_LOADS, GATHER_BYTES, HOLD_QUERY, BOOK_COPIES)
+            next_idx, next_t0, next_end = _next_stream_tile(out_idx, t0, end, p_pids, p_offsets,
+                                                            num_out_docs, BLOCK_T, HAS_PIDS)
+            words = _load_stream_code_words(next_t0, next_end, p_pq_codes, stride_pt, BLOCK_T,
+                                            M_BLOCK, PTX_LOADS)
+        for _ in range(num_tiles):
+            # (out_idx, t0, end): the tile multiplied now. With DECODE_AHEAD its words are
+            # p0 .. p3 and `words` are the code words of (next_idx, next_t0, next_end);
+            # otherwise `words` are its own code words.
+            if DECODE_AHEAD:
+                after_idx, after_t0, after_end = _next_stream_tile(
+                    next_idx, next_t0, next_end, p_pids, p_offsets, num_out_docs, BLOCK_T,
+                    HAS_PIDS)
+                after_words = _load_stream_code_words(after_t0, after_end, p_pq_codes,
+                                                      stride_pt, BLOCK_T, M_BLOCK, PTX_LOADS)
+                n0, n1, n2, n3 = _gather_pq_words(0, words, p_codebooks, BLOCK_T, M_BLOCK, DSUB,
+                                                  PTX_LOADS, GATHER_BYTES, HOLD_QUERY,
+                                                  BOOK_COPIES)
+                emb = _assemble_pq_weights(p0, p1, p2, p3, b_q0.dtype, BLOCK_T, M_BLOCK, DSUB,
+                                           GATHER_BYTES, HOLD_QUERY)
+            else:
+                next_idx, next_t0, next_end = _next_stream_tile(
+                    out_idx, t0, end, p_pids, p_offsets, num_out_docs, BLOCK_T, HAS_PIDS)
+                after_words = _load_stream_code_words(next_t0, next_end, p_pq_codes, stride_pt,
+                                                      BLOCK_T, M_BLOCK, PTX_LOADS)
+                emb = b_q0  # unused
+            scores = _pq_tile_scores(
+                t0, end, words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
+                p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
+                num_subquantizers, stride_qb, stride_qt, stride_qd, stride_pt, stride_sc,
+                BLOCK_T, BLOCK_Q, M_BLOCK, 1, DSUB, DSUB, CENTROID_TABLE, PRECOMPUTED_NORMS,
+                INPUT_PRECISION, UPCAST, False, True, PTX_LOADS, GATHER_BYTES, HOLD_QUERY, True,
+                BOOK_COPIES, emb, DECODE_AHEAD)
+            row_max = _reduce_stream_tile(scores, row_max, out_idx, t0, end, p_out, mask_r,
+                                          pid_qblock, num_out_docs, num_queries, stride_ob,
+                                          stride_on, BLOCK_T, LQ, QUERIES_PER_BLOCK)
+            out_idx, t0, end, words = next_idx, next_t0, next_end, after_words
+            if DECODE_AHEAD:
+                p0, p1, p2, p3 = n0, n1, n2, n3
+                next_idx, next_t0, next_end = after_idx, after_t0, after_end
+        chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
 
 
 @triton.jit
@@ -550,6 +727,7 @@ def _maxsim_pq_kernel(
     WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr,
     PREFETCH: tl.constexpr, GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr,
     PIPELINE_CODES: tl.constexpr, REDUCE_PER_TILE: tl.constexpr, BOOK_COPIES: tl.constexpr,
+    STREAM_TILES: tl.constexpr, DECODE_AHEAD: tl.constexpr,
 ):
     """Q: [B, Lq, d = M*DSUB] (strides q*); pq_codes: [T, M] uint8 (row stride stride_pt) or,
     with WORD_GATHER, its int32 words (stride_pt in words); offsets: int64 [N+1]; pids: [M']
@@ -566,7 +744,11 @@ def _maxsim_pq_kernel(
     is staged at book_shared_offset bytes into dynamic shared memory (the host reserves it:
     ops/launch.prepare_shared_buffer), otherwise book_shared_offset is unused. BOOK_COPIES 2
     (16-byte words of 8-dimension sub-vectors, the query held): codebooks is the layout of
-    ops/pq.skewed_codebook, two copies of 2 * M * 256 slots in all (_skewed_slot); else 1."""
+    ops/pq.skewed_codebook, two copies of 2 * M * 256 slots in all (_skewed_slot); else 1.
+    STREAM_TILES (persistent, word gathers, one chunk of sub-quantizers): the program's documents
+    are one stream of BLOCK_T-token tiles (_score_pq_stream; BLOCK_T_TAIL, PIPELINE_CODES,
+    REDUCE_PER_TILE and PREFETCH are then unused), with DECODE_AHEAD each tile's codebook words
+    gathered a tile ahead."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qblocks
     pid_docs = pid // num_qblocks
@@ -604,7 +786,16 @@ def _maxsim_pq_kernel(
         else:
             p_codebooks = p_codebooks.to(tl.pointer_type(tl.int32))
 
-    if PERSISTENT:
+    if STREAM_TILES:
+        _score_pq_stream(
+            pid_qblock, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_pq_codes,
+            p_offsets, p_pids, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
+            p_out, p_counter, num_out_docs, num_queries, num_subquantizers, num_chunks,
+            stride_qb, stride_qt, stride_qd, stride_pt, stride_sc, stride_ob, stride_on, LQ,
+            QUERIES_PER_BLOCK, BLOCK_Q, BLOCK_T, M_BLOCK, DSUB, DOCS_PER_PROGRAM, HAS_PIDS,
+            CENTROID_TABLE, PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, PTX_LOADS, GATHER_BYTES,
+            HOLD_QUERY, BOOK_COPIES, DECODE_AHEAD)
+    elif PERSISTENT:
         # Chunks of documents go to whichever program asks next (ops/residual.py explains why).
         chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
         while chunk < num_chunks:

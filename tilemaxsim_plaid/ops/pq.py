@@ -120,6 +120,16 @@ class PQConfig:
             and the time did not follow (0.382 against 0.374 ms in rounds: the kernel waits on
             load latency, not on L1 bandwidth). With every code 0, where the plain layout puts
             a quarter-warp's gathers in one bank group, it ran 0.340 against 0.418.
+        stream_tiles: walk all of a persistent program's documents as one stream of
+            block_t-token tiles (kernels/maxsim_pq._score_pq_stream) instead of document by
+            document: every tile, a document's first included, has its code words loaded while
+            the tile before it is multiplied, and a document's last tile is a masked tile of the
+            same loop rather than a tail loop of its own (block_t_tail, pipeline_codes,
+            reduce_per_tile and prefetch are then unused). Needs word gathers, one chunk of
+            sub-quantizers (block_d covering d) and a persistent grid.
+        decode_ahead: with stream_tiles, gather each tile's codebook words while the tile
+            before it is multiplied (code words two tiles ahead): a second decoded tile in
+            registers, so meant for 16-token tiles.
     """
 
     block_t: int = 64
@@ -142,6 +152,8 @@ class PQConfig:
     reduce_per_tile: bool = False
     shared_codebook: bool = False
     skewed_codebook: bool = False
+    stream_tiles: bool = False
+    decode_ahead: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -280,6 +292,19 @@ def _pipeline_codes(cfg: PQConfig, words: bool, num_m_blocks: int) -> bool:
     return bool(cfg.pipeline_codes)
 
 
+def _stream_tiles(cfg: PQConfig, words: bool, num_m_blocks: int) -> tuple[bool, bool]:
+    """(stream_tiles, decode_ahead) as launched (opt-in), or a ValueError for a config that
+    cannot take them."""
+    if cfg.decode_ahead and not cfg.stream_tiles:
+        raise ValueError("config.decode_ahead=True needs config.stream_tiles=True")
+    if cfg.stream_tiles and not (words and num_m_blocks == 1 and cfg.persistent):
+        raise ValueError(f"config.stream_tiles=True needs word gathers, one chunk of "
+                         f"sub-quantizers (block_d covering d) and a persistent grid; got word "
+                         f"gathers {'on' if words else 'off'}, {num_m_blocks} chunks, "
+                         f"persistent={cfg.persistent}")
+    return cfg.stream_tiles, cfg.decode_ahead
+
+
 def _shared_codebook(cfg: PQConfig, words: bool) -> bool:
     """Whether the codebook is staged in shared memory (opt-in), or a ValueError for a
     config that cannot take it."""
@@ -349,9 +374,10 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
     """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
     (row tile, chunk of documents), row tiles summed per query here."""
     if (cfg.persistent or cfg.word_gather or cfg.gather_bytes is not None
-            or cfg.shared_codebook):
+            or cfg.shared_codebook or cfg.stream_tiles):
         raise ValueError("config.scoring='lut' takes no persistent grid, word_gather, "
-                         "gather_bytes or shared_codebook (those are the decode kernel's)")
+                         "gather_bytes, shared_codebook or stream_tiles (those are the decode "
+                         "kernel's)")
     if cfg.lut_rows not in LUT_ROWS:
         raise ValueError(f"config.lut_rows must be one of {LUT_ROWS}, got {cfg.lut_rows}")
     B, Lq, dim = Q3.shape
@@ -424,6 +450,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers,
                                        sub_dim, m_block, held_query)
     book_in_shared = _shared_codebook(cfg, words)
+    stream_tiles, decode_ahead = _stream_tiles(cfg, words, num_m_blocks)
     book_copies = 2 if _skewed_codebook(cfg, gather_bytes, sub_dim, held_query,
                                         book_in_shared) else 1
     if book_copies == 2:
@@ -463,6 +490,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
         REDUCE_PER_TILE=cfg.reduce_per_tile,
         BOOK_COPIES=book_copies,
+        STREAM_TILES=stream_tiles, DECODE_AHEAD=decode_ahead,
         PERSISTENT=cfg.persistent,
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
