@@ -235,7 +235,12 @@ PQ_CONFIGS = {
                                       (16, 16, 4, 128, True), (16, 16, 4, 168, True),
                                       (16, 16, 4, None, True), (16, 16, 8, 168, True),
                                       (16, 32, 4, None, True), (8, 32, 4, 128, False),
-                                      (8, 16, 4, 168, True))},
+                                      (8, 16, 4, 168, True),
+                                      # the pipeline restarts at each chunk: longer chunks
+                                      (16, 16, 16, 168, True), (16, 16, 32, 168, True),
+                                      (16, 16, 16, 128, True), (16, 16, 8, 128, False),
+                                      (16, 16, 16, 128, False), (16, 32, 16, 128, False),
+                                      (8, 16, 16, 168, True))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
