@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-stream-ncu|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -328,6 +328,12 @@ case "$part" in
   pq-stream-chunks)  # the tile stream with longer chunks (its pipeline restarts per chunk)
     step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 words 16/8d/1w bd128 r168 g16 stream ahead,pq16 words 16/16d/,pq16 words 16/32d/,pq16 words 16/8d/1w bd128 r128 g16 stream,pq16 words 32/16d/,=pq32 words 32/4d/1w bd128 r128 g8 tilemax,pq32 words 16/16d/"
+    ;;
+  pq-stream-ncu)  # Nsight Compute of the M = 16 default against the tile stream with the
+                 # codebook words gathered a tile ahead: does hiding the gathers' latency in
+                 # the warp change the stalls when the time does not?
+    NCU_EXTRA_METRICS=smsp__inst_executed.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_lg.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,l1tex__lsu_writeback_active.avg.pct_of_peak_sustained_active \
+      ncu_stalls 200 "=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 words 16/32d/1w bd128 r168 g16 stream ahead,=pq16 words 16/16d/1w bd128 r128 g16 stream" --section MemoryWorkloadAnalysis_Tables --section LaunchStats
     ;;
   ncu-compressed)  # Nsight Compute's occupancy, speed-of-light, warp-stall and L1 tables of the
                    # residual and PQ defaults, and of the PQ default with every code 0 (one
