@@ -241,6 +241,19 @@ PQ_CONFIGS = {
                                       (16, 16, 16, 128, True), (16, 16, 8, 128, False),
                                       (16, 16, 16, 128, False), (16, 32, 16, 128, False),
                                       (8, 16, 16, 168, True))},
+    # Hiding the gathers' latency (stream ahead) left Nsight Compute's L1/TEX at 82-91 %: the
+    # stream with the two skewed codebook copies (fewer L1 wavefronts per gather), and the
+    # default with them for comparison.
+    **{f"words {bt}/{dpp}d/1w bd128 r{reg} g16 stream{' ahead' if ahead else ''} skew": PQConfig(
+        block_t=bt, docs_per_program=dpp, num_warps=1, num_stages=1, persistent=True,
+        gather_bytes=16, maxnreg=reg, stream_tiles=True, decode_ahead=ahead,
+        skewed_codebook=True)
+       for bt, dpp, reg, ahead in ((16, 32, 168, True), (16, 16, 128, True), (16, 16, 128, False),
+                                   (16, 32, None, True))},
+    "words 32/4d/1w bd128 r128 g16 tilemax pipe skew": PQConfig(
+        block_t=32, docs_per_program=4, num_warps=1, num_stages=1, persistent=True,
+        gather_bytes=16, maxnreg=128, reduce_per_tile=True, pipeline_codes=True,
+        skewed_codebook=True),
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
