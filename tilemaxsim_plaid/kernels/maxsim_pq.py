@@ -41,7 +41,13 @@ h200-register-order). The default at M = 16 (one 128-column chunk, 16-byte words
 tiles reduced as they come, 128 registers) ran 366 us under Nsight Compute: 16 one-warp
 programs per SM, issue on 24 % of cycles, a warp's instructions 17 cycles apart, 7.5 of them
 waiting on loads. What gained was hiding load latency: code words a tile ahead
-(PIPELINE_CODES, the M = 16 default since: 0.388 -> 0.349 ms; bench 0.347).
+(PIPELINE_CODES, the M = 16 default since: 0.388 -> 0.349 ms; bench 0.347). Hiding the rest
+(STREAM_TILES with DECODE_AHEAD, _score_pq_stream: the wait on loads 4.3 -> 1.3 cycles per
+issued instruction) left the time at 0.35 ms: what then bounds it is the L1 data pipe, 82-91 %
+busy with the wavefronts of the codebook gathers (about 23 distinct sectors per warp-wide
+16-byte gather of random codes), while L1 banks are 11 % busy (Nsight Compute,
+results/compressed/h200-tile-stream). Fewer wavefronts per token, not more overlap, is what
+is left: the codebook served by shared-memory banks to many warps at once.
 
 The codebook in shared memory (PTX_LOADS == PTX_FROM_SHARED, PQConfig.shared_codebook, opt-in):
 shared-memory banks serve a warp's gathers in a few wavefronts where L1 takes one per line.
