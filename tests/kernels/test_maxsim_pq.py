@@ -341,6 +341,50 @@ def test_tile_stream_with_skewed_codebook_and_every_document(device, poisoned_ou
     assert torch.isfinite(out[:, [0, 2, 3, 6, 7, 8, 9]]).all()
 
 
+@pytest.mark.parametrize("num_subquantizers,gather_bytes,num_warps,skewed", [
+    (16, 16, 4, False), (16, 16, 2, True), (32, 8, 4, False), (64, 4, 2, False)])
+@pytest.mark.parametrize("docs_per_program,block_t", [(1, 16), (3, 32)])
+def test_independent_warps_are_exact(device, poisoned_outputs, num_subquantizers, gather_bytes,
+                                     num_warps, skewed, docs_per_program, block_t):
+    """Warps that share one codebook and each score their own documents (independent_warps;
+    on a GPU the codebook staged in shared memory) score as the reference and as the one-warp
+    kernel: empty documents first, in a row and last, documents of exactly one and two tiles,
+    one token past, pids with repeats, a 29-token query, chunks that end past the last
+    document and warps with no documents."""
+    lengths = [0, 0, 1, 15, 16, 17, 31, 32, 33, 64, 65, 70, 0, 3, 96]
+    index = random_pq_index(device, 128, num_subquantizers, lengths)
+    args, _ = split(index)
+    Q = unit_queries(1, 29, 128, torch.float16, device)
+    pids = torch.tensor([0, 9, 3, 3, 14, 1, 5, 6, 12, 8, 2, 4, 7, 10, 11, 13, 0],
+                        device=device)
+    config = PQConfig(block_t=block_t, num_warps=num_warps, num_stages=1,
+                      docs_per_program=docs_per_program, persistent=True,
+                      gather_bytes=gather_bytes, independent_warps=True,
+                      shared_codebook=device.type == "cuda", skewed_codebook=skewed)
+    out = maxsim_pq(Q, *args, pids, config=config)
+    one_warp = maxsim_pq(Q, *args, pids, config=PQConfig(block_t=32, num_warps=1, num_stages=1,
+                                                          persistent=True))
+    assert_close(out, reference.maxsim_pq(Q, *args, pids), "maxsim_pq", torch.float16)
+    assert_close(out, one_warp, "maxsim_pq", torch.float16)
+    assert torch.isneginf(out[:, [0, 16]]).all()  # pid 0 is an empty document
+
+
+def test_independent_warps_every_document_and_query_lengths(device, poisoned_outputs):
+    """Without pids (every document in order) and with a query length below the query's rows."""
+    lengths = [5, 0, 40, 16, 0, 0, 100, 7, 32, 1, 50]
+    index = random_pq_index(device, 128, 16, lengths)
+    args, _ = split(index)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    q_len = torch.tensor([20], device=device)
+    config = PQConfig(block_t=16, num_warps=4, num_stages=1, docs_per_program=2,
+                      persistent=True, independent_warps=True,
+                      shared_codebook=device.type == "cuda")
+    out = maxsim_pq(Q, *args, query_lengths=q_len, config=config)
+    assert_close(out, reference.maxsim_pq(Q, *args, query_lengths=q_len), "maxsim_pq",
+                 torch.float16)
+    assert torch.isneginf(out[:, [1, 4, 5]]).all()
+
+
 @pytest.mark.parametrize("dim,num_subquantizers,block_d", [
     pytest.param(128, 16, None, id="d128-M16"),
     pytest.param(128, 16, 64, id="d128-M16-two-chunks"),
@@ -479,6 +523,18 @@ def test_configs_that_cannot_apply_are_refused(device):
              PQConfig(**one_warp, stream_tiles=True))):  # three chunks of sub-quantizers
         with pytest.raises(ValueError, match="config.stream_tiles=True"):
             maxsim_pq(Q_x, *args_x, config=config)
+    warps = dict(block_t=16, num_warps=4, num_stages=1, persistent=True, independent_warps=True)
+    residual_index = random_pq_index(device, 128, 16, num_centroids=5)
+    residual_args, residual_extra = split(residual_index)
+    for Q_x, args_x, extra_x, config in (
+            (Q1, args, {}, PQConfig(**{**warps, "persistent": False})),
+            (Q1, args, {}, PQConfig(**warps, word_gather=False)),
+            (unit_queries(2, 8, 128, torch.float16, device), args, {}, PQConfig(**warps)),
+            (Q1, residual_args, residual_extra, PQConfig(**warps)),  # PLAID residual codes
+            (unit_queries(1, 8, 384, torch.float16, device), split(index48)[0], {},
+             PQConfig(**warps))):
+        with pytest.raises(ValueError, match="config.independent_warps=True"):
+            maxsim_pq(Q_x, *args_x, **extra_x, config=config)
 
 
 def test_default_config_by_number_of_documents():
@@ -569,6 +625,8 @@ def test_lookup_table_configs_that_cannot_apply_are_refused(device):
                           (PQConfig(scoring="lut", gather_bytes=8), "config.scoring='lut'"),
                           (PQConfig(scoring="lut", shared_codebook=True),
                            "config.scoring='lut'"),
-                          (PQConfig(scoring="lut", stream_tiles=True), "config.scoring='lut'")):
+                          (PQConfig(scoring="lut", stream_tiles=True), "config.scoring='lut'"),
+                          (PQConfig(scoring="lut", independent_warps=True),
+                           "config.scoring='lut'")):
         with pytest.raises(ValueError, match=match):
             maxsim_pq(Q, *args, config=config)

@@ -578,7 +578,8 @@ def _score_pq_document(
 @triton.jit
 def _chunk_tiles(first_idx, p_pids, p_offsets, num_out_docs, BLOCK_T: tl.constexpr,
                  DOCS_PER_PROGRAM: tl.constexpr, HAS_PIDS: tl.constexpr):
-    """Tiles in the stream of the chunk of scored documents from first_idx (_score_pq_stream):
+    """Tiles in the stream of the DOCS_PER_PROGRAM scored documents from first_idx
+    (_score_pq_stream; a tensor of first indices gives one count each, kernels/maxsim_pq_warps):
     ceil(length / BLOCK_T) per document, and one for an empty document (a masked tile, so that
     its -inf is stored); none for slots past the last document."""
     num_tiles = 0

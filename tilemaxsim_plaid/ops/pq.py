@@ -11,10 +11,11 @@ import triton
 from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_GLOBAL, PTX_FROM_SHARED,
                                                _maxsim_pq_kernel)
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
+from tilemaxsim_plaid.kernels.maxsim_pq_warps import _maxsim_pq_warps_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
                                          interpreting, launch_in_query_chunks,
-                                         prepare_shared_buffer)
+                                         persistent_programs, prepare_shared_buffer)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 
 __all__ = ["PQConfig", "default_pq_config", "maxsim_pq"]
@@ -137,6 +138,13 @@ class PQConfig:
             Compute: the wait on loads fell from 4.3 to 1.3 cycles per issued instruction,
             and the L1 data pipe's wavefronts of the codebook gathers (82-91 % busy in both)
             then held the time where it was.
+        independent_warps: programs of num_warps warps that share one codebook (staged in
+            shared memory with shared_codebook, optionally as skewed copies), each warp scoring
+            its own docs_per_program documents of the program's chunk as a stream of
+            block_t-token tiles (kernels/maxsim_pq_warps.py). Meant to take the codebook
+            gathers off the L1 data pipe without a copy per warp. Needs word gathers, one
+            chunk of sub-quantizers, one query, PQ codes of embeddings (no centroid codes or
+            inverse norms) and a persistent grid.
     """
 
     block_t: int = 64
@@ -161,6 +169,7 @@ class PQConfig:
     skewed_codebook: bool = False
     stream_tiles: bool = False
     decode_ahead: bool = False
+    independent_warps: bool = False
 
 
 def _pow2(x: int) -> int:
@@ -381,10 +390,10 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
     """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
     (row tile, chunk of documents), row tiles summed per query here."""
     if (cfg.persistent or cfg.word_gather or cfg.gather_bytes is not None
-            or cfg.shared_codebook or cfg.stream_tiles):
+            or cfg.shared_codebook or cfg.stream_tiles or cfg.independent_warps):
         raise ValueError("config.scoring='lut' takes no persistent grid, word_gather, "
-                         "gather_bytes, shared_codebook or stream_tiles (those are the decode "
-                         "kernel's)")
+                         "gather_bytes, shared_codebook, stream_tiles or independent_warps "
+                         "(those are the decode kernel's)")
     if cfg.lut_rows not in LUT_ROWS:
         raise ValueError(f"config.lut_rows must be one of {LUT_ROWS}, got {cfg.lut_rows}")
     B, Lq, dim = Q3.shape
@@ -425,6 +434,22 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
     return partial.view(B, tiles, num_out_docs).sum(1)
 
 
+def _grid_with_staged_codebook(kernel, grid, num_chunks, ptx_loads, codebooks, args, constants):
+    """(programs, shared-memory offset of the codebook) of a launch: with the codebook staged
+    in shared memory, as many programs as fit by shared memory (its bytes reserved past the
+    kernel's own, ops/launch.prepare_shared_buffer); otherwise grid and 0."""
+    if ptx_loads != PTX_FROM_SHARED.value:
+        return grid, 0
+    book_bytes = codebooks.numel() * codebooks.element_size()
+    try:
+        book_offset, per_sm = prepare_shared_buffer(kernel, book_bytes, "book_shared_offset",
+                                                    *args, **constants)
+    except ValueError as error:  # the codebook does not fit (d = 384: 192 KB)
+        raise ValueError(f"config.shared_codebook=True: {error}") from None
+    sms = torch.cuda.get_device_properties(codebooks.device).multi_processor_count
+    return min(num_chunks, per_sm * sms), book_offset
+
+
 def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
@@ -448,6 +473,9 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         raise ValueError(f"config.block_d must be None, 32, 64 or {MAX_BLOCK_D}, got {cfg.block_d}")
     m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim,
                                                             cfg.block_d or MAX_BLOCK_D)
+    if cfg.independent_warps:
+        return _launch_warps(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, inv_norms,
+                             query_lengths, num_out_docs, cfg, m_block, num_m_blocks)
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
@@ -502,17 +530,54 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         PREFETCH=0 if interpreting() else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
-    book_offset = 0
-    if ptx_loads == PTX_FROM_SHARED.value:
-        book_bytes = codebooks.numel() * codebooks.element_size()
-        try:
-            book_offset, per_sm = prepare_shared_buffer(_maxsim_pq_kernel, book_bytes,
-                                                        "book_shared_offset", *args, **constants)
-        except ValueError as error:  # the codebook does not fit (d = 384: 192 KB)
-            raise ValueError(f"config.shared_codebook=True: {error}") from None
-        sms = torch.cuda.get_device_properties(Q3.device).multi_processor_count
-        grid = min(num_chunks, per_sm * sms)
+    grid, book_offset = _grid_with_staged_codebook(_maxsim_pq_kernel, grid, num_chunks,
+                                                   ptx_loads, codebooks, args, constants)
     _maxsim_pq_kernel[(grid,)](*args, book_shared_offset=book_offset, **constants)
+    return out
+
+
+def _launch_warps(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, inv_norms,
+                  query_lengths, num_out_docs, cfg, m_block, num_m_blocks):
+    """maxsim_pq with independent warps sharing one codebook (kernels/maxsim_pq_warps.py)."""
+    B, Lq, _ = Q3.shape
+    num_subquantizers, _, sub_dim = codebooks.shape
+    words, gather_bytes = _word_gather(cfg, Q3, pq_codes, codebooks, num_subquantizers, sub_dim,
+                                       m_block, True)
+    if not (words and num_m_blocks == 1 and B == 1 and centroid_codes is None
+            and inv_norms is None and cfg.persistent):
+        raise ValueError(
+            f"config.independent_warps=True needs word gathers, one chunk of sub-quantizers "
+            f"(block_d covering d), one query, PQ codes of embeddings (no centroid codes or "
+            f"inverse norms) and a persistent grid; got word gathers {'on' if words else 'off'}, "
+            f"{num_m_blocks} chunks, {B} queries, centroid codes "
+            f"{'given' if centroid_codes is not None else 'none'}, inverse norms "
+            f"{'given' if inv_norms is not None else 'none'}, persistent={cfg.persistent}")
+    book_in_shared = _shared_codebook(cfg, words)
+    book_copies = 2 if _skewed_codebook(cfg, gather_bytes, sub_dim, True, False) else 1
+    if book_copies == 2:
+        codebooks = skewed_codebook(codebooks, m_block)
+    ptx_loads = 0
+    if not interpreting() and cfg.ptx_loads is not False:
+        ptx_loads = (PTX_FROM_SHARED if book_in_shared else PTX_FROM_GLOBAL).value
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
+    docs_per_chunk = cfg.num_warps * cfg.docs_per_program
+    num_chunks = triton.cdiv(num_out_docs, docs_per_chunk)
+    counter = torch.zeros(1, dtype=torch.int32, device=Q3.device)
+    args = (Q3, pq_codes, offsets, pids if pids is not None else out, codebooks,
+            query_lengths if query_lengths is not None else out, out, counter,
+            num_out_docs, Lq, num_subquantizers, num_chunks,
+            Q3.stride(1), Q3.stride(2), pq_codes.stride(0) // WORD_BYTES, out.stride(1))
+    constants = dict(
+        LQ=max(_pow2(Lq), MIN_DOT_DIM), BLOCK_T=cfg.block_t, M_BLOCK=m_block, DSUB=sub_dim,
+        WARPS=cfg.num_warps, DOCS_PER_WARP=cfg.docs_per_program, HAS_PIDS=pids is not None,
+        HAS_QUERY_LENGTHS=query_lengths is not None, INPUT_PRECISION=dot_precision(Q3.dtype),
+        UPCAST=interpreter_upcast(Q3.dtype), PTX_LOADS=ptx_loads, GATHER_BYTES=gather_bytes,
+        BOOK_COPIES=book_copies, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        maxnreg=cfg.maxnreg)
+    grid, book_offset = _grid_with_staged_codebook(
+        _maxsim_pq_warps_kernel, min(num_chunks, persistent_programs(Q3.device)), num_chunks,
+        ptx_loads, codebooks, args, constants)
+    _maxsim_pq_warps_kernel[(grid,)](*args, book_shared_offset=book_offset, **constants)
     return out
 
 

@@ -1,0 +1,140 @@
+"""Fused MaxSim over PQ codes with the codebook shared by independent warps.
+
+The one-warp kernel (kernels/maxsim_pq.py) gathers each token's M codebook sub-vectors through
+L1. On an H200 that is what bounds it: Nsight Compute puts the L1 data pipe 82-91 % busy with
+the gathers' wavefronts (about 23 distinct sectors per warp-wide 16-byte gather of random
+codes) while L1 banks are 11 % busy, and hiding the gathers' latency did not move the time
+(results/compressed/h200-tile-stream). Shared memory serves the same gathers by bank: a quarter
+warp's eight 16-byte reads take one wavefront when they fall in eight bank groups (the skewed
+copies of ops/pq.skewed_codebook guarantee it) and about 2.5 for random slots.
+
+A copy of the codebook per one-warp program costs occupancy (64 KB each: 3 programs per SM,
+1.0 ms; results/compressed/h200-shared-codebook). Here one program of WARPS warps stages the
+codebook once and every warp scores its own documents against it: the products are a batched
+tl.dot of [WARPS, Lq, d] by [WARPS, d, BLOCK_T], which triton lays out one batch element per warp
+(warpsPerCTA = [WARPS, 1, 1]), so a warp's tile, its row maxima and its stores never leave the
+warp. Each warp walks its DOCS_PER_WARP documents of the program's chunk as a stream of
+BLOCK_T-token tiles (a document's last tile masked, an empty document one masked tile); the
+loop runs as many tiles as the warp with the most, and the others idle through masked tiles.
+
+Scope: word gathers (16-bit queries, an even power-of-two sub-dimension), all sub-quantizers
+in one chunk of at most 128 columns, PQ codes of embeddings (no centroid term), one query per
+launch (ops/pq.py refuses the rest). Masking as everywhere: a token past its document's end is
+-inf, a query row past its length adds 0; an empty document scores -inf.
+"""
+
+import triton
+import triton.language as tl
+
+from tilemaxsim_plaid.kernels.common import packed_doc_bounds
+from tilemaxsim_plaid.kernels.maxsim_pq import (CODES_PER_WORD, PTX_FROM_SHARED,
+                                                _assemble_pq_weights, _chunk_tiles,
+                                                _gather_pq_words,
+                                                _load_query_pq_tile, _shared_address,
+                                                _stage_codebook_in_shared, _to_gather16_order)
+from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
+
+
+@triton.jit
+def _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T: tl.constexpr,
+                          CODE_WORDS: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """[WARPS * BLOCK_T, CODE_WORDS] code words of each warp's tile t0 .. t0 + BLOCK_T
+    (0 at or past end), warp-major."""
+    offs_t = t0[:, None] + tl.arange(0, BLOCK_T)[None, :]  # [WARPS, BLOCK_T]
+    mask_t = offs_t < end[:, None]
+    offs_u = tl.arange(0, CODE_WORDS)
+    p_units = (p_code_words + offs_t.to(tl.int64)[:, :, None] * stride_pt
+               + offs_u[None, None, :])
+    mask = tl.broadcast_to(mask_t[:, :, None], p_units.shape)
+    if PTX_LOADS:
+        words = _ptx_load_words(p_units, mask, True)
+    else:
+        words = tl.load(p_units, mask=mask, other=0, eviction_policy="evict_first")
+    return tl.reshape(words, [t0.shape[0] * BLOCK_T, CODE_WORDS])
+
+
+@triton.jit
+def _maxsim_pq_warps_kernel(
+    p_q, p_code_words, p_offsets, p_pids, p_book_words, p_query_lengths, p_out, p_counter,
+    num_out_docs, Lq, num_subquantizers, num_chunks,
+    stride_qt, stride_qd, stride_pt, stride_on, book_shared_offset,
+    LQ: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr, DSUB: tl.constexpr,
+    WARPS: tl.constexpr, DOCS_PER_WARP: tl.constexpr, HAS_PIDS: tl.constexpr,
+    HAS_QUERY_LENGTHS: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr, BOOK_COPIES: tl.constexpr,
+):
+    """Q: [1, Lq, d = M*DSUB] (strides q*); code_words: int32 words of [T, M] uint8 codes (row
+    stride stride_pt words); offsets: int64 [N+1]; pids: [N'] (else 0..N'-1); book_words: int32
+    words of the [M, 256, DSUB] codebook in Q's dtype (or of ops/pq.skewed_codebook's layout,
+    BOOK_COPIES = 2); query_lengths: [1]; out: fp32 [1, N'] (stride_on); counter: int32 [1],
+    zero at launch: the next chunk of WARPS * DOCS_PER_WARP documents, of num_chunks. With
+    PTX_LOADS == PTX_FROM_SHARED the codebook is staged at book_shared_offset bytes into
+    dynamic shared memory (ops/launch.prepare_shared_buffer); otherwise (the interpreter) it is
+    gathered from global memory by tl.load."""
+    D_COLS: tl.constexpr = M_BLOCK * DSUB
+    CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
+    offs_i = tl.arange(0, LQ)
+    if HAS_QUERY_LENGTHS:
+        q_len = tl.minimum(tl.load(p_query_lengths), Lq)
+    else:
+        q_len = Lq
+    mask_r = offs_i < q_len
+    b_q = _load_query_pq_tile(p_q, tl.zeros([LQ], tl.int32), offs_i, mask_r, 0, 0, stride_qt,
+                              stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB)
+    b_q = _to_gather16_order(b_q, LQ, D_COLS, GATHER_BYTES, True)
+    # Every warp multiplies by the whole query: [WARPS, LQ, D_COLS], one copy per warp.
+    b_q = tl.broadcast_to(b_q[None, :, :], [WARPS, LQ, D_COLS])
+    p_code_words = p_code_words.to(tl.pointer_type(tl.int32))
+    if PTX_LOADS == PTX_FROM_SHARED:
+        # From here on the codebook is a shared-memory address, not a pointer.
+        book = _shared_address(book_shared_offset)
+        _stage_codebook_in_shared(p_book_words.to(tl.pointer_type(tl.int64)), book,
+                                  BOOK_COPIES * num_subquantizers * 256 * DSUB // 8)
+    else:
+        book = p_book_words.to(tl.pointer_type(tl.int32))
+    offs_w = tl.arange(0, WARPS)
+    offs_tile = tl.arange(0, BLOCK_T)
+
+    chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
+    while chunk < num_chunks:
+        # Warp w scores documents first_idx[w] .. first_idx[w] + DOCS_PER_WARP.
+        out_idx = (chunk.to(tl.int64) * WARPS + offs_w) * DOCS_PER_WARP
+        warp_tiles = _chunk_tiles(out_idx, p_pids, p_offsets, num_out_docs, BLOCK_T,
+                                  DOCS_PER_WARP, HAS_PIDS)
+        _, t0, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+        words = _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T, CODE_WORDS,
+                                      PTX_LOADS)
+        row_max = tl.full([WARPS, LQ], float("-inf"), tl.float32)
+        for tile in range(tl.max(warp_tiles).to(tl.int32)):
+            active = tile < warp_tiles
+            # The warp's next tile: the document's next BLOCK_T tokens, else its next document.
+            same_doc = t0 + BLOCK_T < end
+            next_idx = tl.where(same_doc, out_idx, out_idx + 1)
+            _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, next_idx,
+                                                        num_out_docs, HAS_PIDS)
+            next_t0 = tl.where(same_doc, t0 + BLOCK_T, next_start)
+            next_end = tl.where(same_doc, end, next_end)
+            next_words = _load_warp_code_words(next_t0, next_end, p_code_words, stride_pt,
+                                               BLOCK_T, CODE_WORDS, PTX_LOADS)
+            # [WARPS * BLOCK_T, D_COLS] weights, then one [BLOCK_T, D_COLS] tile per warp.
+            p0, p1, p2, p3 = _gather_pq_words(0, words, book, WARPS * BLOCK_T, M_BLOCK, DSUB,
+                                              PTX_LOADS, GATHER_BYTES, True, BOOK_COPIES)
+            emb = _assemble_pq_weights(p0, p1, p2, p3, b_q.dtype, WARPS * BLOCK_T, M_BLOCK,
+                                       DSUB, GATHER_BYTES, True)
+            emb = tl.permute(tl.reshape(emb, [WARPS, BLOCK_T, D_COLS]), (0, 2, 1))
+            if UPCAST:  # the interpreter multiplies 16-bit floats as fp32 (kernels/common.tile_dot)
+                scores = tl.dot(b_q.to(tl.float32), emb.to(tl.float32),
+                                input_precision=INPUT_PRECISION)
+            else:
+                scores = tl.dot(b_q, emb, input_precision=INPUT_PRECISION)
+            in_doc = (t0[:, None] + offs_tile[None, :]) < end[:, None]  # [WARPS, BLOCK_T]
+            scores = tl.where(in_doc[:, None, :], scores, float("-inf"))
+            row_max = tl.maximum(row_max, tl.max(scores, axis=2))
+            # A warp stores after its document's last tile; where(), not a multiply: 0 * -inf
+            # is NaN for an empty document.
+            last = active & ~same_doc & (out_idx < num_out_docs)
+            per_doc = tl.sum(tl.where(mask_r[None, :], row_max, 0.0), axis=1)
+            tl.store(p_out + out_idx * stride_on, per_doc, mask=last)
+            row_max = tl.where(~same_doc[:, None], float("-inf"), row_max)
+            out_idx, t0, end, words = next_idx, next_t0, next_end, next_words
+        chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
