@@ -266,7 +266,9 @@ PQ_CONFIGS = {
            (16, 8, 16, 16, True, False), (16, 8, 16, 16, True, True), (16, 8, 8, 16, True, False),
            (16, 16, 8, 16, True, False), (16, 8, 4, 16, True, False), (16, 32, 16, 16, True, True),
            (32, 8, 16, 16, True, True), (16, 8, 16, 16, False, False),
-           (16, 8, 16, 8, True, False), (16, 8, 8, 8, True, False))},
+           (16, 8, 16, 8, True, False), (16, 8, 8, 8, True, False),
+           # fewer documents per warp: less idling behind the warp with the most tiles
+           (16, 4, 16, 16, True, True), (16, 2, 16, 16, True, True))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,

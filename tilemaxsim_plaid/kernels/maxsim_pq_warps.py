@@ -17,6 +17,18 @@ warp. Each warp walks its DOCS_PER_WARP documents of the program's chunk as a st
 BLOCK_T-token tiles (a document's last tile masked, an empty document one masked tile); the
 loop runs as many tiles as the warp with the most, and the others idle through masked tiles.
 
+Measured on the H200 (M = 16, 100k documents of mean 70 tokens, one 32-token query;
+results/compressed/h200-tile-stream/run7): exact, and slower than the one-warp kernel, 0.489
+against 0.357 ms at its best (16 warps, 8 documents each, skewed copies). Nsight Compute: the
+L1 data pipe is down to 62 % busy, but the program executes 2.2x the one-warp kernel's
+instructions (201 M against 91 M): [WARPS]-vector descriptors in 64-bit, document bounds loaded
+every tile, spills at the 128 registers a 16-warp program allows, and idle tile slots: 201 M
+instructions at the tile loop's 336 (sm_90 SASS) are about 600k tiles of 16 tokens, 9.6 M token
+slots for 7.0 M tokens, so about a third are masked tails or warps waiting for the one with the
+most tiles. Kept opt-in as the measured form of the
+shared-codebook design; a kernel that gives each warp its own document queue and keeps its
+descriptors in scalar registers (warp specialization, outside Triton 3.6) is what is left.
+
 Scope: word gathers (16-bit queries, an even power-of-two sub-dimension), all sub-quantizers
 in one chunk of at most 128 columns, PQ codes of embeddings (no centroid term), one query per
 launch (ops/pq.py refuses the rest). Masking as everywhere: a token past its document's end is

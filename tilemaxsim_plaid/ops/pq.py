@@ -144,7 +144,14 @@ class PQConfig:
             block_t-token tiles (kernels/maxsim_pq_warps.py). Meant to take the codebook
             gathers off the L1 data pipe without a copy per warp. Needs word gathers, one
             chunk of sub-quantizers, one query, PQ codes of embeddings (no centroid codes or
-            inverse norms) and a persistent grid.
+            inverse norms) and a persistent grid. Opt-in, and slower on the H200 (M = 16,
+            results/compressed/h200-tile-stream/run7): 0.489 ms at its best (16 warps, 8
+            documents each, the skewed copies staged) against 0.357 for the default; the
+            plain copy 0.620 (bank conflicts: L1 data pipe 82 %). The skewed copies do take
+            the gathers' wavefronts down (62 % at 0.471 ms under Nsight Compute), but the
+            per-warp document streams execute 2.2x the default's instructions (201 M against
+            91 M: vector descriptors, bounds loaded per tile, spills at the 128 registers a
+            16-warp program allows, and warps idling behind the one with the most tiles).
     """
 
     block_t: int = 64
