@@ -39,30 +39,23 @@ import triton
 import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import packed_doc_bounds
-from tilemaxsim_plaid.kernels.maxsim_pq import (CODES_PER_WORD, PTX_FROM_SHARED,
+from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_SHARED,
                                                 _assemble_pq_weights, _chunk_tiles,
-                                                _gather_pq_words,
+                                                _gather_pq_words, _load_pq_code_words,
                                                 _load_query_pq_tile, _shared_address,
                                                 _stage_codebook_in_shared, _to_gather16_order)
-from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
 
 @triton.jit
 def _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T: tl.constexpr,
-                          CODE_WORDS: tl.constexpr, PTX_LOADS: tl.constexpr):
-    """[WARPS * BLOCK_T, CODE_WORDS] code words of each warp's tile t0 .. t0 + BLOCK_T
-    (0 at or past end), warp-major."""
+                          M_BLOCK: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """[WARPS * BLOCK_T, M_BLOCK / 4] code words of each warp's tile t0 .. t0 + BLOCK_T
+    (0 at or past end), warp-major: _load_pq_code_words over the warps' token rows."""
+    ROWS: tl.constexpr = t0.shape[0] * BLOCK_T
     offs_t = t0[:, None] + tl.arange(0, BLOCK_T)[None, :]  # [WARPS, BLOCK_T]
-    mask_t = offs_t < end[:, None]
-    offs_u = tl.arange(0, CODE_WORDS)
-    p_units = (p_code_words + offs_t.to(tl.int64)[:, :, None] * stride_pt
-               + offs_u[None, None, :])
-    mask = tl.broadcast_to(mask_t[:, :, None], p_units.shape)
-    if PTX_LOADS:
-        words = _ptx_load_words(p_units, mask, True)
-    else:
-        words = tl.load(p_units, mask=mask, other=0, eviction_policy="evict_first")
-    return tl.reshape(words, [t0.shape[0] * BLOCK_T, CODE_WORDS])
+    mask_t = tl.reshape(offs_t < end[:, None], [ROWS])
+    return _load_pq_code_words(0, tl.reshape(offs_t, [ROWS]), mask_t, p_code_words, stride_pt, ROWS, M_BLOCK, True,
+                               PTX_LOADS)
 
 
 @triton.jit
@@ -84,7 +77,6 @@ def _maxsim_pq_warps_kernel(
     dynamic shared memory (ops/launch.prepare_shared_buffer); otherwise (the interpreter) it is
     gathered from global memory by tl.load."""
     D_COLS: tl.constexpr = M_BLOCK * DSUB
-    CODE_WORDS: tl.constexpr = M_BLOCK // CODES_PER_WORD
     offs_i = tl.arange(0, LQ)
     if HAS_QUERY_LENGTHS:
         q_len = tl.minimum(tl.load(p_query_lengths), Lq)
@@ -114,7 +106,7 @@ def _maxsim_pq_warps_kernel(
         warp_tiles = _chunk_tiles(out_idx, p_pids, p_offsets, num_out_docs, BLOCK_T,
                                   DOCS_PER_WARP, HAS_PIDS)
         _, t0, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
-        words = _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T, CODE_WORDS,
+        words = _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T, M_BLOCK,
                                       PTX_LOADS)
         row_max = tl.full([WARPS, LQ], float("-inf"), tl.float32)
         for tile in range(tl.max(warp_tiles).to(tl.int32)):
@@ -127,7 +119,7 @@ def _maxsim_pq_warps_kernel(
             next_t0 = tl.where(same_doc, t0 + BLOCK_T, next_start)
             next_end = tl.where(same_doc, end, next_end)
             next_words = _load_warp_code_words(next_t0, next_end, p_code_words, stride_pt,
-                                               BLOCK_T, CODE_WORDS, PTX_LOADS)
+                                               BLOCK_T, M_BLOCK, PTX_LOADS)
             # [WARPS * BLOCK_T, D_COLS] weights, then one [BLOCK_T, D_COLS] tile per warp.
             p0, p1, p2, p3 = _gather_pq_words(0, words, book, WARPS * BLOCK_T, M_BLOCK, DSUB,
                                               PTX_LOADS, GATHER_BYTES, True, BOOK_COPIES)
