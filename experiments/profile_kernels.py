@@ -258,17 +258,22 @@ PQ_CONFIGS = {
     # in shared memory (smem; skew: the two skewed copies, 128 KB) or gathered through L1.
     # Registers allow 16 warps per SM at 128 (one program of 16, two of 8, ...); shared
     # memory 3 plain copies or one skewed pair per SM.
-    **{f"warps {bt}/{dpp}d/{w}w r128 g{g}{' smem' if smem else ''}{' skew' if skew else ''}":
+    **{f"warps {bt}/{dpp}d/{w}w r{reg} g{g}{' smem' if smem else ''}{' skew' if skew else ''}":
        PQConfig(block_t=bt, docs_per_program=dpp, num_warps=w, num_stages=1, persistent=True,
-                gather_bytes=g, maxnreg=128, independent_warps=True, shared_codebook=smem,
+                gather_bytes=g, maxnreg=reg, independent_warps=True, shared_codebook=smem,
                 skewed_codebook=skew)
-       for bt, dpp, w, g, smem, skew in (
-           (16, 8, 16, 16, True, False), (16, 8, 16, 16, True, True), (16, 8, 8, 16, True, False),
-           (16, 16, 8, 16, True, False), (16, 8, 4, 16, True, False), (16, 32, 16, 16, True, True),
-           (32, 8, 16, 16, True, True), (16, 8, 16, 16, False, False),
-           (16, 8, 16, 8, True, False), (16, 8, 8, 8, True, False),
+       for bt, dpp, w, g, smem, skew, reg in (
+           (16, 8, 16, 16, True, False, 128), (16, 8, 16, 16, True, True, 128),
+           (16, 8, 8, 16, True, False, 128), (16, 16, 8, 16, True, False, 128),
+           (16, 8, 4, 16, True, False, 128), (16, 32, 16, 16, True, True, 128),
+           (32, 8, 16, 16, True, True, 128), (16, 8, 16, 16, False, False, 128),
+           (16, 8, 16, 8, True, False, 128), (16, 8, 8, 8, True, False, 128),
            # fewer documents per warp: less idling behind the warp with the most tiles
-           (16, 4, 16, 16, True, True), (16, 2, 16, 16, True, True))},
+           (16, 4, 16, 16, True, True, 128), (16, 2, 16, 16, True, True, 128),
+           # 32-token tiles at 8 warps (164 registers uncapped: one program of 8 per SM with
+           # the skewed copies, three with the plain copy)
+           (32, 8, 8, 16, True, True, None), (32, 16, 8, 16, True, True, None),
+           (32, 8, 8, 16, True, False, None))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,

@@ -14,6 +14,7 @@ from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # 
 from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops import pq as pq_ops
 from tilemaxsim_plaid.ops.pq import (MANY_DOCS, PQConfig, default_pq_config, maxsim_pq,
                                      skewed_codebook)
 
@@ -535,6 +536,24 @@ def test_configs_that_cannot_apply_are_refused(device):
              PQConfig(**warps))):
         with pytest.raises(ValueError, match="config.independent_warps=True"):
             maxsim_pq(Q_x, *args_x, **extra_x, config=config)
+
+
+def test_independent_warps_refuse_rows_past_int32(device, monkeypatch):
+    """The independent-warps kernel keeps token rows and document indices in int32: an index
+    with more rows than that is refused, not scored at wrapped rows. The limit is lowered to
+    the test index's size rather than building 2**31 rows."""
+    index = random_pq_index(device, 128, 16, [5, 9, 3])
+    args, _ = split(index)
+    Q = unit_queries(1, 8, 128, torch.float16, device)
+    config = PQConfig(block_t=16, num_warps=4, num_stages=1, docs_per_program=1,
+                      persistent=True, independent_warps=True,
+                      shared_codebook=device.type == "cuda")
+    monkeypatch.setattr(pq_ops, "INT32_ROWS", 16)
+    with pytest.raises(ValueError, match="independent_warps=True addresses token rows"):
+        maxsim_pq(Q, *args, config=config)
+    monkeypatch.setattr(pq_ops, "INT32_ROWS", 64)  # 17 rows, 3 documents + one chunk
+    assert_close(maxsim_pq(Q, *args, config=config), reference.maxsim_pq(Q, *args),
+                 "maxsim_pq", torch.float16)
 
 
 def test_default_config_by_number_of_documents():

@@ -59,6 +59,14 @@ def _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T: tl.constexp
 
 
 @triton.jit
+def _warp_doc_rows(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.constexpr):
+    """int32 (start, end) token rows of each warp's out_idx-th scored document
+    (kernels/common.packed_doc_bounds; empty past the last one)."""
+    _, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    return start.to(tl.int32), end.to(tl.int32)
+
+
+@triton.jit
 def _maxsim_pq_warps_kernel(
     p_q, p_code_words, p_offsets, p_pids, p_book_words, p_query_lengths, p_out, p_counter,
     num_out_docs, Lq, num_subquantizers, num_chunks,
@@ -101,11 +109,13 @@ def _maxsim_pq_warps_kernel(
 
     chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     while chunk < num_chunks:
-        # Warp w scores documents first_idx[w] .. first_idx[w] + DOCS_PER_WARP.
-        out_idx = (chunk.to(tl.int64) * WARPS + offs_w) * DOCS_PER_WARP
+        # Warp w scores documents first_idx[w] .. first_idx[w] + DOCS_PER_WARP. Indices and
+        # token rows are int32 (ops/pq.py checks that they fit): each [WARPS] value is
+        # recomputed in every layout that uses it, so its arithmetic is paid several times.
+        out_idx = (chunk * WARPS + offs_w) * DOCS_PER_WARP
         warp_tiles = _chunk_tiles(out_idx, p_pids, p_offsets, num_out_docs, BLOCK_T,
                                   DOCS_PER_WARP, HAS_PIDS)
-        _, t0, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+        t0, end = _warp_doc_rows(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
         words = _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T, M_BLOCK,
                                       PTX_LOADS)
         row_max = tl.full([WARPS, LQ], float("-inf"), tl.float32)
@@ -114,8 +124,8 @@ def _maxsim_pq_warps_kernel(
             # The warp's next tile: the document's next BLOCK_T tokens, else its next document.
             same_doc = t0 + BLOCK_T < end
             next_idx = tl.where(same_doc, out_idx, out_idx + 1)
-            _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, next_idx,
-                                                        num_out_docs, HAS_PIDS)
+            next_start, next_end = _warp_doc_rows(p_pids, p_offsets, next_idx, num_out_docs,
+                                                  HAS_PIDS)
             next_t0 = tl.where(same_doc, t0 + BLOCK_T, next_start)
             next_end = tl.where(same_doc, end, next_end)
             next_words = _load_warp_code_words(next_t0, next_end, p_code_words, stride_pt,
@@ -138,7 +148,7 @@ def _maxsim_pq_warps_kernel(
             # is NaN for an empty document.
             last = active & ~same_doc & (out_idx < num_out_docs)
             per_doc = tl.sum(tl.where(mask_r[None, :], row_max, 0.0), axis=1)
-            tl.store(p_out + out_idx * stride_on, per_doc, mask=last)
+            tl.store(p_out + out_idx.to(tl.int64) * stride_on, per_doc, mask=last)
             row_max = tl.where(~same_doc[:, None], float("-inf"), row_max)
             out_idx, t0, end, words = next_idx, next_t0, next_end, next_words
         chunk = tl.atomic_add(p_counter, 1, sem="relaxed")

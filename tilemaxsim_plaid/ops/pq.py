@@ -32,6 +32,8 @@ MANY_DOCS = 16384
 WORD_BYTES = 4
 # Codebook bytes per gather: 2, 4 or 8 16-bit weights.
 GATHER_BYTES = (4, 8, 16)
+# The independent-warps kernel keeps token rows and document indices in int32.
+INT32_ROWS = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,6 +561,11 @@ def _launch_warps(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, inv_no
             f"{num_m_blocks} chunks, {B} queries, centroid codes "
             f"{'given' if centroid_codes is not None else 'none'}, inverse norms "
             f"{'given' if inv_norms is not None else 'none'}, persistent={cfg.persistent}")
+    num_tokens = pq_codes.shape[0]
+    if max(num_tokens, num_out_docs + cfg.num_warps * cfg.docs_per_program) > INT32_ROWS:
+        raise ValueError(
+            f"config.independent_warps=True addresses token rows and documents in int32: got "
+            f"{num_tokens} token rows and {num_out_docs} documents, more than {INT32_ROWS}")
     book_in_shared = _shared_codebook(cfg, words)
     book_copies = 2 if _skewed_codebook(cfg, gather_bytes, sub_dim, True, False) else 1
     if book_copies == 2:
