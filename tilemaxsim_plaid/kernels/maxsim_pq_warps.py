@@ -18,14 +18,21 @@ BLOCK_T-token tiles (a document's last tile masked, an empty document one masked
 loop runs as many tiles as the warp with the most, and the others idle through masked tiles.
 
 Measured on the H200 (M = 16, 100k documents of mean 70 tokens, one 32-token query;
-results/compressed/h200-tile-stream/run7): exact, and slower than the one-warp kernel, 0.489
+results/compressed/h200-tile-stream/run9): exact, and slower than the one-warp kernel, 0.407
 against 0.357 ms at its best (16 warps, 8 documents each, skewed copies). Nsight Compute: the
-L1 data pipe is down to 62 % busy, but the program executes 2.2x the one-warp kernel's
-instructions (201 M against 91 M): [WARPS]-vector descriptors in 64-bit, document bounds loaded
-every tile, spills at the 128 registers a 16-warp program allows, and idle tile slots: 201 M
-instructions at the tile loop's 336 (sm_90 SASS) are about 600k tiles of 16 tokens, 9.6 M token
-slots for 7.0 M tokens, so about a third are masked tails or warps waiting for the one with the
-most tiles. Kept opt-in as the measured form of the
+L1 data pipe is down to 49 % busy (91 % for the one-warp kernel), issue 44 %, but the program
+executes 1.7x the one-warp kernel's instructions (154 M against 91 M). In the sm_90 SASS of the
+tile loop (268 instructions per 16-token tile):
+* each [WARPS] value (a warp's document index, rows, bounds) lives once per layout that uses
+  it, and triton recomputes it, loads included, in each: four copies of the next document's
+  bounds per tile;
+* each tile's row maxima are summed for the store, and the [WARPS] sums cross shared memory
+  to the store's layout: a barrier of all the program's warps per tile;
+* 154 M instructions at 268 per tile are about 570k tile slots, 9.2 M token slots for 7.0 M
+  tokens: a quarter are masked tails or warps waiting for the one with the most tiles.
+Token rows and document indices are int32 for that reason (ops/pq.py refuses larger indices):
+in 64-bit the loop took 332 instructions and spilled at the 128 registers a 16-warp program
+allows (run7: 0.489 ms, 201 M instructions). Kept opt-in as the measured form of the
 shared-codebook design; a kernel that gives each warp its own document queue and keeps its
 descriptors in scalar registers (warp specialization, outside Triton 3.6) is what is left.
 

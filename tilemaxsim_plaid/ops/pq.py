@@ -146,14 +146,17 @@ class PQConfig:
             block_t-token tiles (kernels/maxsim_pq_warps.py). Meant to take the codebook
             gathers off the L1 data pipe without a copy per warp. Needs word gathers, one
             chunk of sub-quantizers, one query, PQ codes of embeddings (no centroid codes or
-            inverse norms) and a persistent grid. Opt-in, and slower on the H200 (M = 16,
-            results/compressed/h200-tile-stream/run7): 0.489 ms at its best (16 warps, 8
-            documents each, the skewed copies staged) against 0.357 for the default; the
-            plain copy 0.620 (bank conflicts: L1 data pipe 82 %). The skewed copies do take
-            the gathers' wavefronts down (62 % at 0.471 ms under Nsight Compute), but the
-            per-warp document streams execute 2.2x the default's instructions (201 M against
-            91 M: vector descriptors, bounds loaded per tile, spills at the 128 registers a
-            16-warp program allows, and warps idling behind the one with the most tiles).
+            inverse norms), a persistent grid, and token rows and documents that fit int32.
+            Opt-in, and slower on the H200 (M = 16, results/compressed/h200-tile-stream/run9):
+            0.407 ms at its best (16 warps, 8 documents each, the skewed copies staged)
+            against 0.357 for the default; 32-token tiles at 8 warps 0.487-0.506. The skewed
+            copies take the gathers' wavefronts down (L1 data pipe 49 % under Nsight Compute,
+            91 % for the default), but the per-warp document streams execute 1.7x the
+            default's instructions (154 M against 91 M: per-warp bounds recomputed in each
+            layout that uses them, each tile's maxima summed and sent through shared memory
+            to the store, warps idling behind the one with the most tiles). Run 7, with
+            64-bit rows and spills at the 128 registers a 16-warp program allows: 0.489 ms,
+            201 M instructions; the plain copy 0.620 (bank conflicts: data pipe 82 %).
     """
 
     block_t: int = 64
