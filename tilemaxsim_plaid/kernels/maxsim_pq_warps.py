@@ -47,7 +47,7 @@ import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import packed_doc_bounds
 from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_SHARED,
-                                                _assemble_pq_weights, _chunk_tiles,
+                                                _assemble_pq_weights,
                                                 _gather_pq_words, _load_pq_code_words,
                                                 _load_query_pq_tile, _shared_address,
                                                 _stage_codebook_in_shared, _to_gather16_order)
@@ -74,12 +74,42 @@ def _warp_doc_rows(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.conste
 
 
 @triton.jit
+def _balanced_warp_runs(p_pids, p_offsets, first_doc, chunk_docs, num_out_docs,
+                        BLOCK_T: tl.constexpr, WARPS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
+                        HAS_PIDS: tl.constexpr):
+    """(first document index, tiles) of each warp: the chunk's scored documents first_doc ..
+    first_doc + chunk_docs cut into WARPS runs of consecutive documents, warp w's run starting
+    at the last document boundary at or before w / WARPS of the chunk's tiles (a document is
+    ceil(length / BLOCK_T) tiles, an empty one 1). A run is then at most one document's tiles
+    longer than the mean, where runs of a fixed number of documents differ by the spread of
+    their lengths; a warp with no run has 0 tiles."""
+    offs_c = tl.arange(0, CHUNK_BLOCK)
+    idx = first_doc + offs_c
+    in_chunk = (offs_c < chunk_docs) & (idx < num_out_docs)
+    _, start, end = packed_doc_bounds(p_pids, p_offsets, idx, num_out_docs, HAS_PIDS)
+    tiles = tl.where(in_chunk, tl.maximum(tl.cdiv(end - start, BLOCK_T), 1), 0).to(tl.int32)
+    tiles_through = tl.cumsum(tiles, axis=0)  # tiles of documents 0 .. j
+    total = tl.sum(tiles, axis=0)
+    offs_w = tl.arange(0, WARPS)
+    # Warp w starts after the documents that end at or before its share w * total / WARPS, and
+    # the next warp where its share ends: past the chunk for the last warp (all CHUNK_BLOCK
+    # slots, whose trailing ones hold no tiles).
+    share_start = (offs_w * total) // WARPS
+    share_end = tl.where(offs_w == WARPS - 1, total, ((offs_w + 1) * total) // WARPS)
+    first = tl.sum((tiles_through[None, :] <= share_start[:, None]).to(tl.int32), axis=1)
+    tiles_before = tl.sum(tl.where(offs_c[None, :] < first[:, None], tiles[None, :], 0), axis=1)
+    after = tl.sum((tiles_through[None, :] <= share_end[:, None]).to(tl.int32), axis=1)
+    tiles_until = tl.sum(tl.where(offs_c[None, :] < after[:, None], tiles[None, :], 0), axis=1)
+    return first_doc + first, tiles_until - tiles_before
+
+
+@triton.jit
 def _maxsim_pq_warps_kernel(
     p_q, p_code_words, p_offsets, p_pids, p_book_words, p_query_lengths, p_out, p_counter,
-    num_out_docs, Lq, num_subquantizers, num_chunks,
+    num_out_docs, Lq, num_subquantizers, num_chunks, chunk_docs,
     stride_qt, stride_qd, stride_pt, stride_on, book_shared_offset,
     LQ: tl.constexpr, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr, DSUB: tl.constexpr,
-    WARPS: tl.constexpr, DOCS_PER_WARP: tl.constexpr, HAS_PIDS: tl.constexpr,
+    WARPS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, HAS_PIDS: tl.constexpr,
     HAS_QUERY_LENGTHS: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     PTX_LOADS: tl.constexpr, GATHER_BYTES: tl.constexpr, BOOK_COPIES: tl.constexpr,
 ):
@@ -87,7 +117,7 @@ def _maxsim_pq_warps_kernel(
     stride stride_pt words); offsets: int64 [N+1]; pids: [N'] (else 0..N'-1); book_words: int32
     words of the [M, 256, DSUB] codebook in Q's dtype (or of ops/pq.skewed_codebook's layout,
     BOOK_COPIES = 2); query_lengths: [1]; out: fp32 [1, N'] (stride_on); counter: int32 [1],
-    zero at launch: the next chunk of WARPS * DOCS_PER_WARP documents, of num_chunks. With
+    zero at launch: the next chunk of chunk_docs <= CHUNK_BLOCK documents, of num_chunks. With
     PTX_LOADS == PTX_FROM_SHARED the codebook is staged at book_shared_offset bytes into
     dynamic shared memory (ops/launch.prepare_shared_buffer); otherwise (the interpreter) it is
     gathered from global memory by tl.load."""
@@ -116,12 +146,13 @@ def _maxsim_pq_warps_kernel(
 
     chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     while chunk < num_chunks:
-        # Warp w scores documents first_idx[w] .. first_idx[w] + DOCS_PER_WARP. Indices and
-        # token rows are int32 (ops/pq.py checks that they fit): each [WARPS] value is
-        # recomputed in every layout that uses it, so its arithmetic is paid several times.
-        out_idx = (chunk * WARPS + offs_w) * DOCS_PER_WARP
-        warp_tiles = _chunk_tiles(out_idx, p_pids, p_offsets, num_out_docs, BLOCK_T,
-                                  DOCS_PER_WARP, HAS_PIDS)
+        # Each warp scores a run of the chunk's documents with about as many tiles as the
+        # others'. Indices and token rows are int32 (ops/pq.py checks that they fit): each
+        # [WARPS] value is recomputed in every layout that uses it, so its arithmetic is paid
+        # several times.
+        out_idx, warp_tiles = _balanced_warp_runs(p_pids, p_offsets, chunk * chunk_docs,
+                                                  chunk_docs, num_out_docs, BLOCK_T, WARPS,
+                                                  CHUNK_BLOCK, HAS_PIDS)
         t0, end = _warp_doc_rows(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
         words = _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T, M_BLOCK,
                                       PTX_LOADS)

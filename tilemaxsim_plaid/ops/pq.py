@@ -449,7 +449,8 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
 def _grid_with_staged_codebook(kernel, grid, num_chunks, ptx_loads, codebooks, args, constants):
     """(programs, shared-memory offset of the codebook) of a launch: with the codebook staged
     in shared memory, as many programs as fit by shared memory (its bytes reserved past the
-    kernel's own, ops/launch.prepare_shared_buffer); otherwise grid and 0."""
+    kernel's own, ops/launch.prepare_shared_buffer), and no more than num_chunks unless it is
+    None; otherwise grid and 0."""
     if ptx_loads != PTX_FROM_SHARED.value:
         return grid, 0
     book_bytes = codebooks.numel() * codebooks.element_size()
@@ -458,8 +459,8 @@ def _grid_with_staged_codebook(kernel, grid, num_chunks, ptx_loads, codebooks, a
                                                     *args, **constants)
     except ValueError as error:  # the codebook does not fit (d = 384: 192 KB)
         raise ValueError(f"config.shared_codebook=True: {error}") from None
-    sms = torch.cuda.get_device_properties(codebooks.device).multi_processor_count
-    return min(num_chunks, per_sm * sms), book_offset
+    programs = per_sm * torch.cuda.get_device_properties(codebooks.device).multi_processor_count
+    return (programs if num_chunks is None else min(num_chunks, programs)), book_offset
 
 
 def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -577,23 +578,32 @@ def _launch_warps(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, inv_no
     if not interpreting() and cfg.ptx_loads is not False:
         ptx_loads = (PTX_FROM_SHARED if book_in_shared else PTX_FROM_GLOBAL).value
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    docs_per_chunk = cfg.num_warps * cfg.docs_per_program
-    num_chunks = triton.cdiv(num_out_docs, docs_per_chunk)
     counter = torch.zeros(1, dtype=torch.int32, device=Q3.device)
-    args = (Q3, pq_codes, offsets, pids if pids is not None else out, codebooks,
-            query_lengths if query_lengths is not None else out, out, counter,
-            num_out_docs, Lq, num_subquantizers, num_chunks,
-            Q3.stride(1), Q3.stride(2), pq_codes.stride(0) // WORD_BYTES, out.stride(1))
+    docs_per_chunk = cfg.num_warps * cfg.docs_per_program
     constants = dict(
         LQ=max(_pow2(Lq), MIN_DOT_DIM), BLOCK_T=cfg.block_t, M_BLOCK=m_block, DSUB=sub_dim,
-        WARPS=cfg.num_warps, DOCS_PER_WARP=cfg.docs_per_program, HAS_PIDS=pids is not None,
-        HAS_QUERY_LENGTHS=query_lengths is not None, INPUT_PRECISION=dot_precision(Q3.dtype),
-        UPCAST=interpreter_upcast(Q3.dtype), PTX_LOADS=ptx_loads, GATHER_BYTES=gather_bytes,
-        BOOK_COPIES=book_copies, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        maxnreg=cfg.maxnreg)
-    grid, book_offset = _grid_with_staged_codebook(
-        _maxsim_pq_warps_kernel, min(num_chunks, persistent_programs(Q3.device)), num_chunks,
-        ptx_loads, codebooks, args, constants)
+        WARPS=cfg.num_warps, CHUNK_BLOCK=triton.next_power_of_2(docs_per_chunk),
+        HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
+        INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
+        PTX_LOADS=ptx_loads, GATHER_BYTES=gather_bytes, BOOK_COPIES=book_copies,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
+
+    def launch_args(num_chunks, chunk_docs):
+        return (Q3, pq_codes, offsets, pids if pids is not None else out, codebooks,
+                query_lengths if query_lengths is not None else out, out, counter,
+                num_out_docs, Lq, num_subquantizers, num_chunks, chunk_docs,
+                Q3.stride(1), Q3.stride(2), pq_codes.stride(0) // WORD_BYTES, out.stride(1))
+
+    # Programs resident at once, then chunks of at most docs_per_chunk documents, equal in
+    # size and a whole number per program, so that the grid ends with every program busy.
+    programs, book_offset = _grid_with_staged_codebook(
+        _maxsim_pq_warps_kernel, persistent_programs(Q3.device), None, ptx_loads, codebooks,
+        launch_args(3, 3), constants)
+    rounds = triton.cdiv(num_out_docs, programs * docs_per_chunk)
+    chunk_docs = triton.cdiv(num_out_docs, min(programs * rounds, num_out_docs))
+    num_chunks = triton.cdiv(num_out_docs, chunk_docs)
+    grid = min(num_chunks, programs)
+    args = launch_args(num_chunks, chunk_docs)
     _maxsim_pq_warps_kernel[(grid,)](*args, book_shared_offset=book_offset, **constants)
     return out
 
