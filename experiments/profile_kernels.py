@@ -272,6 +272,7 @@ PQ_CONFIGS = {
            (16, 4, 16, 16, True, True, 128), (16, 2, 16, 16, True, True, 128),
            # larger chunks, cut into runs of equal tiles per warp (fewer restarts per program)
            (16, 16, 16, 16, True, True, 128), (16, 64, 16, 16, True, True, 128),
+           (16, 24, 16, 16, True, True, 128), (16, 48, 16, 16, True, True, 128),
            # 32-token tiles at 8 warps (164 registers uncapped: one program of 8 per SM with
            # the skewed copies, three with the plain copy)
            (32, 8, 8, 16, True, True, None), (32, 16, 8, 16, True, True, None),

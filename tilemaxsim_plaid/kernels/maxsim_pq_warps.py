@@ -103,7 +103,11 @@ def _balanced_warp_runs(p_pids, p_offsets, first_doc, chunk_docs, num_out_docs,
     return first_doc + first, tiles_until - tiles_before
 
 
-@triton.jit
+# Not specialized on the chunking, so that the launch the host sizes shared memory for
+# (ops/launch.prepare_shared_buffer, before the chunks are known) is the one it runs: a
+# chunk of one document would otherwise compile a kernel of its own without the codebook's
+# bytes reserved.
+@triton.jit(do_not_specialize=["num_chunks", "chunk_docs"])
 def _maxsim_pq_warps_kernel(
     p_q, p_code_words, p_offsets, p_pids, p_book_words, p_query_lengths, p_out, p_counter,
     num_out_docs, Lq, num_subquantizers, num_chunks, chunk_docs,
