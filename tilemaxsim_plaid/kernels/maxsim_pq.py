@@ -58,8 +58,8 @@ On the H200 it is slower: every program needs its own 64 KB copy, so 3 one-warp 
 SM (1.007 ms against 0.415), and programs of 4 or 8 warps split each tile's products between
 warps and ran 1.3-2.9 ms. At 3 warps per SM a staged warp issued every 6.6 cycles, against 9.8
 for the same shape through L1 at 12 warps. One copy shared by independent warps, each with its
-own documents, is kernels/maxsim_pq_warps.py (PQConfig.independent_warps): exact, and slower in
-Triton 3.6 (0.407 against 0.357 ms) for the instructions its per-warp streams add.
+own documents, is kernels/maxsim_pq_warps.py (PQConfig.independent_warps): exact, and in Triton
+3.6 no faster (0.351 against 0.356 ms) for the instructions its per-warp streams add.
 The codebooks are rounded to Q's dtype once per call on the host, so the result equals MaxSim
 over the codec's decoded vectors within that rounding.
 

@@ -12,29 +12,32 @@ A copy of the codebook per one-warp program costs occupancy (64 KB each: 3 progr
 1.0 ms; results/compressed/h200-shared-codebook). Here one program of WARPS warps stages the
 codebook once and every warp scores its own documents against it: the products are a batched
 tl.dot of [WARPS, Lq, d] by [WARPS, d, BLOCK_T], which triton lays out one batch element per warp
-(warpsPerCTA = [WARPS, 1, 1]), so a warp's tile, its row maxima and its stores never leave the
-warp. Each warp walks its DOCS_PER_WARP documents of the program's chunk as a stream of
-BLOCK_T-token tiles (a document's last tile masked, an empty document one masked tile); the
-loop runs as many tiles as the warp with the most, and the others idle through masked tiles.
+(warpsPerCTA = [WARPS, 1, 1]), so a warp's tile and its row maxima never leave the warp. A program takes chunks of documents; each chunk is cut into one run of consecutive
+documents per warp with about as many tiles as the others' (_balanced_warp_runs), and each warp
+walks its run as a stream of BLOCK_T-token tiles (a document's last tile masked, an empty
+document one masked tile); the loop runs as many tiles as the longest run, and the others idle
+through masked tiles.
 
 Measured on the H200 (M = 16, 100k documents of mean 70 tokens, one 32-token query;
-results/compressed/h200-tile-stream/run9): exact, and slower than the one-warp kernel, 0.407
-against 0.357 ms at its best (16 warps, 8 documents each, skewed copies). Nsight Compute: the
-L1 data pipe is down to 49 % busy (91 % for the one-warp kernel), issue 44 %, but the program
-executes 1.7x the one-warp kernel's instructions (154 M against 91 M). In the sm_90 SASS of the
-tile loop (268 instructions per 16-token tile):
+results/compressed/h200-tile-stream/run11): exact, and as fast as the one-warp kernel, 0.351
+against 0.356 ms at its best (16 warps, chunks of up to 24 or 32 documents per warp, skewed
+copies). Chunks of up to 8 documents per warp take 0.460: each chunk restarts the tile pipeline
+and pays for its cut; one chunk per program takes 0.396. Nsight Compute: the L1 data pipe is 49 %
+busy (91 % for the one-warp kernel), issue 47 %, and the program executes 1.6x the one-warp
+kernel's instructions (145 M against 91 M). In the sm_90 SASS of the tile loop (about 280
+instructions per 16-token tile, 32 of them tensor-core products):
 * each [WARPS] value (a warp's document index, rows, bounds) lives once per layout that uses
   it, and triton recomputes it, loads included, in each: four copies of the next document's
   bounds per tile;
-* each tile's row maxima are summed for the store, and the [WARPS] sums cross shared memory
-  to the store's layout: a barrier of all the program's warps per tile;
-* 154 M instructions at 268 per tile are about 570k tile slots, 9.2 M token slots for 7.0 M
-  tokens: a quarter are masked tails or warps waiting for the one with the most tiles.
+* each tile's row maxima are reduced and summed for the store, and the [WARPS] sums cross
+  shared memory to the store's layout: a barrier of all the program's warps per tile.
 Token rows and document indices are int32 for that reason (ops/pq.py refuses larger indices):
 in 64-bit the loop took 332 instructions and spilled at the 128 registers a 16-warp program
-allows (run7: 0.489 ms, 201 M instructions). Kept opt-in as the measured form of the
-shared-codebook design; a kernel that gives each warp its own document queue and keeps its
-descriptors in scalar registers (warp specialization, outside Triton 3.6) is what is left.
+allows (run7: 0.489 ms, 201 M instructions). Runs of a fixed number of documents per warp left
+a quarter of the tile slots idle behind the warp with the most tiles (run9: 0.407 ms). Kept
+opt-in as the measured form of the shared-codebook design; a kernel that gives each warp its
+own document queue and keeps its descriptors in scalar registers (warp specialization, outside
+Triton 3.6) is what is left.
 
 Scope: word gathers (16-bit queries, an even power-of-two sub-dimension), all sub-quantizers
 in one chunk of at most 128 columns, PQ codes of embeddings (no centroid term), one query per

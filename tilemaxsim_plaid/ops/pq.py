@@ -43,7 +43,9 @@ class PQConfig:
     Attributes:
         block_t: tokens per main tile; block_t_tail: tokens per tile of a document's remainder.
         queries_per_block: queries stacked into one tensor-core product.
-        docs_per_program: documents one program walks (with persistent, per chunk).
+        docs_per_program: documents one program walks (with persistent, per chunk); with
+            independent_warps, documents per warp in a chunk at most (chunks are sized so
+            that each program takes the same number).
         num_warps, num_stages: Triton launch parameters.
         block_d: decoded columns per tensor-core product (32, 64 or 128; None: 128); the
             query's first two chunks stay held. With the query held (hold_query) one 128-column
@@ -142,21 +144,23 @@ class PQConfig:
             then held the time where it was.
         independent_warps: programs of num_warps warps that share one codebook (staged in
             shared memory with shared_codebook, optionally as skewed copies), each warp scoring
-            its own docs_per_program documents of the program's chunk as a stream of
-            block_t-token tiles (kernels/maxsim_pq_warps.py). Meant to take the codebook
-            gathers off the L1 data pipe without a copy per warp. Needs word gathers, one
-            chunk of sub-quantizers, one query, PQ codes of embeddings (no centroid codes or
-            inverse norms), a persistent grid, and token rows and documents that fit int32.
-            Opt-in, and slower on the H200 (M = 16, results/compressed/h200-tile-stream/run9):
-            0.407 ms at its best (16 warps, 8 documents each, the skewed copies staged)
-            against 0.357 for the default; 32-token tiles at 8 warps 0.487-0.506. The skewed
+            its own run of the program's chunk as a stream of block_t-token tiles
+            (kernels/maxsim_pq_warps.py); a chunk is cut into runs of about equal tiles per
+            warp. Meant to take the codebook gathers off the L1 data pipe without a copy per
+            warp. Needs word gathers, one chunk of sub-quantizers, one query, PQ codes of
+            embeddings (no centroid codes or inverse norms), a persistent grid, and token rows
+            and documents that fit int32. Opt-in: on the H200 (M = 16,
+            results/compressed/h200-tile-stream/run11) it ties the default, 0.351 ms at its
+            best (16 warps, chunks of up to 24 or 32 documents per warp, the skewed copies
+            staged) against 0.356; smaller chunks are slower (8 per warp: 0.460, a pipeline
+            restart and a cut per chunk), and so is one chunk per program (0.396). The skewed
             copies take the gathers' wavefronts down (L1 data pipe 49 % under Nsight Compute,
-            91 % for the default), but the per-warp document streams execute 1.7x the
-            default's instructions (154 M against 91 M: per-warp bounds recomputed in each
-            layout that uses them, each tile's maxima summed and sent through shared memory
-            to the store, warps idling behind the one with the most tiles). Run 7, with
-            64-bit rows and spills at the 128 registers a 16-warp program allows: 0.489 ms,
-            201 M instructions; the plain copy 0.620 (bank conflicts: data pipe 82 %).
+            91 % for the default), but the per-warp document streams execute 1.6x the
+            default's instructions (145 M against 91 M: per-warp bounds recomputed in each
+            layout that uses them, each tile's maxima summed and sent through shared memory to
+            the store) at 47 % issue. Earlier forms: 64-bit rows and spills at the 128
+            registers a 16-warp program allows, 0.489 ms (run 7); int32, 0.407 (run 9); the
+            plain copy 0.620 (bank conflicts: data pipe 82 %).
     """
 
     block_t: int = 64
