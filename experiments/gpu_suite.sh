@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-stream-ncu|pq-stream-skew|pq-l1-breakdown|pq-warps|pq-warps-int32|pq-warps-balanced|pq-warps-chunks|pq-final-check|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-stream-ncu|pq-stream-skew|pq-l1-breakdown|pq-warps|pq-warps-int32|pq-warps-balanced|pq-warps-chunks|pq-final-balanced|pq-final-check|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -363,6 +363,14 @@ case "$part" in
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 warps 16/8d/16w r128 g16 smem skew,=pq16 warps 16/24d/16w r128 g16 smem skew,=pq16 warps 16/32d/16w r128 g16 smem skew,=pq16 warps 16/48d/16w r128 g16 smem skew"
     NCU_EXTRA_METRICS=breakdown:l1tex__throughput.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
       ncu_stalls 150 "=pq16 warps 16/8d/16w r128 g16 smem skew,=pq16 warps 16/32d/16w r128 g16 smem skew"
+    ;;
+  pq-final-balanced)  # the whole PQ test file but its property test at the final commit of
+                      # the balanced independent warps, rounds against the defaults, the bench
+    step pq_tests 400 python3 -m pytest -q -x -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq.py -k "not any_config"
+    step kernel_rounds 100 python3 -m experiments.profile_kernels time --rounds 5 \
+      --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 warps 16/24d/16w r128 g16 smem skew,=pq16 warps 16/32d/16w r128 g16 smem skew"
+    step bench_compressed 120 python3 -m experiments.bench_compressed --out "$OUT/compressed"
     ;;
   pq-final-check)  # the whole PQ test file but its property test at the final commit, rounds of
                    # the independent warps with fewer documents per warp, the headline bench
