@@ -12,8 +12,9 @@ A copy of the codebook per one-warp program costs occupancy (64 KB each: 3 progr
 1.0 ms; results/compressed/h200-shared-codebook). Here one program of WARPS warps stages the
 codebook once and every warp scores its own documents against it: the products are a batched
 tl.dot of [WARPS, Lq, d] by [WARPS, d, BLOCK_T], which triton lays out one batch element per warp
-(warpsPerCTA = [WARPS, 1, 1]), so a warp's tile and its row maxima never leave the warp. A program takes chunks of documents; each chunk is cut into one run of consecutive
-documents per warp with about as many tiles as the others' (_balanced_warp_runs), and each warp
+(warpsPerCTA = [WARPS, 1, 1]), so a warp's tile and its row maxima never leave the warp. A
+program takes chunks of documents; each chunk is cut into one run of consecutive documents per
+warp with about as many tiles as the others' (_balanced_warp_runs), and each warp
 walks its run as a stream of BLOCK_T-token tiles (a document's last tile masked, an empty
 document one masked tile); the loop runs as many tiles as the longest run, and the others idle
 through masked tiles.
@@ -64,8 +65,8 @@ def _load_warp_code_words(t0, end, p_code_words, stride_pt, BLOCK_T: tl.constexp
     ROWS: tl.constexpr = t0.shape[0] * BLOCK_T
     offs_t = t0[:, None] + tl.arange(0, BLOCK_T)[None, :]  # [WARPS, BLOCK_T]
     mask_t = tl.reshape(offs_t < end[:, None], [ROWS])
-    return _load_pq_code_words(0, tl.reshape(offs_t, [ROWS]), mask_t, p_code_words, stride_pt, ROWS, M_BLOCK, True,
-                               PTX_LOADS)
+    return _load_pq_code_words(0, tl.reshape(offs_t, [ROWS]), mask_t, p_code_words, stride_pt,
+                               ROWS, M_BLOCK, True, PTX_LOADS)
 
 
 @triton.jit
@@ -148,7 +149,6 @@ def _maxsim_pq_warps_kernel(
                                   BOOK_COPIES * num_subquantizers * 256 * DSUB // 8)
     else:
         book = p_book_words.to(tl.pointer_type(tl.int32))
-    offs_w = tl.arange(0, WARPS)
     offs_tile = tl.arange(0, BLOCK_T)
 
     chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
