@@ -58,7 +58,11 @@ def prepare_shared_buffer(kernel, buffer_bytes: int, offset_name: str, *args, **
     shared memory addresses it by inline PTX at ``global_smem + <offset_name>``. This compiles
     the kernel (the offset argument's value does not change the specialization), places the
     buffer past Triton's buffers and makes every later launch of that compiled kernel reserve
-    it. Uses CompiledKernel.packed_metadata and .function (triton 3.x).
+    it. Only of that one: a launch whose arguments specialize otherwise (an int equal to 1 or
+    divisible by 16 where these were not) compiles a kernel of its own that reserves nothing,
+    and its buffer accesses run past the launch's shared memory. Pass the launch's own
+    arguments, or mark those that may differ do_not_specialize (kernels/maxsim_pq_warps.py).
+    Uses CompiledKernel.packed_metadata and .function (triton 3.x).
 
     Returns (offset, blocks per SM that fit by shared memory); launch with
     ``offset_name=offset``.

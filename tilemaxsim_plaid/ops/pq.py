@@ -599,7 +599,8 @@ def _launch_warps(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, inv_no
                 Q3.stride(1), Q3.stride(2), pq_codes.stride(0) // WORD_BYTES, out.stride(1))
 
     # Programs resident at once, then chunks of at most docs_per_chunk documents, equal in
-    # size and a whole number per program, so that the grid ends with every program busy.
+    # size and a whole number per program, so that the grid ends with every program busy. The
+    # placeholder chunking compiles the kernel that runs: it is not specialized on chunking.
     programs, book_offset = _grid_with_staged_codebook(
         _maxsim_pq_warps_kernel, persistent_programs(Q3.device), None, ptx_loads, codebooks,
         launch_args(3, 3), constants)
