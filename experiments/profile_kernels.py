@@ -277,6 +277,11 @@ PQ_CONFIGS = {
            # the skewed copies, three with the plain copy)
            (32, 8, 8, 16, True, True, None), (32, 16, 8, 16, True, True, None),
            (32, 8, 8, 16, True, False, None))},
+    # Tensor-core decode with every warp on its own documents, CUDA C++ by NVRTC
+    # (scoring="mma", kernels/maxsim_pq_mma.cu; M = 16 only, GPU only): documents a warp takes
+    # at a time (g) and warps per block.
+    **{f"mma {w}w g{grab}": PQConfig(scoring="mma", docs_per_program=grab, mma_warps=w)
+       for w, grab in ((16, 4), (16, 1), (16, 2), (16, 8), (12, 4), (8, 4), (24, 4))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,
@@ -440,6 +445,8 @@ def pq_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
                     continue
                 if cfg.gather_bytes and (DIM // M) % (cfg.gather_bytes // 2):
                     continue  # a sub-vector is not whole words of that width
+                if cfg.scoring == "mma" and (M != 16 or device.type != "cuda"):
+                    continue  # the CUDA kernel: M = 16 on a GPU (tests/kernels/test_maxsim_pq_mma.py)
                 name = f"pq{M}{codes_name} {label}"
                 variants[name] = (lambda c=c, b=books, cfg=cfg: maxsim_pq(
                                       Q, c, offsets, b, config=cfg, validate=False),

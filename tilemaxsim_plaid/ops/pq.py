@@ -12,7 +12,7 @@ from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_GLOBAL, PTX_FROM_SHARED
                                                _maxsim_pq_kernel)
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_warps import _maxsim_pq_warps_kernel
-from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops import checks, pq_mma
 from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
                                          interpreting, launch_in_query_chunks,
                                          persistent_programs, prepare_shared_buffer)
@@ -59,7 +59,14 @@ class PQConfig:
         scoring: "decode" (decode each token's sub-vectors in registers and multiply on the
             tensor cores, kernels/maxsim_pq.py) or "lut" (per-query lookup tables built once per
             call, M entries summed per token and query row, kernels/maxsim_pq_lut.py; uses
-            block_t, docs_per_program, num_warps, num_stages and lut_rows only).
+            block_t, docs_per_program, num_warps, num_stages and lut_rows only), or "mma"
+            (kernels/maxsim_pq_mma.cu, CUDA C++ compiled by NVRTC: every warp walks its own
+            documents, the codebook staged once per block in a shared-memory layout free of
+            bank conflicts, each gather landing in the tensor-core operand's registers; covers
+            d = 128 as M = 16, fp16/bf16 queries of at most 32 tokens, PQ codes of embeddings,
+            on compute capability 8.0 or later; uses docs_per_program as the documents a warp
+            takes at a time and mma_warps only; GPU only, ops/pq_mma.py).
+        mma_warps: with scoring="mma", warps per block (one block per SM, 128 KB of codebook).
         lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights), 8
@@ -174,6 +181,7 @@ class PQConfig:
     gather_bytes: int | None = None
     scoring: str = "decode"
     lut_rows: int = 8
+    mma_warps: int = 16
     ptx_loads: bool | None = None
     persistent: bool = False
     prefetch: int = 0
@@ -397,7 +405,7 @@ def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, i
     return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
 
 
-SCORING = ("decode", "lut")
+SCORING = ("decode", "lut", "mma")
 LUT_ROWS = (4, 8, 16, 32)
 
 
@@ -478,6 +486,14 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     if cfg.scoring == "lut":
         return _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
                            inv_norms, query_lengths, num_out_docs, cfg)
+    if cfg.scoring == "mma":
+        pq_mma.check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms)
+        if not 1 <= cfg.mma_warps <= pq_mma.MAX_WARPS:
+            raise ValueError(f"config.mma_warps must be in [1, {pq_mma.MAX_WARPS}], "
+                             f"got {cfg.mma_warps}")
+        return pq_mma.launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths,
+                                    num_out_docs, grab=cfg.docs_per_program,
+                                    warps=cfg.mma_warps)
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)

@@ -1,0 +1,203 @@
+// Exact MaxSim over PQ codes (M = 16 sub-quantizers of 8 dimensions, d = 128, 256 centroids),
+// with the decode fed straight into mma.sync and every warp walking its own documents.
+//
+//     score[b, n] = sum_i max_t <Q[b, i], concat_m codebooks[m, codes[t, m]]>
+//
+// Why CUDA and not Triton: the Triton PQ kernels are held by what Triton makes every warp do
+// in step (kernels/maxsim_pq_warps.py: per-tile document bounds, row reductions and a block-wide
+// barrier run unconditionally; kernels/maxsim_pq.py: one codebook per one-warp program, so the
+// gathers go through L1). Here each warp keeps its own loop over documents, the codebook is one
+// shared copy per block, and a tile costs 8 shared loads and 32 tensor-core products.
+//
+// Products: S^T = Q D^T by m16n8k16, the query as A (2 blocks of 16 query tokens) and 8
+// document tokens as B. A B fragment is one token's: lane (token g = lane / 4, quad q = lane % 4)
+// holds k columns 2q, 2q+1 and 2q+8, 2q+9 of token g, two consecutive registers. One 16-byte
+// codebook entry, sub-quantizer 4h + q of token g, is dims 0..7 as four fp16 pairs: pairs 0, 1
+// are the B fragment of product k-block 2h, pairs 2, 3 that of k-block 2h + 1. So a gather lands
+// in the registers the products read, with no moves. The query's columns are permuted the same
+// way on the host (ops/pq_mma.mma_query_fragments), which leaves every <q, x> unchanged.
+//
+// Codebook in shared memory, free of bank conflicts (ops/pq_mma.mma_codebook_lines). A 128-byte
+// line holds entry `code` of sub-quantizers 4h..4h+3, twice each: slot 2q + p is sub-quantizer
+// 4h + q, copy p. Lane (g, q) reads slot 2q + (g & 1), so the 8 lanes of a quarter-warp (tokens
+// 2i and 2i+1, quads 0..3) read 8 distinct 16-byte bank groups whatever the codes: one wavefront
+// per quarter-warp. 2 copies * 16 * 256 * 8 * 2 B = 128 KB.
+//
+// Documents: a warp takes GRAB consecutive outputs from a per-query counter and walks each
+// document in 16-token tiles, two halves of 8 (a half wholly past the document's end is
+// skipped). Lane (g, q)'s products hold query rows g, g + 8 (+16) against tokens 2q, 2q + 1 of
+// the half; it keeps their running max over the document, and the max over the quad and the sum
+// over query rows are taken once per document. The next tile's codes are loaded before the
+// current tile's products, so their global-load latency overlaps the arithmetic.
+//
+// Masking as everywhere: a token past its document's end is -inf, a query column past the
+// query's length is zero (the host zeroes it, so it adds max(0) = 0); an empty document is -inf.
+//
+// Defines: WARPS (warps per block), ELEM ("f16" or "bf16").
+
+#ifndef WARPS
+#define WARPS 16
+#endif
+#ifndef ELEM
+#define ELEM f16
+#endif
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+#define BOOK_LINES (4 * 256)
+#define BOOK_VEC4 (BOOK_LINES * 8)  // 16-byte slots
+#define QUERY_REGS 64               // 8 k-blocks * 4 column blocks * 2 registers
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
+                                          unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." STR(ELEM) "." STR(ELEM) ".f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A codebook entry: the 16 bytes at shared address `address` + H * 32 KB (line group H).
+template <int H>
+__device__ __forceinline__ uint4 load_entry(unsigned address) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4 + %5];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address), "n"(H * 32768));
+    return v;
+}
+
+// Codes of token i of a document whose tokens start at p, or zeros past its `left` tokens.
+__device__ __forceinline__ uint4 load_codes(const uint4* __restrict__ p, int i, int left) {
+    return i < left ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
+maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32]
+                const uint4* __restrict__ book_lines,      // [BOOK_VEC4]
+                const uint4* __restrict__ codes,           // [T]: 16 code bytes per token
+                const long long* __restrict__ offsets,     // [N + 1]
+                const long long* __restrict__ pids,        // [num_out] or null: all documents
+                const int* __restrict__ query_rows,        // [B]: the query's length, <= 32
+                float* __restrict__ out,                   // [B][out_stride]
+                long long out_stride,
+                int* __restrict__ counters,                // [B], zero at launch
+                int num_out, int grab) {
+    extern __shared__ uint4 book[];
+    for (int i = threadIdx.x; i < BOOK_VEC4; i += blockDim.x) book[i] = book_lines[i];
+
+    const int lane = threadIdx.x & 31;
+    const int token = lane >> 2;
+    const int quad = lane & 3;
+    // This lane's slot in line 0 (shared address); line (h, code) is 128 * (h * 256 + code) on.
+    const unsigned slot_address =
+        (unsigned)__cvta_generic_to_shared(book) + 16 * (2 * quad + (token & 1));
+    const unsigned code_byte = 0x4440 | quad;  // __byte_perm selector: byte `quad`, zeros above
+    const int query = blockIdx.y;
+
+    // A fragments: register (k-block kb, query block qb, i) at qf[(kb * 2 + qb) * 4 + i].
+    unsigned qf[QUERY_REGS];
+#pragma unroll
+    for (int i = 0; i < QUERY_REGS; ++i) qf[i] = query_frags[(query * QUERY_REGS + i) * 32 + lane];
+    float* out_row = out + query * out_stride;
+    // Query rows this lane's maxima belong to (g, g + 8, g + 16, g + 24): a row past the
+    // query's length adds 0, even to an empty document's -inf.
+    bool row_in_query[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) row_in_query[i] = token + 8 * i < query_rows[query];
+    __syncthreads();
+
+    for (;;) {
+        int first = 0;
+        if (lane == 0) first = atomicAdd(counters + query, grab);
+        first = __shfl_sync(0xffffffffu, first, 0);
+        if (first >= num_out) break;
+        const int last = min(first + grab, num_out);
+
+        int n = first;
+        // The document being read: its first token's codes and its tokens left from there.
+        long long doc = pids ? pids[n] : n;
+        const uint4* p = codes + offsets[doc];
+        int left = (int)(offsets[doc + 1] - offsets[doc]);
+        uint4 codes_lo = load_codes(p, token, left);
+        uint4 codes_hi = load_codes(p, 8 + token, left);
+        // Running max of query rows g, g + 8, g + 16, g + 24 over this lane's tokens.
+        float best[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) best[i] = NEG_INF;
+
+        for (;;) {
+            const uint4 tile_codes[2] = {codes_lo, codes_hi};
+            const int tile_left = left;
+            const int n_tile = n;
+            p += 16;
+            left -= 16;
+            const bool doc_done = left <= 0;
+            if (doc_done && ++n < last) {
+                doc = pids ? pids[n] : n;
+                p = codes + offsets[doc];
+                left = (int)(offsets[doc + 1] - offsets[doc]);
+            }
+            if (n < last) {
+                codes_lo = load_codes(p, token, left);
+                codes_hi = load_codes(p, 8 + token, left);
+            }
+
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int half_left = tile_left - 8 * half;
+                if (half == 1 && half_left <= 0) break;  // the same for the whole warp
+                // Products start from 0 for this lane's tokens 2q, 2q + 1 in the document,
+                // from -inf past its end (the products are finite, so they stay -inf).
+                const float init0 = 2 * quad < half_left ? 0.f : NEG_INF;
+                const float init1 = 2 * quad + 1 < half_left ? 0.f : NEG_INF;
+                float acc[2][4];
+#pragma unroll
+                for (int qb = 0; qb < 2; ++qb) {
+                    acc[qb][0] = init0;
+                    acc[qb][1] = init1;
+                    acc[qb][2] = init0;
+                    acc[qb][3] = init1;
+                }
+                const uint4& c = tile_codes[half];
+                const uint4 w[4] = {
+                    load_entry<0>(slot_address + (__byte_perm(c.x, 0, code_byte) << 7)),
+                    load_entry<1>(slot_address + (__byte_perm(c.y, 0, code_byte) << 7)),
+                    load_entry<2>(slot_address + (__byte_perm(c.z, 0, code_byte) << 7)),
+                    load_entry<3>(slot_address + (__byte_perm(c.w, 0, code_byte) << 7))};
+#pragma unroll
+                for (int h = 0; h < 4; ++h)
+#pragma unroll
+                    for (int qb = 0; qb < 2; ++qb) {
+                        const unsigned* a0 = qf + ((2 * h) * 2 + qb) * 4;
+                        const unsigned* a1 = qf + ((2 * h + 1) * 2 + qb) * 4;
+                        mma_16816(acc[qb], a0[0], a0[1], a0[2], a0[3], w[h].x, w[h].y);
+                        mma_16816(acc[qb], a1[0], a1[1], a1[2], a1[3], w[h].z, w[h].w);
+                    }
+#pragma unroll
+                for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        best[2 * qb + r] = fmaxf(best[2 * qb + r],
+                                                 fmaxf(acc[qb][2 * r], acc[qb][2 * r + 1]));
+            }
+
+            if (doc_done) {
+                // Max over the quad's tokens, then the sum over the 32 query rows.
+                float total = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float v = best[i];
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                    total += row_in_query[i] ? v : 0.f;
+                    best[i] = NEG_INF;
+                }
+                total += __shfl_xor_sync(0xffffffffu, total, 4);
+                total += __shfl_xor_sync(0xffffffffu, total, 8);
+                total += __shfl_xor_sync(0xffffffffu, total, 16);
+                if (lane == 0) out_row[n_tile] = total;
+                if (n >= last) break;
+            }
+        }
+    }
+}

@@ -1,0 +1,156 @@
+"""Host side of kernels/maxsim_pq_mma.cu: PQ MaxSim on tensor cores, one document stream per warp.
+
+``maxsim_pq(..., config=PQConfig(scoring="mma"))`` runs it. It covers the shape it was built
+for (d = 128 as M = 16 sub-quantizers of 8 dims, fp16 or bf16 queries of at most 32 tokens, PQ
+codes of embeddings: no centroid codes or inverse norms; a query longer than 32 tokens is
+scored in launches of 32 and summed) on a GPU of compute capability 8.0 or
+later, and raises ValueError for anything else. The kernel is CUDA C++ compiled once per device
+by NVRTC (ops/nvrtc.py); what the CPU can check is done here: the codebook's shared-memory
+layout and the query's fragment order (tests/test_pq_mma.py replays the kernel's indexing with
+them on the CPU).
+"""
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from tilemaxsim_plaid.ops import nvrtc
+
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "maxsim_pq_mma.cu"
+KERNEL_NAME = "maxsim_pq16_mma"
+NUM_SUBQUANTIZERS = 16
+SUB_DIM = 8
+DIM = NUM_SUBQUANTIZERS * SUB_DIM
+MAX_QUERY_TOKENS = 32
+ELEMENT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# The kernel's constants (maxsim_pq_mma.cu): 8 k-blocks of 16 columns, 2 blocks of 16 query
+# rows, 4 registers per A fragment; a codebook line is 128 bytes of 8 slots.
+K_BLOCKS = DIM // 16
+QUERY_BLOCKS = MAX_QUERY_TOKENS // 16
+QUERY_REGS = K_BLOCKS * QUERY_BLOCKS * 4
+LINE_GROUPS = NUM_SUBQUANTIZERS // 4
+BOOK_BYTES = LINE_GROUPS * 256 * 8 * 16
+WARPS = 16
+MAX_WARPS = 32  # 1024 threads per block
+DEFAULT_GRAB = 4
+
+
+def mma_column_order() -> torch.Tensor:
+    """[128] int64: column j of the kernel's product order holds dimension order[j].
+
+    Product k-block kb = 2h + s, column c in [0, 16): quad q = (c % 8) // 2 reads sub-quantizer
+    4h + q, whose fp16 pair (2s + c // 8) lands on columns 2q + 8 * (c // 8) + (0, 1)."""
+    kb = torch.arange(K_BLOCKS)[:, None]
+    c = torch.arange(16)[None, :]
+    subquantizer = 4 * (kb // 2) + (c % 8) // 2
+    element = 4 * (kb % 2) + 2 * (c // 8) + c % 2
+    return (subquantizer * SUB_DIM + element).reshape(-1)
+
+
+def mma_codebook_lines(codebooks: torch.Tensor) -> torch.Tensor:
+    """[16, 256, 8] -> [4 * 256 * 8, 8]: the kernel's shared-memory codebook (128 KB in fp16).
+
+    Line (h, code), 128 bytes, holds entry `code` of sub-quantizers 4h..4h+3 twice: slot 2q + p
+    is sub-quantizer 4h + q, copy p. A lane reads copy p = (its token) & 1, so a quarter-warp's
+    8 gathers fall in 8 distinct bank groups."""
+    grouped = codebooks.reshape(LINE_GROUPS, 4, 256, SUB_DIM).permute(0, 2, 1, 3)
+    return grouped[:, :, :, None, :].expand(LINE_GROUPS, 256, 4, 2, SUB_DIM).reshape(-1, SUB_DIM)
+
+
+def _fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
+    """Query row and product column of each of the 2 halves of register i of lane l:
+    [QUERY_REGS, 32, 2] each. Register i = (kb * 2 + qb) * 4 + r of an m16n8k16 A fragment:
+    rows g (r even) or g + 8 (r odd), columns 2q + 8 * (r // 2) + (0, 1), g = l // 4, q = l % 4."""
+    i = torch.arange(QUERY_REGS)[:, None, None]
+    lane = torch.arange(32)[None, :, None]
+    half = torch.arange(2)[None, None, :]
+    kb, qb, r = i // 8, (i // 4) % 2, i % 4
+    rows = qb * 16 + lane // 4 + 8 * (r % 2)
+    cols = kb * 16 + 2 * (lane % 4) + 8 * (r // 2) + half
+    return rows.expand(-1, 32, 2), cols.expand(-1, -1, 2)
+
+
+def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
+    """[B, Lq <= 32, 128] fp16/bf16 -> int32 [B, QUERY_REGS, 32]: each lane's A fragments.
+
+    Columns are taken in mma_column_order; rows past a query's length (and past Lq) are zero,
+    so they add max(0) = 0 to every score."""
+    B, Lq, _ = Q3.shape
+    padded = torch.zeros(B, MAX_QUERY_TOKENS, DIM, dtype=Q3.dtype, device=Q3.device)
+    padded[:, :Lq] = Q3[:, :, mma_column_order().to(Q3.device)]
+    if query_lengths is not None:
+        keep = torch.arange(MAX_QUERY_TOKENS, device=Q3.device)[None] < query_lengths[:, None]
+        padded *= keep[:, :, None].to(Q3.dtype)
+    rows, cols = (index.to(Q3.device) for index in _fragment_index())
+    pairs = padded[:, rows, cols]  # [B, QUERY_REGS, 32, 2]
+    return pairs.contiguous().view(torch.int32).reshape(B, QUERY_REGS, 32)
+
+
+def check_applies(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
+                  centroid_codes, inv_norms) -> None:
+    """Raises ValueError naming what keeps scoring="mma" from this input."""
+    reasons = []
+    if Q3.dtype not in ELEMENT_NAMES:
+        reasons.append(f"Q dtype {Q3.dtype} (fp16 or bf16)")
+    if Q3.shape[-1] != DIM or tuple(codebooks.shape) != (NUM_SUBQUANTIZERS, 256, SUB_DIM):
+        reasons.append(f"d = {Q3.shape[-1]} with codebooks {tuple(codebooks.shape)} "
+                       f"(d = {DIM} as M = {NUM_SUBQUANTIZERS} of {SUB_DIM})")
+    if centroid_codes is not None or inv_norms is not None:
+        reasons.append("centroid codes or inverse norms (PQ codes of embeddings only)")
+    if pq_codes.stride(0) != NUM_SUBQUANTIZERS or pq_codes.data_ptr() % 16:
+        reasons.append("code rows that are not 16 contiguous bytes, 16-byte aligned")
+    if Q3.device.type != "cuda":
+        reasons.append(f"device {Q3.device} (a CUDA GPU)")
+    elif torch.cuda.get_device_capability(Q3.device) < (8, 0):
+        reasons.append("a GPU before compute capability 8.0")
+    if reasons:
+        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+
+
+@lru_cache(maxsize=None)
+def _compiled(arch: str, element: str, warps: int) -> bytes:
+    cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
+                                   {"WARPS": warps, "ELEM": element})
+    return cubin
+
+
+@lru_cache(maxsize=None)
+def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS) -> nvrtc.CudaKernel:
+    major, minor = torch.cuda.get_device_capability(device)
+    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps)
+    return nvrtc.CudaKernel(cubin, KERNEL_NAME, device, dynamic_shared=BOOK_BYTES)
+
+
+def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out_docs,
+                  grab: int = DEFAULT_GRAB, warps: int = WARPS) -> torch.Tensor:
+    """fp32 [B, num_out_docs]. Inputs checked by ops/pq.maxsim_pq and check_applies."""
+    B = Q3.shape[0]
+    device = Q3.device
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=device)
+    if num_out_docs == 0 or B == 0:
+        return out
+    if grab < 1:
+        raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
+    lines = mma_codebook_lines(codebooks.to(Q3.dtype)).contiguous()
+    pids64 = pids.to(torch.int64).contiguous() if pids is not None else None
+    offsets = offsets.contiguous()
+    blocks = torch.cuda.get_device_properties(device).multi_processor_count
+    launch = kernel(device, Q3.dtype, warps)
+    # Query tokens in launches of at most 32: the sum over query tokens splits exactly.
+    for start in range(0, max(Q3.shape[1], 1), MAX_QUERY_TOKENS):
+        chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
+        if query_lengths is not None:
+            lengths = (query_lengths - start).clamp(0, chunk.shape[1]).to(torch.int32)
+        else:
+            lengths = torch.full((B,), chunk.shape[1], dtype=torch.int32, device=device)
+        scores = out if start == 0 else torch.empty_like(out)
+        counters = torch.zeros(B, dtype=torch.int32, device=device)
+        launch((blocks, B, 1), (32 * warps, 1, 1),
+               [mma_query_fragments(chunk, lengths), lines, pq_codes, offsets, pids64, lengths, scores,
+                ctypes.c_longlong(scores.stride(0)), counters, ctypes.c_int(num_out_docs),
+                ctypes.c_int(grab)])
+        if start:
+            out += scores
+    return out
