@@ -280,8 +280,10 @@ PQ_CONFIGS = {
     # Tensor-core decode with every warp on its own documents, CUDA C++ by NVRTC
     # (scoring="mma", kernels/maxsim_pq_mma.cu; M = 16 only, GPU only): documents a warp takes
     # at a time (g) and warps per block.
-    **{f"mma {w}w g{grab}": PQConfig(scoring="mma", docs_per_program=grab, mma_warps=w)
-       for w, grab in ((16, 4), (16, 1), (16, 2), (16, 8), (12, 4), (8, 4), (24, 4))},
+    **{f"mma {w}w g{grab}{f' c{chains}' if chains > 1 else ''}": PQConfig(
+        scoring="mma", docs_per_program=grab, mma_warps=w, mma_chains=chains)
+       for w, grab, chains in ((16, 4, 1), (16, 1, 1), (16, 2, 1), (16, 8, 1), (12, 4, 1),
+                               (8, 4, 1), (24, 4, 1), (16, 4, 2), (12, 4, 2))},
     # Tails in full 32-token tiles (masked) instead of 16-token ones.
     **{f"words 32+32/4d/1w bd128 r144 g{g} tilemax": PQConfig(
         block_t=32, block_t_tail=32, docs_per_program=4, num_warps=1, num_stages=1,

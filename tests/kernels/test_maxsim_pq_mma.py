@@ -106,7 +106,7 @@ def test_kernel_source_compiles_for_sm90():
         pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
     for element in pq_mma.ELEMENT_NAMES.values():
         cubin, log = nvrtc.compile_cubin(pq_mma.SOURCE.read_text(), pq_mma.SOURCE.name, "sm_90",
-                                         {"WARPS": pq_mma.WARPS, "ELEM": element},
+                                         {"WARPS": pq_mma.WARPS, "ELEM": element, "CHAINS": 1},
                                          ("--ptxas-options=-v",))
         assert cubin[:4] == b"\x7fELF"
         assert "0 bytes spill stores" in log, log
@@ -139,15 +139,15 @@ def test_refusals_name_what_does_not_apply(device):
 @on_gpu
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
-@pytest.mark.parametrize("grab,warps", [(1, 16), (4, 16), (3, 5)])
-def test_kernel_matches_reference(device, poisoned_outputs, dtype, grab, warps):
+@pytest.mark.parametrize("grab,warps,chains", [(1, 16, 1), (4, 16, 1), (3, 5, 1), (4, 16, 2)])
+def test_kernel_matches_reference(device, poisoned_outputs, dtype, grab, warps, chains):
     # Lengths around the 8- and 16-token halves and tiles, an empty first document.
     lengths = list(DOC_LENGTHS) + [1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 130]
     index = random_pq_index(device, 128, 16, lengths=lengths)
     args, _ = split(index)
     Q = unit_queries(3, 32, 128, dtype, device)
     query_lengths = torch.tensor([32, 5, 0], device=device)
-    config = PQConfig(scoring="mma", docs_per_program=grab, mma_warps=warps)
+    config = PQConfig(scoring="mma", docs_per_program=grab, mma_warps=warps, mma_chains=chains)
     out = maxsim_pq(Q, *args, query_lengths=query_lengths, config=config)
     assert_close(out, reference.maxsim_pq(Q, *args, query_lengths=query_lengths), "maxsim_pq",
                  dtype)
@@ -162,7 +162,7 @@ def test_kernel_pids_long_query_and_many_documents(device, poisoned_outputs):
     pids = torch.randperm(5000, device=device)[:777]
     Q = unit_queries(2, 45, 128, torch.float16, device)  # two launches of <= 32 query tokens
     out = maxsim_pq(Q, *args, pids=pids, config=PQConfig(scoring="mma"))
-    want = reference.maxsim_pq(Q, *args)[:, pids]
+    want = reference.maxsim_pq(Q, *args)[:, pids.cpu()]
     assert_close(out, want, "maxsim_pq", torch.float16)
     out2d = maxsim_pq(Q[0, :9], *args, config=PQConfig(scoring="mma"))
     assert_close(out2d, reference.maxsim_pq(Q[0, :9], *args), "maxsim_pq", torch.float16)

@@ -33,13 +33,17 @@
 // Masking as everywhere: a token past its document's end is -inf, a query column past the
 // query's length is zero (the host zeroes it, so it adds max(0) = 0); an empty document is -inf.
 //
-// Defines: WARPS (warps per block), ELEM ("f16" or "bf16").
+// Defines: WARPS (warps per block), ELEM ("f16" or "bf16"), CHAINS (1 or 2 independent
+// accumulations per query block and 8-token half).
 
 #ifndef WARPS
 #define WARPS 16
 #endif
 #ifndef ELEM
 #define ELEM f16
+#endif
+#ifndef CHAINS
+#define CHAINS 1
 #endif
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -77,7 +81,8 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
                 const uint4* __restrict__ codes,           // [T]: 16 code bytes per token
                 const long long* __restrict__ offsets,     // [N + 1]
                 const long long* __restrict__ pids,        // [num_out] or null: all documents
-                const int* __restrict__ query_rows,        // [B]: the query's length, <= 32
+                const int* __restrict__ query_rows,        // [B] query lengths, or null:
+                int num_query_rows,                        //   all num_query_rows (<= 32)
                 float* __restrict__ out,                   // [B][out_stride]
                 long long out_stride,
                 int* __restrict__ counters,                // [B], zero at launch
@@ -103,7 +108,8 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
     // query's length adds 0, even to an empty document's -inf.
     bool row_in_query[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) row_in_query[i] = token + 8 * i < query_rows[query];
+    for (int i = 0; i < 4; ++i)
+        row_in_query[i] = token + 8 * i < (query_rows ? query_rows[query] : num_query_rows);
     __syncthreads();
 
     for (;;) {
@@ -150,7 +156,9 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
                 // from -inf past its end (the products are finite, so they stay -inf).
                 const float init0 = 2 * quad < half_left ? 0.f : NEG_INF;
                 const float init1 = 2 * quad + 1 < half_left ? 0.f : NEG_INF;
-                float acc[2][4];
+                // acc[qb] sums the products of sub-quantizer groups h with h % CHAINS == 0,
+                // acc[2 + qb] (CHAINS == 2) the others: independent chains of products.
+                float acc[2 * CHAINS][4];
 #pragma unroll
                 for (int qb = 0; qb < 2; ++qb) {
                     acc[qb][0] = init0;
@@ -158,6 +166,10 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
                     acc[qb][2] = init0;
                     acc[qb][3] = init1;
                 }
+#pragma unroll
+                for (int k = 2; k < 2 * CHAINS; ++k)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[k][j] = 0.f;
                 const uint4& c = tile_codes[half];
                 const uint4 w[4] = {
                     load_entry<0>(slot_address + (__byte_perm(c.x, 0, code_byte) << 7)),
@@ -170,9 +182,14 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
                     for (int qb = 0; qb < 2; ++qb) {
                         const unsigned* a0 = qf + ((2 * h) * 2 + qb) * 4;
                         const unsigned* a1 = qf + ((2 * h + 1) * 2 + qb) * 4;
-                        mma_16816(acc[qb], a0[0], a0[1], a0[2], a0[3], w[h].x, w[h].y);
-                        mma_16816(acc[qb], a1[0], a1[1], a1[2], a1[3], w[h].z, w[h].w);
+                        float (&sum)[4] = acc[qb + 2 * (h % CHAINS)];
+                        mma_16816(sum, a0[0], a0[1], a0[2], a0[3], w[h].x, w[h].y);
+                        mma_16816(sum, a1[0], a1[1], a1[2], a1[3], w[h].z, w[h].w);
                     }
+#pragma unroll
+                for (int k = 2; k < 2 * CHAINS; ++k)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[k - 2][j] += acc[k][j];
 #pragma unroll
                 for (int qb = 0; qb < 2; ++qb)
 #pragma unroll

@@ -67,6 +67,7 @@ class PQConfig:
             on compute capability 8.0 or later; uses docs_per_program as the documents a warp
             takes at a time and mma_warps only; GPU only, ops/pq_mma.py).
         mma_warps: with scoring="mma", warps per block (one block per SM, 128 KB of codebook).
+        mma_chains: with scoring="mma", independent accumulations per product (1 or 2).
         lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights), 8
@@ -182,6 +183,7 @@ class PQConfig:
     scoring: str = "decode"
     lut_rows: int = 8
     mma_warps: int = 16
+    mma_chains: int = 1
     ptx_loads: bool | None = None
     persistent: bool = False
     prefetch: int = 0
@@ -493,7 +495,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
                              f"got {cfg.mma_warps}")
         return pq_mma.launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths,
                                     num_out_docs, grab=cfg.docs_per_program,
-                                    warps=cfg.mma_warps)
+                                    warps=cfg.mma_warps, chains=cfg.mma_chains)
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     for name in ("block_t", "block_t_tail"):
         value = getattr(cfg, name)

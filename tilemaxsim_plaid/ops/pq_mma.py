@@ -72,20 +72,28 @@ def _fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
     return rows.expand(-1, 32, 2), cols.expand(-1, -1, 2)
 
 
+@lru_cache(maxsize=None)
+def _fragment_gather(num_rows: int, device: torch.device) -> torch.Tensor:
+    """[QUERY_REGS * 32 * 2] int64 into a [num_rows * 128 + 1] flattened query whose last
+    element is 0: every fragment half's source, rows past num_rows reading the 0."""
+    rows, cols = _fragment_index()
+    source = rows * DIM + mma_column_order()[cols]
+    return torch.where(rows < num_rows, source, num_rows * DIM).reshape(-1).to(device)
+
+
 def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
     """[B, Lq <= 32, 128] fp16/bf16 -> int32 [B, QUERY_REGS, 32]: each lane's A fragments.
 
     Columns are taken in mma_column_order; rows past a query's length (and past Lq) are zero,
-    so they add max(0) = 0 to every score."""
+    so they add max(0) = 0 to every score (the kernel also adds 0 for them to an empty
+    document, from the lengths it is given)."""
     B, Lq, _ = Q3.shape
-    padded = torch.zeros(B, MAX_QUERY_TOKENS, DIM, dtype=Q3.dtype, device=Q3.device)
-    padded[:, :Lq] = Q3[:, :, mma_column_order().to(Q3.device)]
     if query_lengths is not None:
-        keep = torch.arange(MAX_QUERY_TOKENS, device=Q3.device)[None] < query_lengths[:, None]
-        padded *= keep[:, :, None].to(Q3.dtype)
-    rows, cols = (index.to(Q3.device) for index in _fragment_index())
-    pairs = padded[:, rows, cols]  # [B, QUERY_REGS, 32, 2]
-    return pairs.contiguous().view(torch.int32).reshape(B, QUERY_REGS, 32)
+        keep = torch.arange(Lq, device=Q3.device)[None] < query_lengths[:, None]
+        Q3 = Q3 * keep[:, :, None].to(Q3.dtype)
+    flat = torch.cat([Q3.reshape(B, Lq * DIM), Q3.new_zeros(B, 1)], dim=1)
+    pairs = flat[:, _fragment_gather(Lq, Q3.device)]
+    return pairs.view(torch.int32).reshape(B, QUERY_REGS, 32)
 
 
 def check_applies(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
@@ -110,21 +118,27 @@ def check_applies(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Ten
 
 
 @lru_cache(maxsize=None)
-def _compiled(arch: str, element: str, warps: int) -> bytes:
+def _compiled(arch: str, element: str, warps: int, chains: int) -> bytes:
     cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
-                                   {"WARPS": warps, "ELEM": element})
+                                   {"WARPS": warps, "ELEM": element, "CHAINS": chains})
     return cubin
 
 
 @lru_cache(maxsize=None)
-def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS) -> nvrtc.CudaKernel:
+def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS,
+           chains: int = 1) -> nvrtc.CudaKernel:
     major, minor = torch.cuda.get_device_capability(device)
-    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps)
+    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps, chains)
     return nvrtc.CudaKernel(cubin, KERNEL_NAME, device, dynamic_shared=BOOK_BYTES)
 
 
+@lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out_docs,
-                  grab: int = DEFAULT_GRAB, warps: int = WARPS) -> torch.Tensor:
+                  grab: int = DEFAULT_GRAB, warps: int = WARPS, chains: int = 1) -> torch.Tensor:
     """fp32 [B, num_out_docs]. Inputs checked by ops/pq.maxsim_pq and check_applies."""
     B = Q3.shape[0]
     device = Q3.device
@@ -133,24 +147,25 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
         return out
     if grab < 1:
         raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
-    lines = mma_codebook_lines(codebooks.to(Q3.dtype)).contiguous()
+    lines = mma_codebook_lines(codebooks.to(Q3.dtype))
     pids64 = pids.to(torch.int64).contiguous() if pids is not None else None
     offsets = offsets.contiguous()
-    blocks = torch.cuda.get_device_properties(device).multi_processor_count
-    launch = kernel(device, Q3.dtype, warps)
+    blocks = _multiprocessors(device)
+    if chains not in (1, 2):
+        raise ValueError(f"config.mma_chains must be 1 or 2, got {chains}")
+    launch = kernel(device, Q3.dtype, warps, chains)
     # Query tokens in launches of at most 32: the sum over query tokens splits exactly.
     for start in range(0, max(Q3.shape[1], 1), MAX_QUERY_TOKENS):
         chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
+        lengths = None
         if query_lengths is not None:
             lengths = (query_lengths - start).clamp(0, chunk.shape[1]).to(torch.int32)
-        else:
-            lengths = torch.full((B,), chunk.shape[1], dtype=torch.int32, device=device)
         scores = out if start == 0 else torch.empty_like(out)
         counters = torch.zeros(B, dtype=torch.int32, device=device)
         launch((blocks, B, 1), (32 * warps, 1, 1),
-               [mma_query_fragments(chunk, lengths), lines, pq_codes, offsets, pids64, lengths, scores,
-                ctypes.c_longlong(scores.stride(0)), counters, ctypes.c_int(num_out_docs),
-                ctypes.c_int(grab)])
+               [mma_query_fragments(chunk, lengths), lines, pq_codes, offsets, pids64, lengths,
+                ctypes.c_int(chunk.shape[1]), scores, ctypes.c_longlong(scores.stride(0)),
+                counters, ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
         if start:
             out += scores
     return out
