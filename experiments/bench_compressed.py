@@ -19,7 +19,8 @@ Providers:
 * torch_decompress_score: decompress_residuals (colbert-ai's batched decode) then D @ Q^T and a
   segment max: what colbert-ai's stage 4 does on a GPU.
 * tilemaxsim_pq_M16 / _M32: maxsim_pq on PQ codes (trained with torch k-means on 64k decoded
-  tokens) of the decoded embeddings.
+  tokens) of the decoded embeddings, default config: on a GPU with NVRTC, M = 16 is the CUDA
+  tensor-core kernel (scoring="mma", kernels/maxsim_pq_mma.cu), M = 32 the Triton kernel.
 * late_interaction_kernels: plaid.maxsim_residual_varlen, when importable, on the same codes with
   each residual byte bit-reversed (its layout reads slot s at bit s * nbits with the bucket's bits
   in order; colbert-ai's is the mirror image), after checking its scores agree with ours.
@@ -190,6 +191,9 @@ def classify_bound(row: dict, ceilings: dict) -> str:
         "tilemaxsim_residual_gather": "decode arithmetic + centroid-row gathers from L2",
         "torch_decompress_score": "materialised decode: extra HBM passes and launches",
         "late_interaction_kernels": "per-(query, doc) programs: decode repeated, low occupancy",
+        "tilemaxsim_pq_M16": "issue latency at 16 warps/SM: 64 registers of held query, chains "
+                             "of tensor-core products (ncu, scoring='mma': issue 47-51 %, L1 48 %, "
+                             "DRAM 12 %)",
     }.get(row["provider"], "L1 wavefronts of the codebook gathers (ncu at M = 16: L1 data pipe 91 %, "
                            "banks 11 %, tensor pipe 31 %)"
           if "pq" in row["provider"] else "latency / occupancy")

@@ -198,6 +198,14 @@ class PQConfig:
     independent_warps: bool = False
 
 
+# The default where scoring="mma" applies (d = 128 as M = 16, fp16/bf16, PQ codes of
+# embeddings, a GPU with NVRTC) and at least MANY_DOCS documents are scored. H200, 100k
+# documents of mean 70 tokens, one 32-token query (results/compressed/h200-pq-mma): 0.215 ms
+# against 0.367 for the Triton default and 0.454 for dense packed scoring of the same documents;
+# 1, 2, 4 or 8 documents per grab within 1 %, 12 warps 0.238, 8 warps 0.602.
+MMA_DEFAULT = PQConfig(scoring="mma", docs_per_program=4, mma_warps=16)
+
+
 def _pow2(x: int) -> int:
     return 1 if x <= 1 else triton.next_power_of_2(x)
 
@@ -481,6 +489,9 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
     num_subquantizers, _, sub_dim = codebooks.shape
+    if config is None and num_out_docs >= MANY_DOCS and pq_mma.nvrtc_available() and not \
+            pq_mma.reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms):
+        config = MMA_DEFAULT
     cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size(),
                                       num_subquantizers, sub_dim)
     if cfg.scoring not in SCORING:

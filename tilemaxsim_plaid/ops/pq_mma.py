@@ -96,9 +96,9 @@ def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) ->
     return pairs.view(torch.int32).reshape(B, QUERY_REGS, 32)
 
 
-def check_applies(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
-                  centroid_codes, inv_norms) -> None:
-    """Raises ValueError naming what keeps scoring="mma" from this input."""
+def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
+                         centroid_codes, inv_norms) -> list[str]:
+    """What keeps scoring="mma" from this input (empty: it applies)."""
     reasons = []
     if Q3.dtype not in ELEMENT_NAMES:
         reasons.append(f"Q dtype {Q3.dtype} (fp16 or bf16)")
@@ -113,8 +113,23 @@ def check_applies(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Ten
         reasons.append(f"device {Q3.device} (a CUDA GPU)")
     elif torch.cuda.get_device_capability(Q3.device) < (8, 0):
         reasons.append("a GPU before compute capability 8.0")
+    return reasons
+
+
+def check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms) -> None:
+    """Raises ValueError naming what keeps scoring="mma" from this input."""
+    reasons = reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms)
     if reasons:
         raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+
+
+@lru_cache(maxsize=None)
+def nvrtc_available() -> bool:
+    try:
+        nvrtc.nvrtc_library()
+    except nvrtc.NvrtcError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=None)
