@@ -1,10 +1,11 @@
 """PQ MaxSim on tensor cores with per-warp document streams (scoring="mma",
 kernels/maxsim_pq_mma.cu).
 
-The kernel is CUDA C++ and runs on a GPU only. On the CPU the two layouts it reads (the
-codebook's shared-memory lines and the query's fragments) are replayed with the kernel's own
-indexing and the scores checked against the float64 reference; the source is compiled for
-sm_90 by NVRTC. On a GPU the kernel itself is checked against the reference.
+The kernel is CUDA C++ and runs on a GPU only. On the CPU the two layouts it builds (the
+codebook's shared-memory lines and the query's fragments: ops/pq_mma.mma_codebook_lines and
+mma_query_fragments) are replayed with the kernel's indexing and the scores checked against the
+float64 reference; the source is compiled for sm_90 by NVRTC. On a GPU the kernel itself is
+checked against the reference.
 """
 
 from __future__ import annotations
@@ -140,10 +141,14 @@ def test_refusals_name_what_does_not_apply(device):
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
 @pytest.mark.parametrize("grab,warps,chains", [(1, 16, 1), (4, 16, 1), (3, 5, 1), (4, 16, 2)])
-def test_kernel_matches_reference(device, poisoned_outputs, dtype, grab, warps, chains):
+@pytest.mark.parametrize("book_dtype", ["fp32", "query"])
+def test_kernel_matches_reference(device, poisoned_outputs, dtype, grab, warps, chains,
+                                  book_dtype):
     # Lengths around the 8- and 16-token halves and tiles, an empty first document.
     lengths = list(DOC_LENGTHS) + [1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 130]
     index = random_pq_index(device, 128, 16, lengths=lengths)
+    if book_dtype == "query":  # staged as given; fp32 ones are rounded by the kernel
+        index["codebooks"] = index["codebooks"].to(dtype)
     args, _ = split(index)
     Q = unit_queries(3, 32, 128, dtype, device)
     query_lengths = torch.tensor([32, 5, 0], device=device)
@@ -160,7 +165,8 @@ def test_kernel_pids_long_query_and_many_documents(device, poisoned_outputs):
     index = random_pq_index(device, 128, 16, lengths=lengths)
     args, _ = split(index)
     pids = torch.randperm(5000, device=device)[:777]
-    Q = unit_queries(2, 45, 128, torch.float16, device)  # two launches of <= 32 query tokens
+    # Two launches of <= 32 query tokens, from a query with strided rows.
+    Q = unit_queries(2, 90, 128, torch.float16, device)[:, ::2]
     out = maxsim_pq(Q, *args, pids=pids, config=PQConfig(scoring="mma"))
     want = reference.maxsim_pq(Q, *args)[:, pids.cpu()]
     assert_close(out, want, "maxsim_pq", torch.float16)

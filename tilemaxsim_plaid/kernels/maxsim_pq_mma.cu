@@ -14,10 +14,13 @@
 // holds k columns 2q, 2q+1 and 2q+8, 2q+9 of token g, two consecutive registers. One 16-byte
 // codebook entry, sub-quantizer 4h + q of token g, is dims 0..7 as four fp16 pairs: pairs 0, 1
 // are the B fragment of product k-block 2h, pairs 2, 3 that of k-block 2h + 1. So a gather lands
-// in the registers the products read, with no moves. The query's columns are permuted the same
-// way on the host (ops/pq_mma.mma_query_fragments), which leaves every <q, x> unchanged.
+// in the registers the products read, with no moves. Each lane loads its query fragments in the
+// same column order at the start (ops/pq_mma.mma_query_fragments is that layout, on the CPU), which
+// leaves every <q, x> unchanged.
 //
-// Codebook in shared memory, free of bank conflicts (ops/pq_mma.mma_codebook_lines). A 128-byte
+// Codebook in shared memory, free of bank conflicts, staged by each block from the [16, 256, 8]
+// codebook (fp32 ones rounded to the query's dtype on the way; ops/pq_mma.mma_codebook_lines is
+// the layout, on the CPU). A 128-byte
 // line holds entry `code` of sub-quantizers 4h..4h+3, twice each: slot 2q + p is sub-quantizer
 // 4h + q, copy p. Lane (g, q) reads slot 2q + (g & 1), so the 8 lanes of a quarter-warp (tokens
 // 2i and 2i+1, quads 0..3) read 8 distinct 16-byte bank groups whatever the codes: one wavefront
@@ -30,11 +33,11 @@
 // over query rows are taken once per document. The next tile's codes are loaded before the
 // current tile's products, so their global-load latency overlaps the arithmetic.
 //
-// Masking as everywhere: a token past its document's end is -inf, a query column past the
-// query's length is zero (the host zeroes it, so it adds max(0) = 0); an empty document is -inf.
+// Masking as everywhere: a token past its document's end is -inf, a query row past the query's
+// length is zero and adds 0 (also to an empty document's -inf); an empty document is -inf.
 //
 // Defines: WARPS (warps per block), ELEM ("f16" or "bf16"), CHAINS (1 or 2 independent
-// accumulations per query block and 8-token half).
+// accumulations per query block and 8-token half), BOOK_F32 (1: the codebook is fp32).
 
 #ifndef WARPS
 #define WARPS 16
@@ -45,11 +48,12 @@
 #ifndef CHAINS
 #define CHAINS 1
 #endif
+#ifndef BOOK_F32
+#define BOOK_F32 0
+#endif
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
-#define BOOK_LINES (4 * 256)
-#define BOOK_VEC4 (BOOK_LINES * 8)  // 16-byte slots
 #define QUERY_REGS 64               // 8 k-blocks * 4 column blocks * 2 registers
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -70,25 +74,49 @@ __device__ __forceinline__ uint4 load_entry(unsigned address) {
     return v;
 }
 
+// Two fp32 values rounded to ELEM (to nearest even, as torch's .to()) in one register, `lo`
+// in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn." STR(ELEM) "x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 // Codes of token i of a document whose tokens start at p, or zeros past its `left` tokens.
 __device__ __forceinline__ uint4 load_codes(const uint4* __restrict__ p, int i, int left) {
     return i < left ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
-maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32]
-                const uint4* __restrict__ book_lines,      // [BOOK_VEC4]
+maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows of 128
+                long long stride_qb, long long stride_qt,  // in elements, even
+                int num_query_rows,                        // Lq <= 32
+                const int* __restrict__ query_lengths,     // [B] or null: all Lq rows
+                int row_start,                             // query_lengths count from this row
+                const void* __restrict__ codebooks,        // [16, 256, 8] ELEM, or fp32
                 const uint4* __restrict__ codes,           // [T]: 16 code bytes per token
                 const long long* __restrict__ offsets,     // [N + 1]
                 const long long* __restrict__ pids,        // [num_out] or null: all documents
-                const int* __restrict__ query_rows,        // [B] query lengths, or null:
-                int num_query_rows,                        //   all num_query_rows (<= 32)
                 float* __restrict__ out,                   // [B][out_stride]
                 long long out_stride,
                 int* __restrict__ counters,                // [B], zero at launch
                 int num_out, int grab) {
     extern __shared__ uint4 book[];
-    for (int i = threadIdx.x; i < BOOK_VEC4; i += blockDim.x) book[i] = book_lines[i];
+    // Entry (m, code) into slots 2 (m % 4) and 2 (m % 4) + 1 of line (m / 4, code).
+    for (int e = threadIdx.x; e < 16 * 256; e += blockDim.x) {
+#if BOOK_F32
+        const float4 lo = static_cast<const float4*>(codebooks)[2 * e];
+        const float4 hi = static_cast<const float4*>(codebooks)[2 * e + 1];
+        const uint4 entry = make_uint4(pack2(lo.x, lo.y), pack2(lo.z, lo.w), pack2(hi.x, hi.y),
+                                       pack2(hi.z, hi.w));
+#else
+        const uint4 entry = static_cast<const uint4*>(codebooks)[e];
+#endif
+        const int m = e >> 8, code = e & 255;
+        uint4* slots = book + ((m >> 2) * 256 + code) * 8 + 2 * (m & 3);
+        slots[0] = entry;
+        slots[1] = entry;
+    }
 
     const int lane = threadIdx.x & 31;
     const int token = lane >> 2;
@@ -98,18 +126,28 @@ maxsim_pq16_mma(const unsigned* __restrict__ query_frags,  // [B][QUERY_REGS][32
         (unsigned)__cvta_generic_to_shared(book) + 16 * (2 * quad + (token & 1));
     const unsigned code_byte = 0x4440 | quad;  // __byte_perm selector: byte `quad`, zeros above
     const int query = blockIdx.y;
+    const int query_rows = query_lengths
+        ? min(max(query_lengths[query] - row_start, 0), num_query_rows) : num_query_rows;
 
-    // A fragments: register (k-block kb, query block qb, i) at qf[(kb * 2 + qb) * 4 + i].
+    // A fragments: register r of (k-block kb, query block qb) at qf[(kb * 2 + qb) * 4 + r]
+    // holds query row qb * 16 + g + 8 (r % 2), product columns 2q + 8 (r / 2) + (0, 1): in
+    // the product column order, sub-quantizer 4 (kb / 2) + q, dims 4 (kb % 2) + 2 (r / 2) + (0, 1).
     unsigned qf[QUERY_REGS];
+    const unsigned short* q_rows = Q + query * stride_qb;
 #pragma unroll
-    for (int i = 0; i < QUERY_REGS; ++i) qf[i] = query_frags[(query * QUERY_REGS + i) * 32 + lane];
+    for (int i = 0; i < QUERY_REGS; ++i) {
+        const int kb = i >> 3, qb = (i >> 2) & 1, r = i & 3;
+        const int row = qb * 16 + token + 8 * (r & 1);
+        const int dim = (4 * (kb >> 1) + quad) * 8 + 4 * (kb & 1) + 2 * (r >> 1);
+        qf[i] = row < query_rows
+            ? *reinterpret_cast<const unsigned*>(q_rows + row * stride_qt + dim) : 0u;
+    }
     float* out_row = out + query * out_stride;
     // Query rows this lane's maxima belong to (g, g + 8, g + 16, g + 24): a row past the
     // query's length adds 0, even to an empty document's -inf.
     bool row_in_query[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        row_in_query[i] = token + 8 * i < (query_rows ? query_rows[query] : num_query_rows);
+    for (int i = 0; i < 4; ++i) row_in_query[i] = token + 8 * i < query_rows;
     __syncthreads();
 
     for (;;) {

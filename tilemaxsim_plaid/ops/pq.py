@@ -489,9 +489,6 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
                    query_lengths, num_out_docs, config):
     B, Lq, dim = Q3.shape
     num_subquantizers, _, sub_dim = codebooks.shape
-    if config is None and num_out_docs >= MANY_DOCS and pq_mma.nvrtc_available() and not \
-            pq_mma.reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms):
-        config = MMA_DEFAULT
     cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size(),
                                       num_subquantizers, sub_dim)
     if cfg.scoring not in SCORING:
@@ -728,9 +725,13 @@ def maxsim_pq(
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
-    if config is None or config.scoring != "lut":
+    if config is None and num_out >= MANY_DOCS and pq_mma.nvrtc_available() and not \
+            pq_mma.reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms):
+        config = MMA_DEFAULT
+    if config is None or config.scoring not in ("lut", "mma"):
         # Once per call for every query chunk: the decode kernel multiplies the codebooks in Q's
-        # dtype (the lookup tables take them as given, in float64).
+        # dtype (the lookup tables take them as given, in float64; the mma kernel rounds them
+        # as it stages them).
         codebooks = codebooks.to(Q.dtype).contiguous()
         if codebooks.data_ptr() % (2 * WORD_BYTES):
             codebooks = codebooks.clone()  # word gathers read it as 4- or 8-byte words

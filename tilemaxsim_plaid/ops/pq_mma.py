@@ -50,7 +50,8 @@ def mma_column_order() -> torch.Tensor:
 
 
 def mma_codebook_lines(codebooks: torch.Tensor) -> torch.Tensor:
-    """[16, 256, 8] -> [4 * 256 * 8, 8]: the kernel's shared-memory codebook (128 KB in fp16).
+    """[16, 256, 8] -> [4 * 256 * 8, 8]: the kernel's shared-memory codebook (128 KB in fp16),
+    as each block stages it (here on the CPU, for inspection and the tests).
 
     Line (h, code), 128 bytes, holds entry `code` of sub-quantizers 4h..4h+3 twice: slot 2q + p
     is sub-quantizer 4h + q, copy p. A lane reads copy p = (its token) & 1, so a quarter-warp's
@@ -72,28 +73,19 @@ def _fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
     return rows.expand(-1, 32, 2), cols.expand(-1, -1, 2)
 
 
-@lru_cache(maxsize=None)
-def _fragment_gather(num_rows: int, device: torch.device) -> torch.Tensor:
-    """[QUERY_REGS * 32 * 2] int64 into a [num_rows * 128 + 1] flattened query whose last
-    element is 0: every fragment half's source, rows past num_rows reading the 0."""
-    rows, cols = _fragment_index()
-    source = rows * DIM + mma_column_order()[cols]
-    return torch.where(rows < num_rows, source, num_rows * DIM).reshape(-1).to(device)
-
-
 def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
-    """[B, Lq <= 32, 128] fp16/bf16 -> int32 [B, QUERY_REGS, 32]: each lane's A fragments.
+    """[B, Lq <= 32, 128] fp16/bf16 -> int32 [B, QUERY_REGS, 32]: each lane's A fragments, as
+    the kernel loads them into registers (here on the CPU, for inspection and the tests).
 
-    Columns are taken in mma_column_order; rows past a query's length (and past Lq) are zero,
-    so they add max(0) = 0 to every score (the kernel also adds 0 for them to an empty
-    document, from the lengths it is given)."""
+    Columns are taken in mma_column_order; rows past a query's length (and past Lq) are zero."""
     B, Lq, _ = Q3.shape
+    padded = torch.zeros(B, MAX_QUERY_TOKENS, DIM, dtype=Q3.dtype, device=Q3.device)
+    padded[:, :Lq] = Q3[:, :, mma_column_order().to(Q3.device)]
     if query_lengths is not None:
-        keep = torch.arange(Lq, device=Q3.device)[None] < query_lengths[:, None]
-        Q3 = Q3 * keep[:, :, None].to(Q3.dtype)
-    flat = torch.cat([Q3.reshape(B, Lq * DIM), Q3.new_zeros(B, 1)], dim=1)
-    pairs = flat[:, _fragment_gather(Lq, Q3.device)]
-    return pairs.view(torch.int32).reshape(B, QUERY_REGS, 32)
+        keep = torch.arange(MAX_QUERY_TOKENS, device=Q3.device)[None] < query_lengths[:, None]
+        padded *= keep[:, :, None].to(Q3.dtype)
+    rows, cols = (index.to(Q3.device) for index in _fragment_index())
+    return padded[:, rows, cols].contiguous().view(torch.int32).reshape(B, QUERY_REGS, 32)
 
 
 def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
@@ -133,17 +125,18 @@ def nvrtc_available() -> bool:
 
 
 @lru_cache(maxsize=None)
-def _compiled(arch: str, element: str, warps: int, chains: int) -> bytes:
+def _compiled(arch: str, element: str, warps: int, chains: int, book_fp32: bool) -> bytes:
     cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
-                                   {"WARPS": warps, "ELEM": element, "CHAINS": chains})
+                                   {"WARPS": warps, "ELEM": element, "CHAINS": chains,
+                                    "BOOK_F32": int(book_fp32)})
     return cubin
 
 
 @lru_cache(maxsize=None)
-def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS,
-           chains: int = 1) -> nvrtc.CudaKernel:
+def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS, chains: int = 1,
+           book_fp32: bool = False) -> nvrtc.CudaKernel:
     major, minor = torch.cuda.get_device_capability(device)
-    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps, chains)
+    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps, chains, book_fp32)
     return nvrtc.CudaKernel(cubin, KERNEL_NAME, device, dynamic_shared=BOOK_BYTES)
 
 
@@ -154,7 +147,11 @@ def _multiprocessors(device: torch.device) -> int:
 
 def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out_docs,
                   grab: int = DEFAULT_GRAB, warps: int = WARPS, chains: int = 1) -> torch.Tensor:
-    """fp32 [B, num_out_docs]. Inputs checked by ops/pq.maxsim_pq and check_applies."""
+    """fp32 [B, num_out_docs]. Inputs checked by ops/pq.maxsim_pq and check_applies.
+
+    Per call on the host: one memset (the blocks' document counters) and one launch per 32
+    query tokens; the kernel stages the codebook (fp32 rounded to Q's dtype on the way) and
+    loads its query fragments itself."""
     B = Q3.shape[0]
     device = Q3.device
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=device)
@@ -162,25 +159,30 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
         return out
     if grab < 1:
         raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
-    lines = mma_codebook_lines(codebooks.to(Q3.dtype))
-    pids64 = pids.to(torch.int64).contiguous() if pids is not None else None
-    offsets = offsets.contiguous()
-    blocks = _multiprocessors(device)
     if chains not in (1, 2):
         raise ValueError(f"config.mma_chains must be 1 or 2, got {chains}")
-    launch = kernel(device, Q3.dtype, warps, chains)
+    book_fp32 = codebooks.dtype == torch.float32
+    if not book_fp32:
+        codebooks = codebooks.to(Q3.dtype)
+    codebooks = codebooks.contiguous()
+    # 4-byte query loads: rows of contiguous, 4-byte aligned pairs.
+    if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
+        Q3 = Q3.contiguous()
+    lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
+    pids64 = pids.to(torch.int64) if pids is not None else None
+    launch = kernel(device, Q3.dtype, warps, chains, book_fp32)
+    blocks = _multiprocessors(device)
+    counters = torch.zeros(-(-Q3.shape[1] // MAX_QUERY_TOKENS), B, dtype=torch.int32,
+                           device=device)
     # Query tokens in launches of at most 32: the sum over query tokens splits exactly.
-    for start in range(0, max(Q3.shape[1], 1), MAX_QUERY_TOKENS):
+    for chunk_index, start in enumerate(range(0, Q3.shape[1], MAX_QUERY_TOKENS)):
         chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
-        lengths = None
-        if query_lengths is not None:
-            lengths = (query_lengths - start).clamp(0, chunk.shape[1]).to(torch.int32)
         scores = out if start == 0 else torch.empty_like(out)
-        counters = torch.zeros(B, dtype=torch.int32, device=device)
         launch((blocks, B, 1), (32 * warps, 1, 1),
-               [mma_query_fragments(chunk, lengths), lines, pq_codes, offsets, pids64, lengths,
-                ctypes.c_int(chunk.shape[1]), scores, ctypes.c_longlong(scores.stride(0)),
-                counters, ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
+               [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
+                ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), codebooks,
+                pq_codes, offsets, pids64, scores, ctypes.c_longlong(scores.stride(0)),
+                counters[chunk_index], ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
         if start:
             out += scores
     return out
