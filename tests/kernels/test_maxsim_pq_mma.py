@@ -100,17 +100,29 @@ def test_both_codebook_copies_hold_every_entry():
 
 def test_kernel_source_compiles_for_sm90():
     """NVRTC (PyTorch's CUDA builds, or the nvidia-cuda-nvrtc wheel) compiles the source for
-    the H200 without a GPU; ptxas reports no spills at 16 warps (128 registers per thread)."""
+    the H200 without a GPU, for both element types and accumulation chains."""
     try:
         nvrtc.nvrtc_library()
     except nvrtc.NvrtcError as error:
         pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
     for element in pq_mma.ELEMENT_NAMES.values():
-        cubin, log = nvrtc.compile_cubin(pq_mma.SOURCE.read_text(), pq_mma.SOURCE.name, "sm_90",
-                                         {"WARPS": pq_mma.WARPS, "ELEM": element, "CHAINS": 1},
-                                         ("--ptxas-options=-v",))
-        assert cubin[:4] == b"\x7fELF"
-        assert "0 bytes spill stores" in log, log
+        for chains in (1, 2):
+            for book_fp32 in (0, 1):
+                cubin, _ = nvrtc.compile_cubin(
+                    pq_mma.SOURCE.read_text(), pq_mma.SOURCE.name, "sm_90",
+                    {"WARPS": pq_mma.WARPS, "ELEM": element, "CHAINS": chains,
+                     "BOOK_F32": book_fp32})
+                assert cubin[:4] == b"\x7fELF"
+
+
+@on_gpu
+@pytest.mark.parametrize("chains", [1, 2])
+def test_kernel_fits_128_registers_without_spills(device, chains):
+    """16 warps of one block per SM allow 128 registers per thread; a spill would put the
+    held query fragments in local memory."""
+    kernel = pq_mma.kernel(device, torch.float16, pq_mma.WARPS, chains)
+    assert kernel.num_regs <= 128
+    assert kernel.local_bytes == 0
 
 
 def test_compile_errors_carry_nvrtc_log():
