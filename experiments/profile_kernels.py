@@ -300,8 +300,13 @@ PQ_CONFIGS = {
        for smem in (True, False)},
     # Per-query lookup tables (scoring="lut"), the textbook design, in row tiles held in L1.
     **{f"lut r{rows} {bt}/{w}w d4": PQConfig(scoring="lut", lut_rows=rows, block_t=bt,
-                                             num_warps=w, docs_per_program=4)
+                                             num_warps=w, docs_per_program=4, lut_shared=False)
        for rows, bt, w in ((8, 32, 2), (8, 32, 4), (16, 16, 4), (32, 32, 2), (32, 32, 4))},
+    # The same tables held in shared memory (CUDA, lut_shared; GPU only): rows per tile, and
+    # documents a warp takes at a time.
+    **{f"lut shared r{rows} g{grab}": PQConfig(scoring="lut", lut_rows=rows, lut_shared=True,
+                                               docs_per_program=grab)
+       for rows, grab in ((8, 4), (4, 4), (8, 1), (8, 16))},
 }
 # Timed again with every code 0 (no gather conflicts).
 PQ_ZERO_CODE_CONFIGS = ("words 32/1w bd128 rNone", "words 32/1w bd64 rNone g8",
@@ -449,6 +454,8 @@ def pq_variants(num_docs: int = NUM_DOCS, device: str = "cuda",
                     continue  # a sub-vector is not whole words of that width
                 if cfg.scoring == "mma" and (M != 16 or device.type != "cuda"):
                     continue  # the CUDA kernel: M = 16 on a GPU (tests/kernels/test_maxsim_pq_mma.py)
+                if cfg.lut_shared and (M * cfg.lut_rows > 227 or device.type != "cuda"):
+                    continue  # the CUDA kernel: a GPU, a table tile within 227 KB
                 name = f"pq{M}{codes_name} {label}"
                 variants[name] = (lambda c=c, b=books, cfg=cfg: maxsim_pq(
                                       Q, c, offsets, b, config=cfg, validate=False),

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
-from tests.conftest import property_examples
+from tests.conftest import ON_GPU, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import pq as pq_ops
@@ -617,10 +617,13 @@ def test_lookup_tables_match_the_reference(device, poisoned_outputs, dim, num_su
     query_lengths = torch.tensor([11, 0, 6], device=device)
     pids = torch.tensor([6, 0, 3, 3, 1], device=device)
     want = reference.maxsim_pq(Q, *args, pids, query_lengths=query_lengths, **extra)
-    for rows in (4, 8):
-        config = PQConfig(scoring="lut", lut_rows=rows, block_t=16, docs_per_program=2)
-        out = maxsim_pq(Q, *args, pids, query_lengths=query_lengths, **extra, config=config)
-        assert_close(out, want, "maxsim_pq", torch.float32)
+    # On a GPU: the tables in shared memory (CUDA, where a tile fits) and through L1 (Triton).
+    for shared in ((None, False) if ON_GPU else (None,)):
+        for rows in (4, 8):
+            config = PQConfig(scoring="lut", lut_rows=rows, block_t=16, docs_per_program=2,
+                              lut_shared=shared)
+            out = maxsim_pq(Q, *args, pids, query_lengths=query_lengths, **extra, config=config)
+            assert_close(out, want, "maxsim_pq", torch.float32)
     assert torch.equal(out[1].cpu(), torch.zeros(len(pids)))
     assert torch.isneginf(out[0, 1]) and torch.isneginf(out[2, 1])
 
@@ -646,6 +649,9 @@ def test_lookup_table_configs_that_cannot_apply_are_refused(device):
                            "config.scoring='lut'"),
                           (PQConfig(scoring="lut", stream_tiles=True), "config.scoring='lut'"),
                           (PQConfig(scoring="lut", independent_warps=True),
-                           "config.scoring='lut'")):
+                           "config.scoring='lut'"),
+                          # 512 KB of table per tile on a GPU; no GPU on the CPU
+                          (PQConfig(scoring="lut", lut_rows=32, lut_shared=True),
+                           "config.lut_shared=True does not cover: .*(lower lut_rows|a CUDA GPU)")):
         with pytest.raises(ValueError, match=match):
             maxsim_pq(Q, *args, config=config)

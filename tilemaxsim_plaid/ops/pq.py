@@ -12,7 +12,7 @@ from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_GLOBAL, PTX_FROM_SHARED
                                                _maxsim_pq_kernel)
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_warps import _maxsim_pq_warps_kernel
-from tilemaxsim_plaid.ops import checks, pq_mma
+from tilemaxsim_plaid.ops import checks, pq_lut_shared, pq_mma
 from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
                                          interpreting, launch_in_query_chunks,
                                          persistent_programs, prepare_shared_buffer)
@@ -70,6 +70,12 @@ class PQConfig:
         mma_chains: with scoring="mma", independent accumulations per product (1 or 2).
         lut_rows: with scoring="lut", query rows per table tile (4, 8, 16 or 32): a tile's
             table is M * 256 * lut_rows fp32 entries (128 KB at M = 16, 8 rows).
+        lut_shared: with scoring="lut", hold each tile's table in a block's shared memory
+            (kernels/maxsim_pq_lut_shared.cu, CUDA C++ by NVRTC; docs_per_program documents
+            per grab, 16 warps per block) instead of reading it through L1 from the Triton
+            kernel. None: wherever it applies (a GPU with NVRTC, a tile's table within the
+            block's shared memory: M * lut_rows <= 227 at 227 KB); True where it does not is
+            refused.
         gather_bytes: with word_gather, the codebook word read per gather: 4 (two weights), 8
             (four, half the gathers; d/M a multiple of 4) or 16 (eight: one gather per
             sub-vector at d/M = 8, weights in the operand's register order). None: the widest
@@ -182,6 +188,7 @@ class PQConfig:
     gather_bytes: int | None = None
     scoring: str = "decode"
     lut_rows: int = 8
+    lut_shared: bool | None = None
     mma_warps: int = 16
     mma_chains: int = 1
     ptx_loads: bool | None = None
@@ -453,6 +460,15 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
     partial = torch.empty(B * tiles, num_out_docs, dtype=torch.float32, device=device)
+    shared_reasons = (pq_lut_shared.reasons_not_to_apply(Q3, M, rows)
+                      if cfg.lut_shared is not False else None)
+    if cfg.lut_shared and shared_reasons:
+        raise ValueError("config.lut_shared=True does not cover: " + "; ".join(shared_reasons))
+    if cfg.lut_shared is not False and not shared_reasons:
+        pq_lut_shared.launch(lut, pq_codes, offsets, pids, centroid_codes, scores_table,
+                             inv_norms, row_query, row_valid, partial, rows,
+                             grab=cfg.docs_per_program)
+        return partial.view(B, tiles, num_out_docs).sum(1)
     dummy = partial
     grid = (B * tiles * triton.cdiv(num_out_docs, cfg.docs_per_program),)
     _maxsim_pq_lut_kernel[grid](
