@@ -56,6 +56,16 @@ def nvrtc_library() -> ctypes.CDLL:
                      "or `pip install nvidia-cuda-nvrtc`")
 
 
+@lru_cache(maxsize=None)
+def available() -> bool:
+    """True when NVRTC can be loaded (a default that needs it falls back where it cannot)."""
+    try:
+        nvrtc_library()
+    except NvrtcError:
+        return False
+    return True
+
+
 def _check_nvrtc(lib, status: int, what: str, log: str = "") -> None:
     if status != _NVRTC_SUCCESS:
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p

@@ -12,7 +12,7 @@ from tilemaxsim_plaid.kernels.maxsim_pq import (PTX_FROM_GLOBAL, PTX_FROM_SHARED
                                                _maxsim_pq_kernel)
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_warps import _maxsim_pq_warps_kernel
-from tilemaxsim_plaid.ops import checks, pq_lut_shared, pq_mma
+from tilemaxsim_plaid.ops import checks, nvrtc, pq_lut_shared, pq_mma
 from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
                                          interpreting, launch_in_query_chunks,
                                          persistent_programs, prepare_shared_buffer)
@@ -742,8 +742,8 @@ def maxsim_pq(
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
-    if config is None and num_out >= MANY_DOCS and pq_mma.nvrtc_available() and not \
-            pq_mma.reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms):
+    if config is None and num_out >= MANY_DOCS and not pq_mma.reasons_not_to_apply(
+            Q3, pq_codes, codebooks, centroid_codes, inv_norms) and nvrtc.available():
         config = MMA_DEFAULT
     if config is None or config.scoring not in ("lut", "mma"):
         # Once per call for every query chunk: the decode kernel multiplies the codebooks in Q's

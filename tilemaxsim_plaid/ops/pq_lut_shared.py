@@ -44,18 +44,9 @@ def reasons_not_to_apply(Q3: torch.Tensor, num_subquantizers: int, rows: int) ->
                        f"(M = {num_subquantizers}, lut_rows = {rows}) larger than the "
                        f"{shared_limit(Q3.device) // 1024} KB a block's shared memory holds: "
                        f"lower lut_rows")
-    elif not nvrtc_available():
+    elif not nvrtc.available():
         reasons.append("NVRTC (it comes with PyTorch's CUDA builds)")
     return reasons
-
-
-@lru_cache(maxsize=None)
-def nvrtc_available() -> bool:
-    try:
-        nvrtc.nvrtc_library()
-    except nvrtc.NvrtcError:
-        return False
-    return True
 
 
 @lru_cache(maxsize=None)

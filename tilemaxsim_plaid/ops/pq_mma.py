@@ -116,15 +116,6 @@ def check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms) -> None:
 
 
 @lru_cache(maxsize=None)
-def nvrtc_available() -> bool:
-    try:
-        nvrtc.nvrtc_library()
-    except nvrtc.NvrtcError:
-        return False
-    return True
-
-
-@lru_cache(maxsize=None)
 def _compiled(arch: str, element: str, warps: int, chains: int, book_fp32: bool) -> bytes:
     cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
                                    {"WARPS": warps, "ELEM": element, "CHAINS": chains,
