@@ -10,7 +10,8 @@ each program takes LQ_TILE rows (128 KB at 8 rows) and all M * 256 table rows of
 in L1 while it walks its documents; each query-row tile re-reads the codes (M bytes per token).
 Triton cannot index shared memory at run-time addresses (tl.gather lowers to warp shuffles), so
 the table is gathered with global loads that L1 serves: on Hopper L1 and shared memory are the
-same on-chip memory.
+same on-chip memory. The tables held in shared memory proper are the CUDA kernel
+kernels/maxsim_pq_lut_shared.cu (PQConfig.lut_shared, the GPU default where a tile fits).
 
 On the H200 (100k documents of mean 70 tokens, one 32-token fp16 query, d = 128;
 results/compressed/h200-wide-gathers) its best launch (32-row tiles, 2 warps) took 1.09 ms at
