@@ -164,6 +164,8 @@ class CudaKernel:
                 values.append(arg)
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        _check_cuda(_libcuda().cuLaunchKernel(
-            self._function, *grid, *block, self.dynamic_shared, ctypes.c_void_p(stream),
-            params, None), f"cuLaunchKernel({self.name})")
+        # The function belongs to its device's context, which must be current at launch.
+        with torch.cuda.device(self.device):
+            _check_cuda(_libcuda().cuLaunchKernel(
+                self._function, *grid, *block, self.dynamic_shared, ctypes.c_void_p(stream),
+                params, None), f"cuLaunchKernel({self.name})")

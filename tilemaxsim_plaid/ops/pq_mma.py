@@ -1,13 +1,12 @@
 """Host side of kernels/maxsim_pq_mma.cu: PQ MaxSim on tensor cores, one document stream per warp.
 
-``maxsim_pq(..., config=PQConfig(scoring="mma"))`` runs it. It covers the shape it was built
-for (d = 128 as M = 16 sub-quantizers of 8 dims, fp16 or bf16 queries of at most 32 tokens, PQ
-codes of embeddings: no centroid codes or inverse norms; a query longer than 32 tokens is
-scored in launches of 32 and summed) on a GPU of compute capability 8.0 or
-later, and raises ValueError for anything else. The kernel is CUDA C++ compiled once per device
-by NVRTC (ops/nvrtc.py); what the CPU can check is done here: the codebook's shared-memory
-layout and the query's fragment order (tests/test_pq_mma.py replays the kernel's indexing with
-them on the CPU).
+``maxsim_pq(..., config=PQConfig(scoring="mma"))`` runs it, and maxsim_pq takes it by default
+where it applies: d = 128 as M = 16 sub-quantizers of 8 dims, fp16 or bf16 queries (longer than
+32 tokens: launches of 32, summed), PQ codes of embeddings (no centroid codes or inverse norms),
+a GPU of compute capability 8.0 or later; anything else raises ValueError when asked for. The
+kernel is CUDA C++ compiled once per device by NVRTC (ops/nvrtc.py). It stages the codebook and
+loads the query itself; mma_codebook_lines and mma_query_fragments write the same layouts on the
+CPU, where tests/kernels/test_maxsim_pq_mma.py replays the kernel's indexing with them.
 """
 
 import ctypes
