@@ -33,7 +33,7 @@
 # (colbert-ai and its small pure-Python needs, flash-maxsim, late-interaction-kernels) are taken
 # from .whl/ when present. Every step has its own time limit so one slow step cannot eat the rest.
 set -uo pipefail
-part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-stream-ncu|pq-stream-skew|pq-l1-breakdown|pq-warps|pq-warps-int32|pq-warps-balanced|pq-warps-chunks|pq-final-balanced|pq-final-check|pq-mma|pq-mma-host|pq-mma-default|pq-mma-staged|pq-mma-final|pq-mma-tests|pq-mma-whole|pq-lut-shared|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
+part=${1:?usage: gpu_suite.sh kernels|kernels-quick|profile-kernels|compressed-sweep|compressed-main|ncu-compressed|wide-gathers|byte-permute|compressed-defaults|pq-g16|pq-hold|pq-pipeline|pq-final|pq-tests|pq-smem|pq-close|pq-caps|pq-parts|pq-bound|pq-skew|pq-latency|pq-pipe|pq-next|pq-stream|pq-stream-chunks|pq-stream-ncu|pq-stream-skew|pq-l1-breakdown|pq-warps|pq-warps-int32|pq-warps-balanced|pq-warps-chunks|pq-final-balanced|pq-final-check|pq-mma|pq-mma-host|pq-mma-default|pq-mma-staged|pq-mma-final|pq-mma-tests|pq-mma-whole|pq-lut-shared|pq-cuda-tests|pq-words|compressed-rounds|compressed-final|residual-loads|profile-rerank|persistent-check|plaid-bench-compressed|one-warp-packed|plaid|plaid-only|plaid-bench|packed-ceiling|profile-encode|tests|recheck|reproduce|reproduce-d384|equivalence|lengths}
 BUNDLE_DIR=${OUT:-results/gpu}
 OUT=$BUNDLE_DIR/w
 mkdir -p "$OUT"
@@ -379,6 +379,11 @@ case "$part" in
     step kernel_rounds 200 python3 -m experiments.profile_kernels time --rounds 5 \
       --only "packed default,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe,=pq16 mma 16w g4,=pq16 mma 16w g1,=pq16 mma 16w g2,=pq16 mma 16w g8,=pq16 mma 12w g4,=pq16 mma 8w g4,=pq16 mma 24w g4"
     ncu_stalls 150 "=pq16 mma 16w g4,=pq16 words 32/4d/1w bd128 r128 g16 tilemax pipe"
+    ;;
+  pq-cuda-tests)  # both CUDA PQ kernels' tests and the table tests, at the final commit
+    step cuda_tests 200 python3 -m pytest -q -p no:cacheprovider -m "not colbert" \
+      tests/kernels/test_maxsim_pq_mma.py tests/kernels/test_maxsim_pq_lut_shared.py \
+      tests/kernels/test_maxsim_pq.py -k "mma or lut_shared or lookup or keeps or compiles or many_documents or default or refused"
     ;;
   pq-lut-shared)  # PQ lookup tables in shared memory (CUDA, lut_shared): tests, rounds against
                   # the Triton table kernel and the mma default
