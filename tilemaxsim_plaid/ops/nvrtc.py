@@ -11,6 +11,7 @@ import glob
 import os
 import sys
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -169,3 +170,19 @@ class CudaKernel:
             _check_cuda(_libcuda().cuLaunchKernel(
                 self._function, *grid, *block, self.dynamic_shared, ctypes.c_void_p(stream),
                 params, None), f"cuLaunchKernel({self.name})")
+
+
+@lru_cache(maxsize=None)
+def _cubin(source: Path, arch: str, defines: tuple) -> bytes:
+    cubin, _ = compile_cubin(source.read_text(), source.name, arch, dict(defines))
+    return cubin
+
+
+def load_kernel(source: Path, name: str, device: torch.device, defines: dict,
+                dynamic_shared: int = 0) -> CudaKernel:
+    """Kernel ``name`` of the CUDA file ``source`` with ``defines``, compiled for the device's
+    architecture (once per source, architecture and defines) and loaded on ``device``. Callers
+    cache the result per configuration: loading a module is not free."""
+    major, minor = torch.cuda.get_device_capability(device)
+    cubin = _cubin(source, f"sm_{major}{minor}", tuple(sorted(defines.items())))
+    return CudaKernel(cubin, name, device, dynamic_shared=dynamic_shared)

@@ -50,17 +50,10 @@ def reasons_not_to_apply(Q3: torch.Tensor, num_subquantizers: int, rows: int) ->
 
 
 @lru_cache(maxsize=None)
-def _compiled(arch: str, rows: int, code_words: bool) -> bytes:
-    cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
-                                   {"ROWS": rows, "WARPS": WARPS, "CODE_WORDS": int(code_words)})
-    return cubin
-
-
-@lru_cache(maxsize=None)
 def kernel(device: torch.device, rows: int, code_words: bool, shared_bytes: int):
-    major, minor = torch.cuda.get_device_capability(device)
-    return nvrtc.CudaKernel(_compiled(f"sm_{major}{minor}", rows, code_words), KERNEL_NAME,
-                            device, dynamic_shared=shared_bytes)
+    return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
+                             {"ROWS": rows, "WARPS": WARPS, "CODE_WORDS": int(code_words)},
+                             shared_bytes)
 
 
 def launch(lut, pq_codes, offsets, pids, centroid_codes, scores_table, inv_norms, row_query,

@@ -115,19 +115,11 @@ def check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms) -> None:
 
 
 @lru_cache(maxsize=None)
-def _compiled(arch: str, element: str, warps: int, chains: int, book_fp32: bool) -> bytes:
-    cubin, _ = nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch,
-                                   {"WARPS": warps, "ELEM": element, "CHAINS": chains,
-                                    "BOOK_F32": int(book_fp32)})
-    return cubin
-
-
-@lru_cache(maxsize=None)
 def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS, chains: int = 1,
            book_fp32: bool = False) -> nvrtc.CudaKernel:
-    major, minor = torch.cuda.get_device_capability(device)
-    cubin = _compiled(f"sm_{major}{minor}", ELEMENT_NAMES[dtype], warps, chains, book_fp32)
-    return nvrtc.CudaKernel(cubin, KERNEL_NAME, device, dynamic_shared=BOOK_BYTES)
+    return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
+                             {"WARPS": warps, "ELEM": ELEMENT_NAMES[dtype], "CHAINS": chains,
+                              "BOOK_F32": int(book_fp32)}, BOOK_BYTES)
 
 
 @lru_cache(maxsize=None)
