@@ -1,0 +1,429 @@
+"""GPU suites: named lists of bounded commands, each suite one call of the GPU machine.
+
+    python -m experiments.gpu_suite --list
+    python -m experiments.gpu_suite --dry-run NAME [--before DIR]
+    python -m experiments.gpu_suite NAME [--out DIR] [--budget S] [--only GLOB,...]
+    python -m experiments.gpu_suite before-after --before .before [--rounds N]
+
+A step is one command (argv) with its own time limit. The runner installs the wheels in ``.whl/``
+(the packages the GPU image lacks) into ``/tmp/site``, runs every step even after one fails,
+tees each step's output into ``<step>.log``, kills a step at its limit (status 124), skips the
+steps left once the total budget is spent, and writes ``commands.txt``, ``provenance.json`` and
+``steps.txt`` beside the logs. Everything is bundled into ``<out>/gpu-<suite>.tar.gz``, one file,
+because the device tool returns few files; the exit status is 0 only if every step passed.
+
+``before-after`` times the headline rows of the dense, compressed and PLAID benchmarks for two
+source trees, an older checkout unpacked at ``--before`` and this one, alternating
+(before, after) per benchmark and round, and prints a table of before ms, after ms and ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = "/tmp/site"
+PY = sys.executable
+PYTEST = (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not colbert")
+TIMEOUT_RC = 124  # what coreutils' timeout returns, so a killed step reads as it did in shell
+# The device machine runs one command for at most 600 s; the rest is left for start-up and the bundle.
+DEFAULT_BUDGET_S = 570
+MIN_STEP_S = 5  # a step with less time left than this is skipped, not started
+# NVLink multicast stays off on the shared hosts (see the device's KINDS.md); no network there.
+BASE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "GIT_PYTHON_REFRESH": "quiet",
+            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+# Bundles prepared on a CPU machine and carried with the call, and the command that makes each.
+PREPARED = {
+    "runs/plaid_bench": "python -m experiments.bench_plaid prepare --out runs/plaid_bench",
+    "runs/wvgpu": "python -m experiments.reproduce configs/wiki-vital-h200.yaml --steps prepare --out runs/wvgpu",
+    "runs/wv384gpu": "python -m experiments.reproduce configs/wiki-vital-h200-d384.yaml --steps prepare "
+                     "--out runs/wv384gpu (without the checkpoint and collection text)",
+}
+PLAID_SYNTHETIC = "runs/plaid_bench_synthetic/synthetic.nbits2"  # written on the GPU host, reused
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]
+    timeout: float
+    cwd: Path = ROOT  # the source tree it runs from: before-after runs two
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    what: str
+    build: Callable[[Path, argparse.Namespace], list[Step]]  # (work folder, options) -> steps
+    needs: tuple[str, ...] = ()  # paths under ROOT that must be carried ({before}: --before)
+    collect: tuple[str, ...] = ()  # paths under ROOT added to the bundle after the steps
+    report: Callable[[Path, argparse.Namespace], str] | None = None
+
+
+def module(name: str, *args: str) -> tuple[str, ...]:
+    return (PY, "-m", name, *args)
+
+
+# --------------------------------------------------------------------------- headline commands
+def bench_dense(out: Path, providers: str | None = None) -> tuple[str, ...]:
+    """The dense benchmark's main shapes (no length/N/d sweeps)."""
+    return module("experiments.bench", "--no-sweeps", *(("--providers", providers) if providers else ()),
+                  "--out", str(out))
+
+
+def bench_compressed(out: Path) -> tuple[str, ...]:
+    """The residual and PQ main rows and floors, default configs."""
+    return module("experiments.bench_compressed", "--out", str(out))
+
+
+def bench_plaid(out: Path, encoders: bool = True) -> tuple[str, ...]:
+    """End-to-end PLAID on the carried bundle and a 1M-passage synthetic index, rerank of 100k and
+    1M candidates. Absolute paths: before-after runs it from another tree on the same index."""
+    return module("experiments.bench_plaid", "run", "--bundle", str(ROOT / "runs/plaid_bench"),
+                  "--out", str(out), "--synthetic-dir", str(ROOT / PLAID_SYNTHETIC),
+                  "--num-queries", "32", "--equivalence-queries", "500",
+                  *(() if encoders else ("--encoder-shapes",)),
+                  "--rerank-sizes", "100000", "1000000", "--stock-rerank-max", "100000")
+
+
+def reproduce(config: str, steps: str, out: str, conditions: str | None = None) -> tuple[str, ...]:
+    return module("experiments.reproduce", f"configs/{config}.yaml", "--steps", steps, "--out", out,
+                  *(("--conditions", conditions) if conditions else ()))
+
+
+# --------------------------------------------------------------------------- suites
+def kernels(work: Path, opts) -> list[Step]:
+    return [Step("dense-tests", (*PYTEST, "tests/kernels/test_maxsim_dense.py"), 240),
+            Step("bench-dense", bench_dense(work / "bench"), 240)]
+
+
+def compressed(work: Path, opts) -> list[Step]:
+    # The PQ config-space property test compiles hundreds of configs: the CPU suite runs it.
+    tests = ("tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_pq.py",
+             "tests/kernels/test_maxsim_pq_mma.py", "tests/kernels/test_maxsim_pq_lut_shared.py",
+             "tests/codecs")
+    return [Step("compressed-tests", (*PYTEST, *tests, "-k", "not any_config"), 330),
+            Step("bench-compressed", bench_compressed(work / "compressed"), 200)]
+
+
+def plaid(work: Path, opts) -> list[Step]:
+    tests = ("tests/plaid/test_centroid.py", "tests/plaid/test_ivf.py", "tests/plaid/test_sort.py")
+    return [Step("plaid-kernel-tests", (*PYTEST, *tests), 120),
+            Step("bench-plaid", bench_plaid(work / "plaid"), 420)]
+
+
+def reproduce_gpu(work: Path, opts) -> list[Step]:
+    conditions = "rerank-1k,rerank-10k,rerank-100k,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"
+    return [Step("reproduce-wiki", reproduce("wiki-vital-h200", "search", "runs/wvgpu"), 220),
+            Step("reproduce-synthetic",
+                 reproduce("synthetic-scale", "prepare,search", "runs/syngpu", conditions), 330)]
+
+
+# Headline rows per benchmark of before-after: its command, result file, and which rows count.
+HEADLINES = {
+    "dense": (lambda out: bench_dense(out, providers="tilemaxsim"), "dense.json",
+              lambda row: row["provider"] == "tilemaxsim" and row.get("sweep", "main") == "main"),
+    "compressed": (bench_compressed, "bench_compressed.json",
+                   lambda row: row["suite"] == "compressed" and row["provider"].startswith("tilemaxsim")),
+    # The encoder rows time random-weight encoders, not the plugin's scoring: left out to fit.
+    "plaid": (lambda out: bench_plaid(out, encoders=False), "plaid.json",
+              lambda row: row["provider"] == "tilemaxsim"),
+}
+# Caps per run; the suite's budget bounds the whole (one round of all six fits it).
+HEADLINE_LIMITS = {"dense": 90, "compressed": 120, "plaid": 240}
+TOLERANCE = 0.03  # before and after must agree within 3 % (issue 24)
+
+
+def before_after(work: Path, opts) -> list[Step]:
+    trees = {"before": (ROOT / opts.before).resolve(), "after": ROOT}
+    steps = []
+    for r in range(1, opts.rounds + 1):
+        for bench, (command, _, _) in HEADLINES.items():
+            for tree, root in trees.items():
+                steps.append(Step(f"{bench}-{tree}-{r}", command(work / tree / f"{bench}{r}"),
+                                  HEADLINE_LIMITS[bench], cwd=root))
+    return steps
+
+
+def compare(work: Path, opts) -> str:
+    """before ms, after ms (medians over rounds) and after/before for every headline row."""
+    times: dict[tuple, dict[str, list[float]]] = {}
+    for bench, (_, filename, headline) in HEADLINES.items():
+        for tree in ("before", "after"):
+            for r in range(1, opts.rounds + 1):
+                path = work / tree / f"{bench}{r}" / filename
+                rows = json.loads(path.read_text())["rows"] if path.exists() else []
+                for row in rows:
+                    if headline(row) and isinstance(row.get("ms"), (int, float)):
+                        key = (bench, row["shape"], row["provider"])
+                        times.setdefault(key, {}).setdefault(tree, []).append(row["ms"])
+    lines = [f"{'bench':<11} {'row':<52} {'before ms':>10} {'after ms':>10} {'ratio':>7}"]
+    for (bench, shape, provider), by_tree in times.items():
+        before = statistics.median(by_tree["before"]) if "before" in by_tree else None
+        after = statistics.median(by_tree["after"]) if "after" in by_tree else None
+        cells = [f"{v:>10.4f}" if v is not None else f"{'-':>10}" for v in (before, after)]
+        ratio = after / before if before and after else None
+        flag = "  > 3 %" if ratio and abs(ratio - 1) > TOLERANCE else ""
+        lines.append(f"{bench:<11} {(shape + ' ' + provider)[:52]:<52} {cells[0]} {cells[1]} "
+                     + (f"{ratio:>7.3f}{flag}" if ratio else f"{'-':>7}"))
+    return "\n".join(lines) if times else "no headline rows were written"
+
+
+SUITES = {
+    "kernels": Suite("dense kernel tests, dense benchmark main shapes", kernels),
+    "compressed": Suite("residual/PQ kernel and codec tests, bench_compressed main rows", compressed),
+    "plaid": Suite("search-path kernel tests, end-to-end PLAID (stock vs patched, rerank, "
+                   "equivalence)", plaid, needs=("runs/plaid_bench",)),
+    "reproduce": Suite("reproduction runner: wiki-vital-h200 search, synthetic-scale main conditions",
+                       reproduce_gpu, needs=("runs/wvgpu",),
+                       collect=("runs/wvgpu/wiki-vital-h200/results", "runs/syngpu/synthetic-scale/results")),
+    "reproduce-d384": Suite("reproduction runner: wiki-vital-h200-d384 search", lambda work, opts: [
+        Step("reproduce-d384", reproduce("wiki-vital-h200-d384", "search", "runs/wv384gpu"), 540)],
+        needs=("runs/wv384gpu",), collect=("runs/wv384gpu/wiki-vital-h200-d384/results",)),
+    "reproduce-lengths": Suite("reproduction runner: synthetic-scale length-32/64/128", lambda work, opts: [
+        Step("reproduce-lengths", reproduce("synthetic-scale", "prepare,search", "runs/synlen",
+                                            "length-32,length-64,length-128"), 540)],
+        collect=("runs/synlen/synthetic-scale/results",)),
+    "equivalence": Suite("per-query candidates and top-k, fused kernels vs colbert-ai (wiki-vital-h200)",
+                         lambda work, opts: [Step("equivalence", module(
+                             "experiments.equivalence", "configs/wiki-vital-h200.yaml", "--condition",
+                             "d128-k10", "--ks", "10", "100", "1000", "--runs", "runs/wvgpu",
+                             "--out", str(work / "equivalence"), "--device", "cuda"), 540)],
+                         needs=("runs/wvgpu",)),
+    "distributed": Suite("sharded search from 1 GPU to all of them (run on 2+ GPUs)", lambda work, opts: [
+        Step("bench-distributed", (PY, "-m", "torch.distributed.run", "--nproc-per-node=gpu",
+                                   "experiments/bench_distributed.py", "--residual-size", "8GiB",
+                                   "--out", str(work / "distributed")), 400)]),
+    "before-after": Suite("headline rows of dense, compressed and PLAID for --before and this tree, "
+                          "alternated", before_after, report=compare,
+                          needs=("{before}/tilemaxsim_plaid", "{before}/experiments", "runs/plaid_bench")),
+}
+
+
+# --------------------------------------------------------------------------- runner
+def tree_commit(root: Path) -> str:
+    """The commit a tree was copied from: its .device_commit (the device's .git may be older than
+    the tree it runs), else git's HEAD, else 'unknown'."""
+    marker = root / ".device_commit"
+    if marker.exists():
+        return marker.read_text().strip()
+    if not (root / ".git").exists():  # a tree unpacked inside another checkout has no history of its own
+        return "unknown"
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def wheel_step(root: Path = ROOT) -> list[Step]:
+    wheels = sorted(str(p) for p in (root / ".whl").glob("*.whl"))
+    if not wheels:
+        return []
+    return [Step("wheels", (PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--no-cache-dir", "--upgrade", "--target", SITE, *wheels), 120)]
+
+
+def step_env(step: Step, site: bool) -> dict[str, str]:
+    """The variables a step runs with beyond the runner's own: its tree first on the path, and
+    that tree's commit for the benchmarks' provenance (experiments/harness.py reads it)."""
+    path = f"{SITE}:{step.cwd}" if site else str(step.cwd)
+    return {**BASE_ENV, "PYTHONPATH": path, "TILEMAXSIM_COMMIT": tree_commit(step.cwd)}
+
+
+def command_text(steps: list[Step], site: bool) -> str:
+    lines = ["# " + " ".join(f"{k}={v}" for k, v in BASE_ENV.items())]
+    for step in steps:
+        extra = {k: v for k, v in step_env(step, site).items() if k not in BASE_ENV}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
+        lines += [f"# {step.name} (limit {step.timeout:.0f} s)",
+                  f"cd {shlex.quote(str(step.cwd))} && {env} {shlex.join(step.argv)}"]
+    return "\n".join(lines) + "\n"
+
+
+# Run in a child with the steps' environment, so that the runner holds no CUDA context itself.
+PROBE = ("import json, torch, triton; print(json.dumps({'torch': torch.__version__, "
+         "'triton': triton.__version__, 'cuda': torch.version.cuda, 'gpu_count': torch.cuda.device_count(), "
+         "'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (CPU)'}))")
+
+
+def provenance(suite: str, steps: list[Step], site: bool) -> dict:
+    trees = sorted({s.cwd for s in steps} | {ROOT})
+    info = {"suite": suite, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv, "python": sys.version.split()[0],
+            "commit": tree_commit(ROOT), "commits": {str(root): tree_commit(root) for root in trees}}
+    env = {**os.environ, **step_env(Step("probe", (), 0), site)}
+    try:
+        probe = subprocess.run([PY, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
+        info.update(json.loads(probe.stdout) if probe.returncode == 0 else {"probe_error": probe.stderr[-2000:]})
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:  # provenance never stops a suite
+        info["probe_error"] = f"{type(exc).__name__}: {exc}"
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        info["nvidia_smi"] = smi.stdout.strip().splitlines()
+    return info
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End the step's process group (only what the step started): TERM, 10 s, then KILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_step(step: Step, log: Path, limit: float, env: dict[str, str]) -> int:
+    """Run one step in its own process group, teeing its output to ``log`` and stdout; kill the
+    group at ``limit`` seconds and return TIMEOUT_RC then."""
+    with open(log, "w") as fh:
+        try:
+            proc = subprocess.Popen(step.argv, cwd=step.cwd, env={**os.environ, **env}, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, errors="replace",
+                                    start_new_session=True)
+        except OSError as exc:
+            fh.write(f"could not start: {exc}\n")
+            return 127
+
+        def pump():
+            for line in proc.stdout:
+                fh.write(line)
+                sys.stdout.write(f"[{step.name}] {line}")
+                sys.stdout.flush()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            rc = TIMEOUT_RC
+        kill_group(proc)  # at the limit, and any background process a finished step left behind
+        reader.join(timeout=10)
+        if rc == TIMEOUT_RC:
+            fh.write(f"\nkilled at its {limit:.0f} s limit\n")
+    return rc
+
+
+def run_suite(suite: str, steps: list[Step], work: Path, bundle: Path, *, budget: float = DEFAULT_BUDGET_S,
+              collect: tuple[str, ...] = (), report=None) -> int:
+    """Run ``steps`` into ``work`` within ``budget`` seconds, bundle ``work`` (and ``collect``) into
+    ``bundle``; return 0 if every step exited 0, else 1."""
+    start = time.monotonic()
+    work.mkdir(parents=True, exist_ok=True)
+    site = any(s.name == "wheels" for s in steps)
+    (work / "commands.txt").write_text(command_text(steps, site))
+    (work / "provenance.json").write_text(json.dumps(provenance(suite, steps, site), indent=1))
+    results = []
+    for step in steps:
+        left = budget - (time.monotonic() - start)
+        if left < MIN_STEP_S:
+            print(f"{step.name}: skipped, the suite's {budget:.0f} s budget is spent", flush=True)
+            results.append((step.name, "skipped", None, 0.0, step.timeout))
+            continue
+        limit = min(step.timeout, left)
+        t0 = time.monotonic()
+        rc = run_step(step, work / f"{step.name}.log", limit, step_env(step, site))
+        status = "ok" if rc == 0 else "timeout" if rc == TIMEOUT_RC else "failed"
+        results.append((step.name, status, rc, time.monotonic() - t0, limit))
+    lines = [f"{name:<24} {status:<8} rc={rc} {secs:.0f} s (limit {limit:.0f} s)"
+             for name, status, rc, secs, limit in results]
+    text = "\n".join(lines)
+    if report is not None:
+        text += "\n\n" + report(work)
+    (work / "steps.txt").write_text(text + "\n")
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(work, arcname=suite)
+        for path in collect:
+            if (ROOT / path).exists():
+                tar.add(ROOT / path, arcname=f"{suite}/collected/{path}")
+    print(f"\n{text}\nbundle: {bundle}", flush=True)
+    return 0 if all(status == "ok" for _, status, *_ in results) else 1
+
+
+def suite_steps(name: str, work: Path, opts) -> list[Step]:
+    steps = wheel_step() + SUITES[name].build(work, opts)
+    if opts.only:
+        patterns = opts.only.split(",")
+        steps = [s for s in steps if s.name == "wheels" or any(fnmatch.fnmatch(s.name, p) for p in patterns)]
+    return steps
+
+
+def suite_needs(name: str, opts) -> list[str]:
+    return [path.format(before=opts.before) for path in SUITES[name].needs]
+
+
+def list_suites() -> str:
+    opts = argparse.Namespace(before=".before", rounds=1, only=None)
+    lines = [f"{'suite':<18} {'limits':>7}  what it measures (a call stops at --budget, "
+             f"default {DEFAULT_BUDGET_S} s)"]
+    for name, suite in SUITES.items():
+        steps = suite.build(Path("$WORK"), opts)
+        needs = suite_needs(name, opts)
+        lines.append(f"{name:<18} {sum(s.timeout for s in steps):>5.0f} s  {suite.what}"
+                     + (f"\n{'':<27}carry: {' '.join(needs)}" if needs else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_suite", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", nargs="?", choices=sorted(SUITES))
+    parser.add_argument("--list", action="store_true", help="print the suites and what they measure")
+    parser.add_argument("--dry-run", action="store_true", help="print the suite's commands, run nothing")
+    parser.add_argument("--out", default=os.environ.get("OUT", "results/gpu"),
+                        help="where the bundle goes (default: $OUT, else results/gpu)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for all steps")
+    parser.add_argument("--only", help="comma-separated glob patterns of step names to keep")
+    parser.add_argument("--before", default=".before", help="before-after: the older tree")
+    parser.add_argument("--rounds", type=int, default=1, help="before-after: (before, after) rounds")
+    opts = parser.parse_args(argv)
+    if opts.list:
+        print(list_suites())
+        return 0
+    if opts.name is None:
+        parser.error("name a suite, or --list")
+    if opts.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {opts.rounds}")
+    suite = SUITES[opts.name]
+    needs = suite_needs(opts.name, opts)
+    if opts.dry_run:
+        steps = suite_steps(opts.name, Path("$WORK"), opts)
+        print(command_text(steps, any(s.name == "wheels" for s in steps)), end="")
+        return 0
+    missing = [path for path in needs if not (ROOT / path).exists()]
+    if missing:
+        for path in missing:
+            print(f"missing {path}: make it on a CPU machine and carry it with the call"
+                  + (f" ({PREPARED[path]})" if path in PREPARED else ""), file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix=f"gpu_suite-{opts.name}-"))
+    steps = suite_steps(opts.name, work, opts)
+    report = (lambda w: suite.report(w, opts)) if suite.report else None
+    try:
+        return run_suite(opts.name, steps, work, Path(opts.out) / f"gpu-{opts.name}.tar.gz",
+                         budget=opts.budget, collect=suite.collect, report=report)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the bundle holds all of it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""experiments/gpu_suite.py on the CPU: the suites' commands, and the runner on toy suites."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import gpu_suite
+from experiments.gpu_suite import ROOT, Step
+
+PY = sys.executable
+OPTS = argparse.Namespace(before=".before", rounds=1, only=None)
+WORK = Path("W")
+PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not colbert"]
+PLAID_RUN = ["-m", "experiments.bench_plaid", "run", "--bundle", f"{ROOT}/runs/plaid_bench"]
+PLAID_TAIL = ["--synthetic-dir", f"{ROOT}/runs/plaid_bench_synthetic/synthetic.nbits2",
+              "--num-queries", "32", "--equivalence-queries", "500"]
+RERANK = ["--rerank-sizes", "100000", "1000000", "--stock-rerank-max", "100000"]
+
+# Every suite's steps (but the wheel install, which depends on .whl/): name -> argv after python.
+EXPECTED = {
+    "kernels": {
+        "dense-tests": [*PYTEST, "tests/kernels/test_maxsim_dense.py"],
+        "bench-dense": ["-m", "experiments.bench", "--no-sweeps", "--out", "W/bench"],
+    },
+    "compressed": {
+        "compressed-tests": [*PYTEST, "tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_pq.py",
+                             "tests/kernels/test_maxsim_pq_mma.py", "tests/kernels/test_maxsim_pq_lut_shared.py",
+                             "tests/codecs", "-k", "not any_config"],
+        "bench-compressed": ["-m", "experiments.bench_compressed", "--out", "W/compressed"],
+    },
+    "plaid": {
+        "plaid-kernel-tests": [*PYTEST, "tests/plaid/test_centroid.py", "tests/plaid/test_ivf.py",
+                               "tests/plaid/test_sort.py"],
+        "bench-plaid": [*PLAID_RUN, "--out", "W/plaid", *PLAID_TAIL, *RERANK],
+    },
+    "reproduce": {
+        "reproduce-wiki": ["-m", "experiments.reproduce", "configs/wiki-vital-h200.yaml", "--steps", "search",
+                           "--out", "runs/wvgpu"],
+        "reproduce-synthetic": ["-m", "experiments.reproduce", "configs/synthetic-scale.yaml", "--steps",
+                                "prepare,search", "--out", "runs/syngpu", "--conditions",
+                                "rerank-1k,rerank-10k,rerank-100k,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"],
+    },
+    "reproduce-d384": {
+        "reproduce-d384": ["-m", "experiments.reproduce", "configs/wiki-vital-h200-d384.yaml", "--steps",
+                           "search", "--out", "runs/wv384gpu"],
+    },
+    "reproduce-lengths": {
+        "reproduce-lengths": ["-m", "experiments.reproduce", "configs/synthetic-scale.yaml", "--steps",
+                              "prepare,search", "--out", "runs/synlen", "--conditions",
+                              "length-32,length-64,length-128"],
+    },
+    "equivalence": {
+        "equivalence": ["-m", "experiments.equivalence", "configs/wiki-vital-h200.yaml", "--condition",
+                        "d128-k10", "--ks", "10", "100", "1000", "--runs", "runs/wvgpu", "--out",
+                        "W/equivalence", "--device", "cuda"],
+    },
+    "distributed": {
+        "bench-distributed": ["-m", "torch.distributed.run", "--nproc-per-node=gpu",
+                              "experiments/bench_distributed.py", "--residual-size", "8GiB", "--out",
+                              "W/distributed"],
+    },
+}
+HEADLINE = {
+    "dense": ["-m", "experiments.bench", "--no-sweeps", "--providers", "tilemaxsim", "--out", None],
+    "compressed": ["-m", "experiments.bench_compressed", "--out", None],
+    "plaid": [*PLAID_RUN, "--out", None, *PLAID_TAIL, "--encoder-shapes", *RERANK],
+}
+
+
+@pytest.fixture
+def fast_probe(monkeypatch):
+    monkeypatch.setattr(gpu_suite, "PROBE", "print('{\"gpu\": \"toy\"}')")
+
+
+def steps_of(name: str, opts=OPTS) -> list[Step]:
+    return [s for s in gpu_suite.suite_steps(name, WORK, opts) if s.name != "wheels"]
+
+
+def test_every_suite_is_expected():
+    assert set(gpu_suite.SUITES) == set(EXPECTED) | {"before-after"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_suite_commands(name):
+    steps = steps_of(name)
+    assert {s.name: list(s.argv[1:]) for s in steps} == EXPECTED[name]
+    assert all(s.argv[0] == PY and s.cwd == ROOT and 0 < s.timeout <= 600 for s in steps)
+
+
+def test_before_after_alternates_trees_per_benchmark_and_round():
+    opts = argparse.Namespace(before="/old", rounds=2, only=None)
+    steps = steps_of("before-after", opts)
+    assert [s.name for s in steps] == [f"{b}-{t}-{r}" for r in (1, 2) for b in ("dense", "compressed", "plaid")
+                                       for t in ("before", "after")]
+    for step in steps:
+        bench, tree, r = step.name.split("-")
+        assert step.cwd == (Path("/old") if tree == "before" else ROOT)
+        out = str(WORK / tree / f"{bench}{r}")
+        assert list(step.argv[1:]) == [out if a is None else a for a in HEADLINE[bench]]
+
+
+def test_every_flag_is_one_its_script_defines():
+    """The suites pass only flags the benchmark scripts' argparse defines (read from source)."""
+    scripts = {"experiments.bench": "bench", "experiments.bench_compressed": "bench_compressed",
+               "experiments.bench_plaid": "bench_plaid", "experiments.reproduce": "reproduce",
+               "experiments.equivalence": "equivalence", "experiments/bench_distributed.py": "bench_distributed"}
+    opts = argparse.Namespace(before="/old", rounds=1, only=None)
+    steps = [s for name in gpu_suite.SUITES for s in steps_of(name, opts)]
+    checked = set()
+    for step in steps:
+        script = next((scripts[a] for a in step.argv if a in scripts), None)
+        if script is None:
+            continue
+        source = (ROOT / "experiments" / f"{script}.py").read_text()
+        for flag in (a.split("=")[0] for a in step.argv if re.fullmatch(r"--[a-z][a-z0-9-]*", a)):
+            if script == "bench_distributed" and flag == "--nproc-per-node":
+                continue  # torchrun's own
+            assert f'"{flag}"' in source, f"{step.name}: {script}.py defines no {flag}"
+            checked.add((script, flag))
+    assert len({script for script, _ in checked}) == len(scripts)
+
+
+def test_list_and_dry_run(capsys):
+    assert gpu_suite.main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    for name in gpu_suite.SUITES:
+        assert re.search(rf"^{re.escape(name)} ", listing, re.M), name
+    assert "carry: runs/plaid_bench" in listing and "carry: .before/tilemaxsim_plaid" in listing
+    assert gpu_suite.main(["--dry-run", "kernels"]) == 0
+    printed = capsys.readouterr().out
+    assert "-m experiments.bench --no-sweeps --out '$WORK/bench'" in printed
+    assert "-m pytest -q -p no:cacheprovider -m 'not colbert' tests/kernels/test_maxsim_dense.py" in printed
+    assert "NCCL_NVLS_ENABLE=0" in printed and f"TILEMAXSIM_COMMIT={gpu_suite.tree_commit(ROOT)}" in printed
+
+
+def test_only_keeps_matching_steps():
+    opts = argparse.Namespace(before=".before", rounds=1, only="plaid-*,dense-after-1")
+    assert [s.name for s in steps_of("before-after", opts)] == ["dense-after-1", "plaid-before-1",
+                                                              "plaid-after-1"]
+
+
+def test_wheels_install_first_into_the_site(tmp_path):
+    assert gpu_suite.wheel_step(tmp_path) == []
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "b-1-py3-none-any.whl").touch()
+    (tmp_path / ".whl" / "a-1-py3-none-any.whl").touch()
+    [step] = gpu_suite.wheel_step(tmp_path)
+    assert step.argv[1:] == ("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                             "--no-cache-dir", "--upgrade", "--target", "/tmp/site",
+                             str(tmp_path / ".whl/a-1-py3-none-any.whl"), str(tmp_path / ".whl/b-1-py3-none-any.whl"))
+    env = gpu_suite.step_env(Step("x", (), 1, cwd=tmp_path), site=True)
+    assert env["PYTHONPATH"] == f"/tmp/site:{tmp_path}"
+
+
+def test_commit_from_device_commit_then_git(tmp_path):
+    assert gpu_suite.tree_commit(tmp_path) == "unknown"  # no history of its own, even inside a checkout
+    (tmp_path / ".device_commit").write_text("abc123\n")
+    assert gpu_suite.tree_commit(tmp_path) == "abc123"
+
+
+def test_missing_carried_paths_refuse_before_running(tmp_path, capsys):
+    assert gpu_suite.main(["before-after", "--before", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    assert f"missing {tmp_path / 'none'}/tilemaxsim_plaid" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.tar.gz"))
+
+
+def toy(name: str, code: str, timeout: float = 30) -> Step:
+    return Step(name, (PY, "-c", code), timeout)
+
+
+def run_toy(tmp_path, steps, **kwargs):
+    work, bundle = tmp_path / "work", tmp_path / "out" / "gpu-toy.tar.gz"
+    rc = gpu_suite.run_suite("toy", steps, work, bundle, **kwargs)
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    return rc, work, names
+
+
+def test_probe_reports_versions(capsys):
+    exec(gpu_suite.PROBE, {})  # the runner runs it in a child; torch is imported here already
+    assert {"torch", "triton", "cuda", "gpu", "gpu_count"} <= set(json.loads(capsys.readouterr().out))
+
+
+def test_a_failing_probe_is_recorded_not_fatal(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_suite, "PROBE", "raise SystemExit('no torch here')")
+    rc, work, _ = run_toy(tmp_path, [toy("a", "pass")])
+    assert rc == 0
+    assert "no torch here" in json.loads((work / "provenance.json").read_text())["probe_error"]
+
+
+def test_runner_records_commands_provenance_and_failures(tmp_path, fast_probe, capsys):
+    steps = [toy("hello", "print('hello from the step')"),
+             toy("fails", "import sys; print('about to fail'); sys.exit(3)"),
+             toy("after", "import os; print('commit', os.environ['TILEMAXSIM_COMMIT'])")]
+    rc, work, names = run_toy(tmp_path, steps)
+    assert rc == 1  # one step failed, and the ones after it still ran
+    assert (work / "hello.log").read_text() == "hello from the step\n"
+    assert "about to fail" in (work / "fails.log").read_text()
+    assert (work / "after.log").read_text().startswith("commit ")
+    status = (work / "steps.txt").read_text().splitlines()
+    assert [line.split()[:3] for line in status] == [["hello", "ok", "rc=0"], ["fails", "failed", "rc=3"],
+                                                     ["after", "ok", "rc=0"]]
+    commands = (work / "commands.txt").read_text()
+    for step in steps:
+        assert f"# {step.name} (limit 30 s)" in commands
+    assert "-c 'import sys; print('\"'\"'about to fail'\"'\"'); sys.exit(3)'" in commands
+    prov = json.loads((work / "provenance.json").read_text())
+    assert prov["suite"] == "toy" and prov["commit"] == gpu_suite.tree_commit(ROOT)
+    assert prov["gpu"] == "toy" and "probe_error" not in prov
+    assert {"toy/commands.txt", "toy/provenance.json", "toy/steps.txt", "toy/fails.log"} <= set(names)
+    out = capsys.readouterr().out
+    assert "[hello] hello from the step" in out and "bundle:" in out
+
+
+def test_all_ok_exits_zero(tmp_path, fast_probe):
+    assert run_toy(tmp_path, [toy("a", "pass")])[0] == 0
+
+
+def test_step_timeout_kills_the_step(tmp_path, fast_probe):
+    steps = [toy("slow", "import time; print('started', flush=True); time.sleep(60)", timeout=1),
+             toy("next", "print('next ran')")]
+    start = time.monotonic()
+    rc, work, _ = run_toy(tmp_path, steps)
+    assert time.monotonic() - start < 20
+    assert rc == 1
+    assert (work / "steps.txt").read_text().split()[:3] == ["slow", "timeout", f"rc={gpu_suite.TIMEOUT_RC}"]
+    assert "killed at its 1 s limit" in (work / "slow.log").read_text()
+    assert (work / "next.log").read_text() == "next ran\n"
+
+
+def test_budget_caps_steps_and_skips_the_rest(tmp_path, fast_probe, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_suite, "MIN_STEP_S", 0.5)
+    steps = [toy("first", "pass"), toy("long", "import time; time.sleep(60)", timeout=300),
+             toy("never", "print('ran')")]
+    start = time.monotonic()
+    rc, work, _ = run_toy(tmp_path, steps, budget=2.5)
+    assert time.monotonic() - start < 20
+    assert rc == 1
+    lines = [line.split()[:2] for line in (work / "steps.txt").read_text().splitlines()]
+    assert lines == [["first", "ok"], ["long", "timeout"], ["never", "skipped"]]
+    assert not (work / "never.log").exists()
+    assert "never: skipped, the suite's 2 s budget is spent" in capsys.readouterr().out
+
+
+def test_before_after_comparison_table(tmp_path):
+    def write(tree, bench, filename, rows):
+        folder = tmp_path / tree / f"{bench}1"
+        folder.mkdir(parents=True)
+        (folder / filename).write_text(json.dumps({"rows": rows}))
+
+    dense = lambda ms: [{"suite": "dense", "shape": "1q N=100k", "provider": "tilemaxsim", "sweep": "main", "ms": ms},
+                        {"suite": "dense", "shape": "1q N=100k", "provider": "read_per_document", "ms": 1.0}]
+    write("before", "dense", "dense.json", dense(0.400))
+    write("after", "dense", "dense.json", dense(0.500))
+    pq = lambda ms: [{"suite": "compressed", "shape": "N=100k", "provider": "tilemaxsim_pq_M16", "ms": ms},
+                     {"suite": "compressed", "shape": "N=100k", "provider": "torch_decompress_score", "ms": 9.0}]
+    write("before", "compressed", "bench_compressed.json", pq(0.200))
+    write("after", "compressed", "bench_compressed.json", pq(0.202))
+    write("before", "plaid", "plaid.json", [{"suite": "rerank", "shape": "pids=100000 Lq=32",
+                                             "provider": "tilemaxsim", "ms": 1.2}])
+    table = gpu_suite.compare(tmp_path, argparse.Namespace(rounds=1)).splitlines()
+    assert table[0].split() == ["bench", "row", "before", "ms", "after", "ms", "ratio"]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert len(table) == 4  # only the headline providers
+    assert rows["dense"][-6:] == ["0.4000", "0.5000", "1.250", ">", "3", "%"]
+    assert rows["compressed"][-3:] == ["0.2000", "0.2020", "1.010"]
+    assert rows["plaid"][-3:] == ["1.2000", "-", "-"]  # after's run wrote nothing
+
+
+def test_cli_runs_a_suite_into_one_bundle(tmp_path, fast_probe, monkeypatch, capsys):
+    toy_suite = gpu_suite.Suite("toy", lambda work, opts: [toy("ok", "print('ok')"), toy("bad", "raise SystemExit(2)")],
+                                report=lambda work, opts: "the report")
+    monkeypatch.setitem(gpu_suite.SUITES, "toy", toy_suite)
+    monkeypatch.setattr(gpu_suite, "wheel_step", lambda root=ROOT: [])
+    assert gpu_suite.main(["toy", "--out", str(tmp_path)]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu-toy.tar.gz"]
+    with tarfile.open(tmp_path / "gpu-toy.tar.gz") as tar:
+        steps = tar.extractfile("toy/steps.txt").read().decode()
+    assert steps.split()[:2] == ["ok", "ok"] and "bad" in steps and steps.rstrip().endswith("the report")
+    assert capsys.readouterr().out.rstrip().endswith(f"bundle: {tmp_path / 'gpu-toy.tar.gz'}")
