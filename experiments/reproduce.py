@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ConfigError",
+    "resolve_config",
     "STEPS",
     "SYSTEMS",
     "Condition",
@@ -192,33 +194,131 @@ def _plaid_knobs(plaid: dict) -> dict:
     return filled
 
 
+class ConfigError(ValueError):
+    """A reproduction config that cannot be used: the message names the file and the field."""
+
+
+# Every key a config may hold, per section: anything else is refused with the closest valid key,
+# so a misspelt knob (``max_pasages``) cannot silently fall back to a default.
+_PLAID_KEYS = {"k", "ncells", "centroid_score_threshold", "ndocs", "nbits"}
+_DATASET_KEYS = {"ir_datasets", "max_passages", "max_queries", "seed"}
+_CHECKPOINT_KEYS = {"minilm_dim", "path"}
+_SCHEMA = {
+    "top": {"name", "label", "dataset", "synthetic", "checkpoint", "index", "search", "evaluation",
+            "plaid", "conditions"},
+    "dataset": _DATASET_KEYS,
+    "synthetic": None,  # SyntheticIndexSpec's fields, read when a config has a synthetic section
+    "checkpoint": _CHECKPOINT_KEYS,
+    "index": set(DEFAULT_INDEX),
+    "search": set(DEFAULT_SEARCH),
+    "evaluation": set(DEFAULT_EVALUATION),
+    "plaid": _PLAID_KEYS,
+    "condition": {"name", "plaid", "index", "synthetic", "checkpoint", "dataset", "candidates",
+                  "expected", "queries"},
+    "expected": {"stock", "patched", "identity", "tolerance"},
+}
+
+
+def _check_keys(path: pathlib.Path, where: str, mapping, section: str) -> None:
+    import difflib
+
+    if mapping is None:
+        return
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{path}: {where} must be a mapping, got {type(mapping).__name__}")
+    allowed = _SCHEMA[section]
+    if allowed is None:
+        import dataclasses
+
+        from tilemaxsim_plaid.synthetic import SyntheticIndexSpec
+
+        allowed = {spec_field.name for spec_field in dataclasses.fields(SyntheticIndexSpec)}
+    for key in mapping:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(allowed))}"
+            raise ConfigError(f"{path}: unknown key {key!r} in {where}{hint}")
+
+
+def _validate_schema(path: pathlib.Path, raw: dict) -> None:
+    _check_keys(path, "the top level", raw, "top")
+    for section in ("dataset", "synthetic", "checkpoint", "index", "search", "evaluation", "plaid"):
+        _check_keys(path, f"'{section}'", raw.get(section), section)
+    if not isinstance(raw["conditions"], list) or not raw["conditions"]:
+        raise ConfigError(f"{path}: 'conditions' must be a non-empty list")
+    for number, entry in enumerate(raw["conditions"]):
+        where = f"condition #{number}" + (f" ({entry['name']!r})" if isinstance(entry, dict) and "name" in entry else "")
+        _check_keys(path, where, entry, "condition")
+        for section in ("plaid", "index", "synthetic", "checkpoint", "dataset", "expected"):
+            _check_keys(path, f"{where}: '{section}'", entry.get(section), section)
+
+
+def resolve_config(name_or_path) -> pathlib.Path:
+    """A config by path, or by name (``wiki-vital-cpu``) from the configs shipped with the package.
+
+    Raises:
+        ConfigError: when neither a file of that path nor a shipped config of that name exists.
+    """
+    path = pathlib.Path(name_or_path)
+    if path.is_file():
+        return path
+    stem = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else path.name
+    for folder in _config_folders():
+        candidate = folder / f"{stem}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = sorted({p.stem for folder in _config_folders() for p in folder.glob("*.yaml")})
+    raise ConfigError(f"{name_or_path}: no such config file, and no shipped config of that name "
+                      f"(shipped: {', '.join(known)})")
+
+
+def _config_folders() -> list[pathlib.Path]:
+    """The checkout's configs/ (when run from one), then the copy installed with the package."""
+    folders = [pathlib.Path(__file__).resolve().parent.parent / "configs"]
+    try:
+        import importlib.resources
+
+        folders.append(pathlib.Path(str(importlib.resources.files("tilemaxsim_plaid.configs"))))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return [folder for folder in folders if folder.is_dir()]
+
+
 def load_config(path, out="runs") -> Experiment:
     """Parse and validate a reproduction config; compute every condition's cache keys.
 
+    Args:
+        path: a YAML file, or the name of a shipped config (``wiki-vital-cpu``).
+
     Raises:
-        ValueError: naming the config file and the offending field.
+        ConfigError: naming the config file and the offending field (unknown keys come with the
+            closest valid key), a YAML syntax error, or a config that does not exist.
     """
     import yaml
 
-    path = pathlib.Path(path)
-    raw = yaml.safe_load(path.read_text())
+    path = resolve_config(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}: expected a mapping at the top level")
     for required in ("name", "conditions"):
         if required not in raw:
-            raise ValueError(f"{path}: missing required field {required!r}")
+            raise ConfigError(f"{path}: missing required field {required!r}")
+    _validate_schema(path, raw)
     dataset, synthetic = raw.get("dataset"), raw.get("synthetic")
     if (dataset is None) == (synthetic is None):
-        raise ValueError(f"{path}: give exactly one of 'dataset' and 'synthetic'")
+        raise ConfigError(f"{path}: give exactly one of 'dataset' and 'synthetic'")
     search = _deep_merge(DEFAULT_SEARCH, raw.get("search"))
     evaluation = _deep_merge(DEFAULT_EVALUATION, raw.get("evaluation"))
     conditions = []
     names = set()
     for number, entry in enumerate(raw["conditions"]):
         if "name" not in entry or "plaid" not in entry:
-            raise ValueError(f"{path}: condition #{number} needs 'name' and 'plaid'")
+            raise ConfigError(f"{path}: condition #{number} needs 'name' and 'plaid'")
         if entry["name"] in names:
-            raise ValueError(f"{path}: condition name {entry['name']!r} is used twice")
+            raise ConfigError(f"{path}: condition name {entry['name']!r} is used twice")
         names.add(entry["name"])
         plaid = _plaid_knobs(_deep_merge(raw.get("plaid", {}), entry["plaid"]))
         condition = Condition(
@@ -239,7 +339,7 @@ def load_config(path, out="runs") -> Experiment:
         else:
             checkpoint = _deep_merge(raw.get("checkpoint", {}), entry.get("checkpoint"))
             if not ("minilm_dim" in checkpoint) ^ ("path" in checkpoint):
-                raise ValueError(
+                raise ConfigError(
                     f"{path}: condition {entry['name']!r}: checkpoint needs exactly one of "
                     "'minilm_dim' (build the offline MiniLM checkpoint) and 'path'"
                 )
@@ -260,7 +360,7 @@ def load_config(path, out="runs") -> Experiment:
                 "format": FORMAT_VERSION,
             }
         if condition.candidates is not None and int(condition.candidates) < 1:
-            raise ValueError(f"{path}: condition {entry['name']!r}: candidates must be >= 1")
+            raise ConfigError(f"{path}: condition {entry['name']!r}: candidates must be >= 1")
         condition.key = {
             "index": _hash(condition.index_key),
             "data": _hash(condition.data_key) if condition.data_key else None,
@@ -1190,7 +1290,7 @@ def main(argv=None) -> int:
         prog="tilemaxsim reproduce",
         description="Reproduce a results table: stock vs patched PLAID, ranx evaluation, report.",
     )
-    parser.add_argument("config", help="configs/<table>.yaml")
+    parser.add_argument("config", help="configs/<table>.yaml, or a shipped config's name (wiki-vital-cpu)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help=f"comma-separated subset of {','.join(STEPS)} (default: all)")
@@ -1205,7 +1305,10 @@ def main(argv=None) -> int:
     unknown = set(steps) - set(STEPS)
     if unknown:
         parser.error(f"--steps: unknown step(s) {sorted(unknown)}; choose from {STEPS}")
-    experiment = load_config(args.config, out=args.out)
+    try:
+        experiment = load_config(args.config, out=args.out)
+    except ConfigError as error:
+        parser.error(str(error))
     if args.device:
         experiment.search["device"] = args.device
     if args.conditions:

@@ -1,50 +1,80 @@
-"""``tilemaxsim`` command line: one entry point, each subcommand a ``main(argv)`` of its own module.
+"""``tilemaxsim`` command line: one entry point, each subcommand the ``main(argv)`` of its module.
 
-    tilemaxsim bench              dense kernels vs torch, colbert-ai and public kernels (GPU)
-    tilemaxsim bench-compressed   residual-code and PQ kernels (GPU)
-    tilemaxsim bench-plaid        end-to-end PLAID search and rerank, stock vs patched (GPU)
-    tilemaxsim bench-distributed  multi-GPU sharded scoring (torchrun)
-    tilemaxsim reproduce CONFIG   a reproduction table from configs/*.yaml
-    tilemaxsim synthesize         a synthetic PLAID index in colbert-ai's on-disk format
-    tilemaxsim pq-agreement       PQ ranking agreement vs exact MaxSim
-    tilemaxsim equivalence CONFIG candidate sets and top-k vs stock and vs exact MaxSim, per query
-    tilemaxsim plots FILE         plots of a dense benchmark result file
-    tilemaxsim plots-plaid RUN..  plots of end-to-end PLAID benchmark runs
+The experiments install with the package (``tilemaxsim_plaid.experiments``, the checkout's
+``experiments/``); a subcommand's module is imported only when that subcommand runs, so
+``tilemaxsim --help`` and ``--version`` need neither a GPU nor colbert-ai.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
-# Subcommand -> module whose main(argv) runs it. Modules are imported only when asked for, so
-# `tilemaxsim --help` needs neither a GPU nor colbert-ai.
+# Subcommand -> (module under experiments/, one line of help).
 COMMANDS = {
-    "bench": "experiments.bench",
-    "bench-compressed": "experiments.bench_compressed",
-    "bench-plaid": "experiments.bench_plaid",
-    "bench-distributed": "experiments.bench_distributed",
-    "reproduce": "experiments.reproduce",
-    "synthesize": "experiments.synthesize",
-    "pq-agreement": "experiments.pq_agreement",
-    "equivalence": "experiments.equivalence",
-    "plots": "experiments.plots_bench",
-    "plots-plaid": "experiments.plots_plaid",
+    "bench": ("bench", "dense kernels beside torch, colbert-ai and the public kernels (GPU)"),
+    "bench-compressed": ("bench_compressed", "residual-code and PQ kernels (GPU)"),
+    "bench-plaid": ("bench_plaid", "end-to-end PLAID search and rerank, stock vs patched (GPU)"),
+    "bench-distributed": ("bench_distributed", "multi-GPU sharded scoring (torchrun)"),
+    "reproduce": ("reproduce", "a reproduction table from a config (path or shipped name)"),
+    "synthesize": ("synthesize", "a synthetic PLAID index in colbert-ai's on-disk format"),
+    "pq-agreement": ("pq_agreement", "PQ ranking agreement with exact MaxSim"),
+    "equivalence": ("equivalence", "candidate sets and top-k against stock and exact MaxSim, per query"),
+    "results": ("results_table", "results/TABLE.md and its plots from every committed result file"),
+    "plots": ("plots_bench", "plots of a dense benchmark result file"),
+    "plots-plaid": ("plots_plaid", "plots of end-to-end PLAID benchmark runs"),
 }
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("tilemaxsim-plaid")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _experiment_module(name: str):
+    """The installed ``tilemaxsim_plaid.experiments.<name>``, or a checkout's ``experiments.<name>``."""
+    try:
+        return importlib.import_module(f"tilemaxsim_plaid.experiments.{name}")
+    except ModuleNotFoundError as error:
+        if error.name not in ("tilemaxsim_plaid.experiments", f"tilemaxsim_plaid.experiments.{name}"):
+            raise
+        return importlib.import_module(f"experiments.{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tilemaxsim",
+        description="TileMaxSim-PLAID: benchmarks, reproduction tables and results.",
+        epilog="`tilemaxsim COMMAND --help` shows a command's own options.",
+    )
+    parser.add_argument("--version", action="version", version=f"tilemaxsim-plaid {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command, (_, help_text) in COMMANDS.items():
+        # Each command parses its own options: everything after its name goes to its main().
+        commands.add_parser(command, help=help_text, add_help=False)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
         return 0
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"unknown command {command!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+    # Options before the command are this parser's (--help, --version); the rest is the command's.
+    split = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv) - 1)
+    args = parser.parse_args(argv[: split + 1])
+    if args.command is None:
+        parser.print_help()
         return 2
-    module = importlib.import_module(COMMANDS[command])
-    result = module.main(rest)
-    return int(result or 0)
+    module = _experiment_module(COMMANDS[args.command][0])
+    return int(module.main(argv[split + 1:]) or 0)
 
 
 if __name__ == "__main__":
