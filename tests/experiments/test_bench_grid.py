@@ -1,0 +1,339 @@
+"""The shape-grid benchmark (experiments/bench_grid.py): its cells, sizing, budget cut, result
+schema and plots, and one end-to-end run on CPU (our kernels under the interpreter; the peers
+are GPU-only and absent here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from experiments import bench_grid as bg
+from experiments import harness, plots_grid
+
+TINY = bg.Sizing(max_docs=3, max_doc_bytes=1 << 20)
+STATUSES = {"ok", "absent", "unsupported", "wrong", "failed", "not_run"}
+
+
+def _values(cells, attr):
+    return {getattr(c, attr) for c in cells}
+
+
+# ---- cells ----
+
+def test_full_cells_cover_the_issue_axes():
+    cells = bg.build_cells("full")
+    keys = ("B", "Lq", "d", "dtype", "layout", "dist")
+    assert cells[0].key == tuple(bg.HEADLINE[k] for k in keys)
+    assert cells[0].N == 100_000 and "headline" in cells[0].groups
+    assert len({c.key for c in cells}) == len(cells), "a cell listed twice"
+    lqs = _values(cells, "Lq")
+    assert {1, 2, 3, 16, 17, 31, 32, 33, 63, 64} <= lqs and lqs <= set(range(1, 65))
+    assert _values(cells, "B") == {1, 4, 16, 32}
+    dims = _values(cells, "d")
+    assert {64, 768} <= dims and len(dims) >= 9
+    assert all(d % 16 == 0 and 64 <= d <= 768 for d in dims)
+    assert {96, 144, 384} <= dims  # not multiples of 128
+    assert _values(cells, "dtype") == {"fp16", "bf16"}
+    assert _values(cells, "layout") == {"packed", "padded"}
+    packed = [c for c in cells if c.packed]
+    assert _values(packed, "dist") == set(bg.DISTRIBUTIONS)
+    assert all(c.dist.startswith("fixed-") for c in cells if not c.packed)
+    # Sweeps and grids, not the cartesian product of the axes.
+    product = 4 * len(lqs) * len(dims) * 2 * (len(bg.DISTRIBUTIONS) + 1)
+    assert len(cells) < product / 20
+
+
+@pytest.mark.parametrize("mode", ["quick", "full"])
+def test_every_grid_is_complete(mode):
+    cells = bg.build_cells(mode)
+    for name, spec in bg.grid_specs(mode).items():
+        members = [c for c in cells if name in c.groups]
+        assert len(members) == len(spec["x_values"]) * len(spec["y_values"]), name
+        coords = {(getattr(c, spec["y"]), getattr(c, spec["x"])) for c in members}
+        assert coords == {(y, x) for y in spec["y_values"] for x in spec["x_values"]}
+        for c in members:
+            for key, value in spec["fixed"].items():
+                if value is not None:
+                    assert getattr(c, key) == value, (name, c.name, key)
+
+
+def test_quick_is_a_smaller_subset_of_full():
+    quick, full = bg.build_cells("quick"), bg.build_cells("full")
+    assert {c.key for c in quick} < {c.key for c in full}
+    assert len(quick) < len(full) / 2
+    assert quick[0].key == full[0].key
+    with pytest.raises(ValueError, match="cells"):
+        bg.build_cells("huge")
+
+
+def test_sizing_rule():
+    """100k documents, fewer where they would pass 2 GiB; every cell >= 10 MB of documents."""
+    for cell in bg.build_cells("full"):
+        size = cell.estimated_doc_bytes()
+        assert bg.TARGET_DOC_BYTES <= size <= bg.MAX_DOC_BYTES * 1.001, cell.name
+        assert cell.N <= bg.MAX_DOCS
+        if cell.N < bg.MAX_DOCS:
+            assert size > bg.MAX_DOC_BYTES * 0.99, cell.name  # cut only by the byte cap
+    big = [c for c in bg.build_cells("full") if c.d == 768 and c.dist == "lognormal-150"]
+    assert big and all(c.N < bg.MAX_DOCS for c in big)
+
+
+def test_ten_megabyte_flag_follows_the_documents():
+    tiny = bg.build_cells("quick", TINY)[0]
+    assert tiny.N == 3
+    row = bg.status_row(tiny, bg.OURS, "not_run")
+    assert row["at_least_10mb"] is False
+    headline = bg.build_cells("quick")[0]
+    assert bg.status_row(headline, bg.OURS, "not_run")["at_least_10mb"] is True
+
+
+def test_length_distributions():
+    for name, mean in (("lognormal-30", 30), ("lognormal-70", 70), ("lognormal-150", 150)):
+        assert abs(bg.mean_length(name) - mean) < 0.05 * mean, name
+    uniform = bg.sample_lengths("uniform-1-300", 20_000)
+    assert int(uniform.min()) == 1 and int(uniform.max()) == 300
+    heavy = bg.sample_lengths("heavy-512", 20_000)
+    assert int(heavy.min()) >= 1 and int(heavy.max()) == 512 and (heavy == 512).sum() > 20
+    assert bool((bg.sample_lengths("fixed-180", 5) == 180).all())
+    with pytest.raises(ValueError, match="dist"):
+        bg.sample_lengths("zipf", 5)
+
+
+def test_check_subset_includes_the_longest_document():
+    cell = bg.Cell(1, 4, 64, "fp16", "packed", "heavy-512", 2000)
+    x = bg.make_inputs(cell, "cpu")
+    ids = bg.check_subset(cell, x)
+    assert int(x.lengths[ids].max()) == int(x.lengths.max())
+    assert len(set(ids.tolist())) == len(ids) <= bg.CHECK_DOCS
+
+
+# ---- budget ----
+
+class FakeClock:
+    """Each call advances one second: the budget test does not depend on the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def _scores(cell, x):
+    from tilemaxsim_plaid import reference
+
+    Q = x.Q[0] if cell.B == 1 else x.Q
+    if cell.packed:
+        return reference.maxsim_packed(Q, x.D_packed, x.offsets).float()
+    return reference.maxsim_padded(Q, x.D).float()
+
+
+def _exact(cell, x):
+    return lambda: _scores(cell, x)
+
+
+def test_budget_cut_is_recorded(tmp_path):
+    cells = bg.build_cells("quick", TINY)
+    providers = {"exact": _exact}
+    path = bg.run(cells, providers, tmp_path, ceilings={}, budget_s=8.0, device="cpu",
+                  time_fn=lambda fn: (1.0, 1.0, 1.0), clock=FakeClock())
+    doc = json.loads(path.read_text())
+    run = [r for r in doc["rows"] if r["status"] == "ok"]
+    cut = [r for r in doc["rows"] if r["status"] == "not_run"]
+    assert run and cut
+    assert len({r["shape"] for r in doc["rows"]}) == len(cells), "a cell was silently lost"
+    assert doc["meta"]["not_run"] == [c.name for c in cells[len({r['shape'] for r in run}):]]
+    assert doc["meta"]["cells_run"] + len(doc["meta"]["not_run"]) == len(cells)
+    assert all(r["reason"] == "time budget spent" for r in cut)
+
+
+def test_a_killed_run_names_the_cells_it_did_not_run(tmp_path):
+    """The file written after each cell lists the cells still to run, so a run killed at the
+    device's wall-clock limit does not lose them silently."""
+    cells = bg.build_cells("quick", TINY)[:4]
+    calls = []
+
+    def time_fn(fn):
+        calls.append(fn)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a kill looks like from inside: not an Exception
+        return 1.0, 1.0, 1.0
+
+    with pytest.raises(KeyboardInterrupt):
+        bg.run(cells, {"exact": _exact}, tmp_path, ceilings={}, budget_s=1e9, device="cpu",
+               time_fn=time_fn)
+    doc = json.loads((tmp_path / "grid.json").read_text())
+    assert doc["meta"]["cells_run"] == 1
+    assert doc["meta"]["not_run"] == [c.name for c in cells[1:]]
+
+
+def test_wrong_and_failing_providers_are_recorded_not_timed(tmp_path):
+    def wrong(cell, x):
+        return lambda: _scores(cell, x) + 1.0
+
+    def broken(cell, x):
+        def fn():
+            raise RuntimeError("no kernel for this shape")
+        return fn
+
+    timed = []
+    cell = bg.build_cells("quick", TINY)[0]
+    path = bg.run([cell], {"exact": _exact, "wrong": wrong, "broken": broken}, tmp_path,
+                  ceilings={}, budget_s=1e9, device="cpu",
+                  time_fn=lambda fn: timed.append(fn) or (1.0, 1.0, 1.0))
+    rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["exact"]["status"] == "ok"
+    assert rows["wrong"]["status"] == "wrong" and rows["wrong"]["ms"] is None
+    assert rows["broken"]["status"] == "failed" and "no kernel" in rows["broken"]["reason"]
+    assert len(timed) == 1
+
+
+# ---- derived columns ----
+
+def test_annotate_bound_roof_and_peer_ratio():
+    ceilings = {"read_gbps": 1000.0, "bf16_tflops": 100.0}
+    cell = bg.build_cells("quick")[0]
+    fields = dict(status="ok")
+    read_bound = [
+        harness.make_row(bg.SUITE, cell.name, bg.OURS, (1.0, 1.0, 1.0), num_docs=1, nbytes=int(5e8),
+                         flops=1e9, ceilings=ceilings, **fields),
+        harness.make_row(bg.SUITE, cell.name, "flash_maxsim", (2.0, 2.0, 2.0), num_docs=1,
+                         nbytes=int(5e8), flops=1e9, ceilings=ceilings, **fields),
+        harness.make_row(bg.SUITE, cell.name, "late_interaction_kernels", (4.0, 4.0, 4.0),
+                         num_docs=1, nbytes=int(5e8), flops=1e9, ceilings=ceilings, **fields),
+    ]
+    bg.annotate(read_bound, ceilings)
+    ours = read_bound[0]
+    assert ours["bound"] == "read" and ours["pct_roof"] == pytest.approx(50.0)
+    assert ours["best_peer"] == "flash_maxsim" and ours["ratio_to_best_peer"] == pytest.approx(2.0)
+    tensor_bound = [harness.make_row(bg.SUITE, "x", bg.OURS, (2.0, 2.0, 2.0), num_docs=1,
+                                     nbytes=int(1e6), flops=1e11, ceilings=ceilings, **fields)]
+    bg.annotate(tensor_bound, ceilings)
+    assert tensor_bound[0]["bound"] == "bf16_tensor"
+    assert tensor_bound[0]["pct_roof"] == pytest.approx(50.0)
+    assert tensor_bound[0]["ratio_to_best_peer"] is None
+
+
+# ---- end to end, schema, plots ----
+
+def _tiny_cells():
+    cells = bg.build_cells("quick", TINY)
+    picks = [cells[0],  # the headline shape, packed fp16
+             next(c for c in cells if c.packed and c.Lq == 33 and c.dtype == "bf16"),
+             next(c for c in cells if not c.packed and c.B == 4)]
+    return picks
+
+
+def test_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
+    """main() on three tiny cells: our public ops (validate=True, config=None) under the
+    interpreter, torch einsum on the padded cell, peers absent; exactness checked before timing."""
+    tiny = _tiny_cells()
+    monkeypatch.setattr(bg, "build_cells", lambda mode, sizing: tiny)
+    checked = []
+    check = bg.bench.check_output
+    monkeypatch.setattr(bg.bench, "check_output",
+                        lambda name, *a: checked.append(name) or check(name, *a))
+    out = tmp_path / "grid"
+    path = bg.main(["--device", "cpu", "--out", str(out), "--budget", "600", "--max-docs", "3",
+                    "--providers", "tilemaxsim,torch_einsum,flash_maxsim,late_interaction_kernels"])
+    doc = json.loads(path.read_text())
+    assert {"provenance", "ceilings", "meta", "rows"} <= set(doc)
+    assert set(doc["meta"]["grids"]) == set(bg.grid_specs("quick"))
+    rows = doc["rows"]
+    assert len(rows) == 3 * 4
+    for row in rows:
+        assert set(bg.ROW_KEYS) <= set(row)
+        assert {"B", "Lq", "d", "dtype", "layout", "dist", "N", "groups", "doc_bytes",
+                "at_least_10mb", "tokens", "Ld"} <= set(row)
+        assert row["status"] in STATUSES
+        assert row["at_least_10mb"] is False
+    ours = [r for r in rows if r["provider"] == bg.OURS]
+    assert [r["status"] for r in ours] == ["ok"] * 3
+    assert all(r["max_rel_err"] <= 1e-3 and r["ms"] > 0 and r["checked_docs"] == 3 for r in ours)
+    einsum = {r["layout"]: r["status"] for r in rows if r["provider"] == "torch_einsum"}
+    assert einsum == {"packed": "unsupported", "padded": "ok"}
+    assert {r["status"] for r in rows if r["provider"] in bg.PEERS} <= {"absent", "failed"}
+    assert checked.count(bg.OURS) == 3 and checked.count("torch_einsum") == 1
+    with open(out / "grid.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    printed = capsys.readouterr().out.rstrip().splitlines()
+    summary = bg.summary(doc)
+    assert summary[0] == "cells: 3 of 3 run; 0 not run (budget)"
+    assert printed[-len(summary):] == summary  # the summary comes last
+
+
+def test_main_with_no_budget_records_every_cell(tmp_path, capsys):
+    path = bg.main(["--device", "cpu", "--cells", "quick", "--out", str(tmp_path), "--budget", "0",
+                    "--providers", "tilemaxsim"])
+    doc = json.loads(path.read_text())
+    assert len(doc["meta"]["not_run"]) == len(bg.build_cells("quick")) == len(doc["rows"])
+    assert {r["status"] for r in doc["rows"]} == {"not_run"}
+    assert f"cells: 0 of {len(doc['rows'])} run" in capsys.readouterr().out
+
+
+def test_unknown_provider_is_refused():
+    with pytest.raises(SystemExit, match="unknown providers"):
+        bg.main(["--device", "cpu", "--providers", "tilemaxsim,nope", "--dry-run"])
+
+
+def _recorded_result(tmp_path):
+    """A tiny result file as bench_grid writes it: the quick grids, ours and one peer, some cells
+    not run."""
+    ceilings = {"read_gbps": 4000.0, "bf16_tflops": 800.0}
+    rows = []
+    for i, cell in enumerate(bg.build_cells("quick")):
+        if i % 5 == 4:
+            rows += [bg.status_row(cell, p, "not_run", reason="time budget spent")
+                     for p in (bg.OURS, "flash_maxsim")]
+            continue
+        nbytes = int(cell.estimated_doc_bytes())
+        flops = 2.0 * cell.B * cell.Lq * nbytes / 2
+        fields = bg._cell_fields(cell, None)
+        group = [harness.make_row(bg.SUITE, cell.name, p, (ms, ms, ms), num_docs=cell.N,
+                                  nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
+                                  **fields)
+                 for p, ms in ((bg.OURS, 0.5 + 0.01 * i), ("flash_maxsim", 0.6))]
+        bg.annotate(group, ceilings)
+        rows += group
+    meta = {"grids": bg.grid_specs("quick")}
+    return harness.write_results(rows, tmp_path, "grid", ceilings=ceilings, meta=meta)
+
+
+def test_plots_from_a_recorded_result(tmp_path):
+    path = _recorded_result(tmp_path)
+    out = tmp_path / "plots"
+    plots_grid.main([str(path), "--out", str(out)])
+    names = {p.name for p in out.iterdir()}
+    for grid in bg.grid_specs("quick"):
+        assert f"{grid}_pct_roof.png" in names and f"{grid}_ratio_to_best_peer.png" in names
+    doc = json.loads(path.read_text())
+    ys, xs, values, _ = plots_grid.grid_values(doc, "grid_Lq_d", "pct_roof")
+    flat = [v for line in values for v in line]
+    assert any(math.isnan(v) for v in flat) and not all(math.isnan(v) for v in flat)
+    assert (len(ys), len(xs)) == (len(bg.AXES["quick"]["grid_Lq"]), len(bg.AXES["quick"]["grid_d"]))
+
+
+def test_summary_counts_the_targets(tmp_path):
+    doc = json.loads(_recorded_result(tmp_path).read_text())
+    lines = bg.summary(doc)
+    text = "\n".join(lines)
+    assert "packed B=1 cells >= 10 MB at >= 90 % of the read ceiling:" in text
+    assert ">= 1.0x the best peer" in text and "worst cells by % of roof" in text
+    ours = [r for r in doc["rows"] if r["provider"] == bg.OURS and r["status"] == "ok"]
+    line = next(x for x in lines if x.startswith("cells >= 10 MB at >= 1.0x"))
+    assert line.endswith(f"{sum(r['ratio_to_best_peer'] >= 1 for r in ours)}/{len(ours)}")
+
+
+def test_inputs_match_the_cell():
+    cell = bg.Cell(2, 5, 80, "bf16", "packed", "uniform-1-300", 7)
+    x = bg.make_inputs(cell, "cpu")
+    assert x.Q.shape == (2, 5, 80) and x.Q.dtype == torch.bfloat16
+    assert x.D_packed.shape == (int(x.lengths.sum()), 80)
+    assert int(x.offsets[-1]) == x.D_packed.shape[0]
+    padded = bg.make_inputs(bg.Cell(1, 3, 64, "fp16", "padded", "fixed-9", 4), "cpu")
+    assert padded.D.shape == (4, 9, 64) and padded.D.dtype == torch.float16
