@@ -1,0 +1,537 @@
+"""PyLate's ColBERT scoring on the TileMaxSim kernels, with PyLate's own semantics.
+
+Three functions with the signatures of :mod:`pylate.scores` (``colbert_scores``,
+``colbert_scores_pairwise``, ``colbert_kd_scores``), and :func:`patch_pylate` /
+:func:`unpatch_pylate`, which put them in place of PyLate's so that ``pylate.rank.rerank``,
+``ColBERTScores``, the model's ``similarity`` and the evaluators score with them.
+
+**Semantics are PyLate's torch path, not ours.** PyLate masks by multiplying token similarities:
+
+    score[a, b] = sum_s  qmask[a, s] * max_t ( <Q[a, s], D[b, t]> * dmask[b, t] )
+
+so a masked document token is a similarity of 0, and so is a zero-padded one (``rerank`` pads with
+zeros and passes no mask): it wins the max whenever every real token's similarity is negative.
+Our kernels (and :mod:`tilemaxsim_plaid.reference`) give a padded token -inf, which never wins.
+The backend reproduces PyLate's rule by scaling the embeddings instead of the similarities,
+``<Q * qm, D * dm> = qm * dm * <Q, D>``, and scoring every padded row as a real token. That is
+exact for 0/1 (or bool) masks, which is what PyLate's collator and tokenizer produce; other mask
+weights are applied to the embeddings in their dtype, equal up to rounding. A documents mask costs
+one masked copy of the documents. Scores are computed in fp32 and returned in the dtype PyLate
+returns (the embeddings' dtype promoted with the masks' dtypes), rounded once.
+
+**Where the kernels do not apply, PyLate's own function runs** with the same arguments (logged at
+DEBUG and counted in :func:`tilemaxsim_plaid.stats` ``fallbacks``), so the result is always
+PyLate's: tensors not on one CUDA device, a dtype other than fp16/bf16/fp32 or differing between
+queries and documents, empty inputs or a document of no tokens, masks not of the embeddings'
+[batch, tokens] shape, an explicit ``backend`` other than ``"auto"`` (argument or
+``PYLATE_SCORES_BACKEND``), and inputs that need autograd: PyLate trains through these functions
+(``ColBERTScores``, ``Distillation``) and the kernels have no backward, so when grad mode is on and
+any input requires grad, PyLate's torch path computes the scores and their gradients.
+
+``pylate`` is imported only when a call needs it (a fallback, or patching); the kernel path itself
+needs only torch and triton. Module graph: this module -> :mod:`tilemaxsim_plaid.ops.dense`
+(kernel path), :mod:`tilemaxsim_plaid.plaid.counters`, ``pylate.scores.colbert``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from tilemaxsim_plaid.plaid import counters
+
+__all__ = [
+    "SUPPORTED_PYLATE_VERSIONS",
+    "active_bindings",
+    "colbert_kd_scores",
+    "colbert_scores",
+    "colbert_scores_pairwise",
+    "is_patched",
+    "patch_pylate",
+    "pylate_version",
+    "unpatch_pylate",
+]
+
+logger = logging.getLogger(__name__)
+
+# The releases whose scoring module (pylate.scores.colbert: the torch path, the backend argument,
+# the modules that import the three names) the targets below were read from and tested against.
+SUPPORTED_PYLATE_VERSIONS = ("1.6.0",)
+# Where the three functions are defined (PyLate <= 1.4 had them in pylate.scores.scores).
+DEFINING_MODULE = "pylate.scores.colbert"
+# PyLate's environment override of the ``backend`` argument, read on every call as PyLate does.
+BACKEND_ENV_VAR = "PYLATE_SCORES_BACKEND"
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Why a call went to PyLate's own code: fixed sentences, the keys of stats().fallbacks.
+_BACKEND = "a backend other than 'auto' was asked for"
+_NOT_TENSORS = "inputs that are not tensors"
+_GRAD = "inputs that require grad (the kernels have no backward)"
+_DEVICES = "tensors on different devices"
+_NOT_CUDA = "tensors not on a CUDA device"
+_SHAPES = "embedding shapes outside PyLate's documented layout"
+_DTYPE = "a dtype other than fp16/bf16/fp32, or differing between queries and documents"
+# An empty document has no max (PyLate raises), an empty batch nothing to launch.
+_EMPTY = "empty inputs or a document of no tokens"
+_MASK = "a mask not of the embeddings' [batch, tokens] shape"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """One PyLate scoring function and every place that holds it by value.
+
+    Attributes:
+        attribute: its name in :data:`DEFINING_MODULE`.
+        bound_in: modules that did ``from ..scores import <attribute>``; patched if imported.
+            One imported while patched takes the replacement from ``pylate.scores``, and
+            :func:`unpatch_pylate` gives it the original.
+        imported_by_patch: the subset :func:`patch_pylate` imports (cheap: no
+            sentence-transformers); the evaluators and losses are left to the user's import.
+        default_of: ``(module, "Class.method", parameter)`` whose default argument is the
+            function, captured when the class is defined. Not patched (the only one is a training
+            loss, which needs PyLate's autograd path anyway), but restored by
+            :func:`unpatch_pylate` if the module was imported while patched.
+    """
+
+    attribute: str
+    bound_in: tuple[str, ...]
+    imported_by_patch: tuple[str, ...]
+    default_of: tuple[tuple[str, str, str], ...] = ()
+
+
+TARGETS = (
+    _Target("colbert_scores",
+            bound_in=("pylate.scores", "pylate.scores.similarity_functions", "pylate.rank.rank"),
+            imported_by_patch=("pylate.scores", "pylate.scores.similarity_functions",
+                               "pylate.rank.rank")),
+    _Target("colbert_scores_pairwise",
+            bound_in=("pylate.scores", "pylate.scores.similarity_functions",
+                      "pylate.evaluation.colbert_triplet"),
+            imported_by_patch=("pylate.scores", "pylate.scores.similarity_functions")),
+    _Target("colbert_kd_scores",
+            bound_in=("pylate.scores", "pylate.evaluation.colbert_distillation",
+                      "pylate.losses.distillation"),
+            imported_by_patch=("pylate.scores",),
+            default_of=(("pylate.losses.distillation", "Distillation.__init__", "score_metric"),)),
+)
+
+# Marks an attribute that did not exist before patch_pylate(): unpatch_pylate() deletes it.
+_ABSENT = object()
+
+
+@dataclasses.dataclass
+class _Applied:
+    original: Any
+    replacement: Any
+    # (module, value before patch_pylate or _ABSENT) for the defining module and each copy.
+    previous: list[tuple[Any, Any]]
+
+
+_lock = threading.RLock()
+_applied: dict[str, _Applied] = {}
+
+# Tests only: take the kernel path for CPU tensors too (the kernels then run under
+# TRITON_INTERPRET=1). See _kernels_on_cpu().
+_KERNELS_ON_CPU = False
+
+
+@contextlib.contextmanager
+def _kernels_on_cpu() -> Iterator[None]:
+    """Within the block, CPU tensors take the kernel path when ``TRITON_INTERPRET=1`` (tests)."""
+    global _KERNELS_ON_CPU
+    before, _KERNELS_ON_CPU = _KERNELS_ON_CPU, True
+    try:
+        yield
+    finally:
+        _KERNELS_ON_CPU = before
+
+
+# -------------------------------------------------------------------------------------------
+# When the kernels apply
+
+
+def _fall_back(function: str, reason: str) -> None:
+    logger.debug("tilemaxsim_plaid.pylate: %s runs PyLate's own code: %s", function, reason)
+    counters.count_fallback(f"pylate.{function}: {reason}")
+
+
+def _wants_kernels(backend: str | None) -> bool:
+    # PyLate resolves None through its environment variable on every call; "auto" lets the
+    # library choose (PyLate: flash, then LIK, then torch), so it is where ours is chosen.
+    resolved = backend if backend is not None else os.environ.get(BACKEND_ENV_VAR, "auto")
+    return isinstance(resolved, str) and resolved.lower() == "auto"
+
+
+def _refusal(tensors: list[Any], backend: str | None) -> str | None:
+    """Why the kernels cannot score these inputs (a fixed sentence), or None when they can."""
+    if not _wants_kernels(backend):
+        return _BACKEND
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return _NOT_TENSORS
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _GRAD
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        return _DEVICES
+    on_cpu = device.type == "cpu" and _KERNELS_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not on_cpu:
+        return _NOT_CUDA
+    return None
+
+
+def _embedding_refusal(Q: torch.Tensor, D: torch.Tensor, q_dims: int, d_dims: int,
+                       batched_docs: bool = False) -> str | None:
+    """Shapes, dtype and sizes; ``batched_docs``: D's first axis is Q's batch (the KD layout)."""
+    if (Q.dim() != q_dims or D.dim() != d_dims or Q.shape[-1] != D.shape[-1]
+            or (batched_docs and Q.shape[0] != D.shape[0])):
+        return _SHAPES
+    if Q.dtype not in _KERNEL_DTYPES or D.dtype != Q.dtype:
+        return _DTYPE
+    if Q.numel() == 0 or D.numel() == 0:
+        return _EMPTY
+    return None
+
+
+def _mask_refusal(mask: torch.Tensor | None, shape: torch.Size) -> str | None:
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != shape):
+        return _MASK
+    return None
+
+
+def _result_dtype(dtype: torch.dtype, *masks: torch.Tensor | None) -> torch.dtype:
+    # PyLate multiplies the similarities by each mask: ordinary type promotion, e.g. fp16
+    # embeddings with a float32 mask return float32, with a bool or int64 mask float16.
+    for mask in masks:
+        if mask is not None:
+            dtype = torch.promote_types(dtype, mask.dtype)
+    return dtype
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x * mask`` per token, in x's dtype: a 0/1 mask zeroes tokens exactly."""
+    return x if mask is None else x * mask.to(x.dtype)[..., None]
+
+
+def _maxsim_padded():
+    from tilemaxsim_plaid.ops.dense import maxsim_padded
+
+    return maxsim_padded
+
+
+# -------------------------------------------------------------------------------------------
+# PyLate's side
+
+
+def pylate_version() -> str | None:
+    """Installed PyLate version, or None when it is not installed."""
+    try:
+        return importlib.metadata.version("pylate")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _convert(x: Any) -> Any:
+    # PyLate's own conversion (lists of lists, numpy arrays, lists of tensors), so both paths see
+    # the same tensor.
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    from pylate.utils.tensor import convert_to_tensor
+
+    return convert_to_tensor(x)
+
+
+def _pylate_function(name: str) -> Callable:
+    """PyLate's own function: the original while patched, else what the defining module holds."""
+    with _lock:
+        applied = _applied.get(name)
+    if applied is not None:
+        return applied.original
+    return getattr(importlib.import_module(DEFINING_MODULE), name)
+
+
+def _call_pylate(name: str, *args, **kwargs):
+    # Resolved at the call, so the kernel path runs without PyLate installed.
+    return _pylate_function(name)(*args, **kwargs)
+
+
+# -------------------------------------------------------------------------------------------
+# The three scoring functions
+
+
+def _colbert_scores(original, queries_embeddings, documents_embeddings, queries_mask=None,
+                    documents_mask=None, backend=None):
+    Q, D = _convert(queries_embeddings), _convert(documents_embeddings)
+    q_mask, d_mask = _convert(queries_mask), _convert(documents_mask)
+    tensors = [Q, D] + [m for m in (q_mask, d_mask) if m is not None]
+    reason = (_refusal(tensors, backend) or _embedding_refusal(Q, D, 3, 3)
+              or _mask_refusal(q_mask, Q.shape[:2]) or _mask_refusal(d_mask, D.shape[:2]))
+    if reason is not None:
+        _fall_back("colbert_scores", reason)
+        return original(Q, D, queries_mask=q_mask, documents_mask=d_mask, backend=backend)
+    scores = _maxsim_padded()(_masked(Q, q_mask), _masked(D, d_mask))  # fp32 [B, N]
+    return scores.to(_result_dtype(Q.dtype, q_mask, d_mask))
+
+
+def colbert_scores(queries_embeddings, documents_embeddings, queries_mask=None,
+                   documents_mask=None, backend=None) -> torch.Tensor:
+    """``pylate.scores.colbert_scores`` on the kernels: every query against every document.
+
+    Args:
+        queries_embeddings: [B, Lq, d] (tensor, numpy array or list, as PyLate takes).
+        documents_embeddings: [N, Ld, d]; padded rows are scored as they are (zeros score 0).
+        queries_mask: optional [B, Lq]; a 0 drops the query token (it adds 0).
+        documents_mask: optional [N, Ld]; a 0 makes the token's similarity 0 (not -inf).
+        backend: PyLate's backend argument; None or ``"auto"`` lets this function choose.
+
+    Returns:
+        [B, N] in PyLate's dtype (see the module docstring). Inputs the kernels do not take
+        (CPU tensors, autograd, ...) are scored by PyLate's own function.
+    """
+    return _colbert_scores(functools.partial(_call_pylate, "colbert_scores"), queries_embeddings,
+                           documents_embeddings, queries_mask, documents_mask, backend)
+
+
+def _colbert_scores_pairwise(original, queries_embeddings, documents_embeddings, backend=None):
+    # PyLate zips the two and converts each item; iterate only sequences, so that a generator
+    # handed over to PyLate on a fallback is still unconsumed.
+    if not all(isinstance(x, (torch.Tensor, list, tuple))
+               for x in (queries_embeddings, documents_embeddings)):
+        reason = _NOT_TENSORS
+    else:
+        pairs = [(_convert(q), _convert(d))
+                 for q, d in zip(queries_embeddings, documents_embeddings)]
+        tensors = [t for pair in pairs for t in pair]
+        reason = _refusal(tensors, backend) if pairs else _EMPTY
+        if reason is None:
+            dtype = tensors[0].dtype
+            reason = next((r for q, d in pairs if (r := _embedding_refusal(q, d, 2, 2))), None)
+            if reason is None and any(t.dtype != dtype for t in tensors):
+                reason = _DTYPE
+    if reason is not None:
+        _fall_back("colbert_scores_pairwise", reason)
+        return original(queries_embeddings, documents_embeddings, backend=backend)
+    maxsim_padded = _maxsim_padded()
+    # One launch per pair, as PyLate's torch path runs one product per pair.
+    scores = torch.cat([maxsim_padded(q, d[None]) for q, d in pairs])  # fp32 [B]
+    return scores.to(dtype)
+
+
+def colbert_scores_pairwise(queries_embeddings, documents_embeddings,
+                            backend=None) -> torch.Tensor:
+    """``pylate.scores.colbert_scores_pairwise`` on the kernels: query i against document i.
+
+    Args:
+        queries_embeddings: [B, Lq, d] tensor, or a sequence of [Lq_i, d] tensors.
+        documents_embeddings: [B, Ld, d] tensor, or a sequence of [Ld_i, d] tensors; every row
+            is a token (PyLate's pairwise path takes no mask).
+        backend: PyLate's backend argument; None or ``"auto"`` lets this function choose.
+
+    Returns:
+        [B] in the embeddings' dtype; PyLate's own function where the kernels do not apply.
+    """
+    return _colbert_scores_pairwise(functools.partial(_call_pylate, "colbert_scores_pairwise"),
+                                    queries_embeddings, documents_embeddings, backend)
+
+
+def _colbert_kd_scores(original, queries_embeddings, documents_embeddings, queries_mask=None,
+                       documents_mask=None, backend=None):
+    Q, D = _convert(queries_embeddings), _convert(documents_embeddings)
+    q_mask, d_mask = _convert(queries_mask), _convert(documents_mask)
+    tensors = [Q, D] + [m for m in (q_mask, d_mask) if m is not None]
+    reason = (_refusal(tensors, backend) or _embedding_refusal(Q, D, 3, 4, batched_docs=True)
+              or _mask_refusal(q_mask, Q.shape[:2]) or _mask_refusal(d_mask, D.shape[:3]))
+    if reason is not None:
+        _fall_back("colbert_kd_scores", reason)
+        return original(Q, D, queries_mask=q_mask, documents_mask=d_mask, backend=backend)
+    maxsim_padded = _maxsim_padded()
+    Q, D = _masked(Q, q_mask), _masked(D, d_mask)
+    # Each query has its own candidates: one launch per query.
+    scores = torch.stack([maxsim_padded(Q[a], D[a]) for a in range(Q.shape[0])])  # fp32 [B, N]
+    return scores.to(_result_dtype(Q.dtype, q_mask, d_mask))
+
+
+def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=None,
+                      documents_mask=None, backend=None) -> torch.Tensor:
+    """``pylate.scores.colbert_kd_scores`` on the kernels: each query against its own documents.
+
+    Args:
+        queries_embeddings: [B, Lq, d].
+        documents_embeddings: [B, N, Ld, d]: query a's N candidates.
+        queries_mask: optional [B, Lq].
+        documents_mask: optional [B, N, Ld]; a 0 makes the token's similarity 0 (not -inf).
+        backend: PyLate's backend argument; None or ``"auto"`` lets this function choose.
+
+    Returns:
+        [B, N] in PyLate's dtype; PyLate's own function where the kernels do not apply.
+    """
+    return _colbert_kd_scores(functools.partial(_call_pylate, "colbert_kd_scores"),
+                              queries_embeddings, documents_embeddings, queries_mask,
+                              documents_mask, backend)
+
+
+_IMPLEMENTATIONS = {
+    "colbert_scores": _colbert_scores,
+    "colbert_scores_pairwise": _colbert_scores_pairwise,
+    "colbert_kd_scores": _colbert_kd_scores,
+}
+
+
+# -------------------------------------------------------------------------------------------
+# The patch
+
+
+def _make_replacement(name: str, original: Callable) -> Callable:
+    implementation = _IMPLEMENTATIONS[name]
+
+    # wraps(): PyLate's name, docstring and signature (through __wrapped__ = original).
+    @functools.wraps(original)
+    def replacement(*args, **kwargs):
+        return implementation(original, *args, **kwargs)
+
+    return replacement
+
+
+def _raw(module: Any, attribute: str) -> Any:
+    return vars(module).get(attribute, _ABSENT)
+
+
+def _put(module: Any, attribute: str, value: Any) -> None:
+    if value is _ABSENT:
+        if attribute in vars(module):
+            delattr(module, attribute)
+    else:
+        setattr(module, attribute, value)
+
+
+def _version_guard() -> bool:
+    version = pylate_version()
+    if version is None:
+        logger.info("PyLate is not installed: nothing to patch")
+        return False
+    if version not in SUPPORTED_PYLATE_VERSIONS:
+        warnings.warn(
+            f"tilemaxsim_plaid.pylate supports PyLate {', '.join(SUPPORTED_PYLATE_VERSIONS)}, "
+            f"found PyLate {version}: leaving PyLate unpatched",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _apply(target: _Target) -> None:
+    owner = importlib.import_module(DEFINING_MODULE)
+    original = getattr(owner, target.attribute)
+    replacement = _make_replacement(target.attribute, original)
+    previous = [(owner, _raw(owner, target.attribute))]
+    for module_name in target.imported_by_patch:
+        importlib.import_module(module_name)
+    for module_name in target.bound_in:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            previous.append((module, _raw(module, target.attribute)))
+    for module, _ in previous:
+        setattr(module, target.attribute, replacement)
+    _applied[target.attribute] = _Applied(original, replacement, previous)
+
+
+def _restore_default(module_name: str, qualname: str, parameter: str, replacement, original):
+    module = sys.modules.get(module_name)
+    if module is None:
+        return
+    function = module
+    for part in qualname.split("."):
+        function = getattr(function, part, None)
+    code = getattr(function, "__code__", None)
+    if code is None or not function.__defaults__:
+        return
+    positional = code.co_varnames[:code.co_argcount]
+    first_default = code.co_argcount - len(function.__defaults__)
+    if parameter in positional and positional.index(parameter) >= first_default:
+        index = positional.index(parameter) - first_default
+        if function.__defaults__[index] is replacement:
+            defaults = list(function.__defaults__)
+            defaults[index] = original
+            function.__defaults__ = tuple(defaults)
+
+
+def _revert(target: _Target) -> None:
+    applied = _applied.pop(target.attribute)
+    recorded = {id(module) for module, _ in applied.previous}
+    # Modules imported while patched bound the replacement from pylate.scores: give them the
+    # original, which is what they would hold had the patch not been there.
+    for module_name in target.bound_in:
+        module = sys.modules.get(module_name)
+        if (module is not None and id(module) not in recorded
+                and _raw(module, target.attribute) is applied.replacement):
+            setattr(module, target.attribute, applied.original)
+    for module_name, qualname, parameter in target.default_of:
+        _restore_default(module_name, qualname, parameter, applied.replacement, applied.original)
+    # Reverse order: the defining module first recorded, restored last.
+    for module, value in reversed(applied.previous):
+        _put(module, target.attribute, value)
+
+
+def patch_pylate() -> bool:
+    """Score PyLate's ``colbert_scores``, ``colbert_scores_pairwise`` and ``colbert_kd_scores``
+    with this module's functions, in ``pylate.scores.colbert`` and every module that imported
+    them (``pylate.scores``, ``pylate.rank.rank``, ``pylate.scores.similarity_functions``, and the
+    evaluators and losses if imported). Imports ``pylate.scores`` and ``pylate.rank``.
+
+    Safe to call repeatedly. Each replacement keeps PyLate's function as ``__wrapped__`` and
+    calls it wherever the kernels do not apply. A function captured by value while patched (user
+    code's ``from pylate.scores import colbert_scores``, a ``Distillation`` made meanwhile)
+    keeps the replacement after :func:`unpatch_pylate`; it still returns PyLate's results.
+
+    Returns:
+        True when patched; False when PyLate is missing or its version is not in
+        :data:`SUPPORTED_PYLATE_VERSIONS` (a RuntimeWarning names it), and nothing changed.
+    """
+    if not _version_guard():
+        return False
+    with _lock:
+        done = []
+        try:
+            for target in TARGETS:
+                if target.attribute not in _applied:
+                    _apply(target)
+                    done.append(target)
+        except BaseException:
+            for target in reversed(done):
+                _revert(target)
+            raise
+    logger.debug("tilemaxsim_plaid patched PyLate's scoring: %s",
+                 ", ".join(t.attribute for t in TARGETS))
+    return True
+
+
+def unpatch_pylate() -> None:
+    """Restore PyLate exactly as it was before :func:`patch_pylate` (idempotent)."""
+    with _lock:
+        for target in reversed(TARGETS):
+            if target.attribute in _applied:
+                _revert(target)
+
+
+def is_patched() -> bool:
+    """True when every PyLate target is patched now."""
+    with _lock:
+        return all(t.attribute in _applied for t in TARGETS)
+
+
+def active_bindings() -> dict[str, Any]:
+    """``{"pylate.scores.colbert.<name>": replacement}`` for every function patched now."""
+    with _lock:
+        return {f"{DEFINING_MODULE}.{name}": a.replacement for name, a in _applied.items()}
