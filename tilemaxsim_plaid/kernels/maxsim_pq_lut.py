@@ -11,12 +11,10 @@ in L1 while it walks its documents; each query-row tile re-reads the codes (M by
 Triton cannot index shared memory at run-time addresses (tl.gather lowers to warp shuffles), so
 the table is gathered with global loads that L1 serves: on Hopper L1 and shared memory are the
 same on-chip memory. The tables held in shared memory proper are the CUDA kernel
-kernels/maxsim_pq_lut_shared.cu (PQConfig.lut_shared, the GPU default where a tile fits).
+kernels/maxsim_pq_lut_shared.cu (PQConfig.lut_shared; taken on a GPU where a tile fits).
 
-On the H200 (100k documents of mean 70 tokens, one 32-token fp16 query, d = 128;
-results/compressed/h200-wide-gathers) its best launch (32-row tiles, 2 warps) took 1.09 ms at
-M = 16 and 2.20 ms at M = 32 (4 warps), against 0.51 / 0.62 ms for the decode kernel: 2-3.6x
-slower, as the table traffic per token (M * 4 B per query row) predicts.
+It is the baseline, not a default: the table traffic per token (M * 4 B per query row) exceeds
+the decode kernel's gathers (d * 2 B per token, for all query rows at once).
 
 A program writes, for its LQ_TILE rows, sum over valid rows of the max over the document's
 tokens; the host adds the row tiles of each query. Masking as everywhere: a token past its

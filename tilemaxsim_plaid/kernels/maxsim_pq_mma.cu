@@ -3,11 +3,11 @@
 //
 //     score[b, n] = sum_i max_t <Q[b, i], concat_m codebooks[m, codes[t, m]]>
 //
-// Why CUDA and not Triton: the Triton PQ kernels are held by what Triton makes every warp do
-// in step (kernels/maxsim_pq_warps.py: per-tile document bounds, row reductions and a block-wide
-// barrier run unconditionally; kernels/maxsim_pq.py: one codebook per one-warp program, so the
-// gathers go through L1). Here each warp keeps its own loop over documents, the codebook is one
-// shared copy per block, and a tile costs 8 shared loads and 32 tensor-core products.
+// Why CUDA and not Triton: Triton cannot index shared memory at run-time addresses and runs a
+// program's warps in step, so its PQ kernel (kernels/maxsim_pq.py) gives every one-warp program
+// its own path to the codebook through L1. Here each warp keeps its own loop over documents, the
+// codebook is one shared copy per block, and a tile costs 8 shared loads and 32 tensor-core
+// products.
 //
 // Products: S^T = Q D^T by m16n8k16, the query as A (2 blocks of 16 query tokens) and 8
 // document tokens as B. A B fragment is one token's: lane (token g = lane / 4, quad q = lane % 4)
@@ -36,8 +36,7 @@
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
 // length is zero and adds 0 (also to an empty document's -inf); an empty document is -inf.
 //
-// Defines: WARPS (warps per block), ELEM ("f16" or "bf16"), CHAINS (1 or 2 independent
-// accumulations per query block and 8-token half), BOOK_F32 (1: the codebook is fp32).
+// Defines: WARPS (warps per block), ELEM ("f16" or "bf16"), BOOK_F32 (1: the codebook is fp32).
 
 #ifndef WARPS
 #define WARPS 16
@@ -45,9 +44,9 @@
 #ifndef ELEM
 #define ELEM f16
 #endif
-#ifndef CHAINS
-#define CHAINS 1
-#endif
+// Independent accumulations per query block and 8-token half: the second chain overlaps the
+// products' latency (one chain was measured slower: results/PERFORMANCE_LOG.md, run 77).
+#define CHAINS 2
 #ifndef BOOK_F32
 #define BOOK_F32 0
 #endif

@@ -31,8 +31,10 @@ QUERY_BLOCKS = MAX_QUERY_TOKENS // 16
 QUERY_REGS = K_BLOCKS * QUERY_BLOCKS * 4
 LINE_GROUPS = NUM_SUBQUANTIZERS // 4
 BOOK_BYTES = LINE_GROUPS * 256 * 8 * 16
+# 16 warps per block, one block per SM: 128 KB of codebook in shared memory serves them all, and
+# 128 registers per thread fit (other counts were measured slower: results/PERFORMANCE_LOG.md,
+# run 74).
 WARPS = 16
-MAX_WARPS = 32  # 1024 threads per block
 DEFAULT_GRAB = 4
 
 
@@ -115,10 +117,9 @@ def check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms) -> None:
 
 
 @lru_cache(maxsize=None)
-def kernel(device: torch.device, dtype: torch.dtype, warps: int = WARPS, chains: int = 1,
-           book_fp32: bool = False) -> nvrtc.CudaKernel:
+def kernel(device: torch.device, dtype: torch.dtype, book_fp32: bool = False) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
-                             {"WARPS": warps, "ELEM": ELEMENT_NAMES[dtype], "CHAINS": chains,
+                             {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype],
                               "BOOK_F32": int(book_fp32)}, BOOK_BYTES)
 
 
@@ -128,7 +129,7 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out_docs,
-                  grab: int = DEFAULT_GRAB, warps: int = WARPS, chains: int = 1) -> torch.Tensor:
+                  grab: int = DEFAULT_GRAB) -> torch.Tensor:
     """fp32 [B, num_out_docs]. Inputs checked by ops/pq.maxsim_pq and check_applies.
 
     Per call on the host: one memset (the blocks' document counters) and one launch per 32
@@ -141,8 +142,6 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
         return out
     if grab < 1:
         raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
-    if chains not in (1, 2):
-        raise ValueError(f"config.mma_chains must be 1 or 2, got {chains}")
     book_fp32 = codebooks.dtype == torch.float32
     if not book_fp32:
         codebooks = codebooks.to(Q3.dtype)
@@ -152,7 +151,7 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
         Q3 = Q3.contiguous()
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
-    launch = kernel(device, Q3.dtype, warps, chains, book_fp32)
+    launch = kernel(device, Q3.dtype, book_fp32)
     blocks = _multiprocessors(device)
     counters = torch.zeros(-(-Q3.shape[1] // MAX_QUERY_TOKENS), B, dtype=torch.int32,
                            device=device)
@@ -160,7 +159,7 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
     for chunk_index, start in enumerate(range(0, Q3.shape[1], MAX_QUERY_TOKENS)):
         chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
         scores = out if start == 0 else torch.empty_like(out)
-        launch((blocks, B, 1), (32 * warps, 1, 1),
+        launch((blocks, B, 1), (32 * WARPS, 1, 1),
                [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
                 ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), codebooks,
                 pq_codes, offsets, pids64, scores, ctypes.c_longlong(scores.stride(0)),
