@@ -2,16 +2,18 @@
 
     python -m experiments.bench_grid [--out DIR] [--budget SECONDS] [--cells quick|full]
                                      [--providers tilemaxsim,flash_maxsim,...] [--dry-run]
+                                     [--groups grid_Lq_d,...] [--skip-done EARLIER.json ...]
+    python -m experiments.bench_grid --summary RESULT.json [MORE.json ...]
 
 A cell is one problem: B queries of Lq tokens sharing N documents of dimension d, in fp16 or
 bf16, packed (PLAID's layout, lengths drawn from a distribution) or padded (every document Ld
 tokens: the peers' padded entry points take no document lengths, so a padded cell with lengths
-could not be compared). ``--cells quick`` is a subset of ``full`` on coarser axes. The cells are not the cartesian product of the axes: they are one-axis sweeps around
-the headline shape (B=1, Lq=32, d=128, fp16, packed, log-normal mean 70, 100k documents) and a
-coarse 2-D grid per heatmap (Lq x d, B x Lq, distribution x d). Every cell holds N = 100k
-documents, fewer where that would pass MAX_DOC_BYTES, so its documents are far beyond L2 and
-one call takes milliseconds; a cell with at least TARGET_DOC_BYTES of documents is one the
-read-ceiling target applies to.
+could not be compared). The cells are not the cartesian product of the axes: they are one-axis
+sweeps around the headline shape (B=1, Lq=32, d=128, fp16, packed, log-normal mean 70, 100k
+documents) and a coarse 2-D grid per heatmap (Lq x d, B x Lq, distribution x d); ``--cells
+quick`` is a subset of ``full`` on coarser axes. Every cell holds 100k documents, fewer where
+they would pass MAX_DOC_BYTES, so they are far beyond L2 and one call takes milliseconds; the
+read-ceiling target applies to cells with at least TARGET_DOC_BYTES of documents.
 
 Ours is timed as a user calls it: ``maxsim_packed`` / ``maxsim_padded`` with their default
 arguments (``validate=True``, ``config=None``). The peers are bench.py's providers. Per cell,
@@ -20,7 +22,8 @@ documents (the first ones and the longest); a wrong or failing provider is recor
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
-``experiments/plots_grid.py``.
+``experiments/plots_grid.py``. A grid too long for one device call is split with ``--groups``
+and ``--skip-done``; plots and ``--summary`` merge the files.
 """
 
 from __future__ import annotations
@@ -226,9 +229,11 @@ def _ordered_2d(xs, ys):
     return [(ys[i], xs[j]) for i, j in coords]
 
 
-def build_cells(mode: str = "full", sizing: Sizing = Sizing()) -> list[Cell]:
+def build_cells(mode: str = "full", sizing: Sizing = Sizing(),
+                groups: list[str] | None = None) -> list[Cell]:
     """Cells in priority order (headline, one-axis sweeps, then the grids), each once, with the
-    names of every sweep and grid it belongs to."""
+    names of every sweep and grid it belongs to; only those in ``groups`` when given (a run
+    split over several device calls)."""
     if mode not in AXES:
         raise ValueError(f"cells must be one of {sorted(AXES)}, got {mode!r}")
     a = AXES[mode]
@@ -262,7 +267,13 @@ def build_cells(mode: str = "full", sizing: Sizing = Sizing()) -> list[Cell]:
                 cells[cell.key] = dataclasses.replace(old, groups=old.groups + (group,))
         else:
             cells[cell.key] = dataclasses.replace(cell, groups=(group,))
-    return list(cells.values())
+    if groups is None:
+        return list(cells.values())
+    known = {group for group, _ in wanted}
+    unknown = sorted(set(groups) - known)
+    if unknown:
+        raise ValueError(f"groups {unknown} are not among {sorted(known)}")
+    return [c for c in cells.values() if set(c.groups) & set(groups)]
 
 
 def estimated_seconds(cell: Cell, num_providers: int) -> float:
@@ -414,12 +425,17 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
                 rows.append(status_row(cell, name, "unsupported", x,
                                        reason=f"{name} has no entry point for this layout and B"))
                 continue
+            first = time.perf_counter()
             got = fn().reshape(cell.B, -1)[:, ids.to(x.Q.device)]
             err = bench.check_output(name, case, got, ref)
+            # The first call's wall time holds the compiles (and a peer's autotuning): where a
+            # run's budget goes, which the timed median does not show.
+            first_call_s = time.perf_counter() - first
             if math.isnan(err):
                 log.warning("  %s WRONG on %s: not timed", name, cell.name)
                 rows.append(status_row(cell, name, "wrong", x, reason="differs from the float64 "
-                                       f"reference on {len(ids)} documents", max_rel_err=err))
+                                       f"reference on {len(ids)} documents", max_rel_err=err,
+                                       first_call_s=first_call_s))
                 continue
             timing = time_fn(fn)
         except Exception as exc:  # a peer that cannot take a shape is recorded, not fatal
@@ -429,9 +445,10 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             continue
         row = harness.make_row(SUITE, cell.name, name, timing, num_docs=cell.B * cell.N,
                                nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
-                               **_cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids))
-        log.info("  %-26s %9.4f ms  %s %% read BW", name, row["ms"],
-                 "-" if row["pct_read_bw"] is None else f"{row['pct_read_bw']:.1f}")
+                               **_cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids),
+                               first_call_s=first_call_s)
+        log.info("  %-26s %9.4f ms  %s %% read BW  (first call %.1f s)", name, row["ms"],
+                 "-" if row["pct_read_bw"] is None else f"{row['pct_read_bw']:.1f}", first_call_s)
         rows.append(row)
     annotate(rows, ceilings)
     del x
@@ -477,8 +494,14 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
                 target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING)
     rows: list[dict] = []
     not_run: list[str] = []
+    took: list[float] = []  # wall seconds of each cell run so far
     for i, cell in enumerate(cells):
-        if clock() + estimated_seconds(cell, len(providers)) > deadline:
+        # Look ahead by the larger of the fixed estimate and the recent cells' median: the
+        # compiles and the peers' autotuning make real cells longer than their timing windows.
+        ahead = max([estimated_seconds(cell, len(providers))] +
+                    ([statistics.median(took[-5:])] if took else []))
+        began = clock()
+        if began + ahead > deadline:
             not_run = [c.name for c in cells[i:]]
             log.warning("time budget of %.0f s spent: %d of %d cells not run (recorded)",
                         budget_s, len(not_run), len(cells))
@@ -488,6 +511,7 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
             break
         rows += run_cell(cell, providers, ceilings, device=device, time_fn=time_fn, clock=clock,
                          deadline=deadline)
+        took.append(clock() - began)
         # Written after every cell, with the cells still to run, so a run killed at its
         # wall-clock limit keeps what it measured and names what it did not.
         meta.update(cells_run=i + 1, not_run=[c.name for c in cells[i + 1:]],
@@ -554,9 +578,21 @@ def main(argv=None) -> Path | None:
                              "timing and no ceilings (for tests)")
     parser.add_argument("--max-docs", type=int, default=MAX_DOCS)
     parser.add_argument("--max-doc-bytes", type=int, default=MAX_DOC_BYTES)
+    parser.add_argument("--groups", default="",
+                        help="comma-separated sweeps/grids to run (default: all), to split a run")
+    parser.add_argument("--skip-done", nargs="+", default=[], metavar="RESULT",
+                        help="skip the cells that earlier result files ran")
+    parser.add_argument("--summary", nargs="+", default=[], metavar="RESULT",
+                        help="print the summary of result files (merged) and stop")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from experiments import plots_grid
+
+    if args.summary:
+        for line in summary(plots_grid.merge_results(args.summary)):
+            print(line)
+        return None
 
     known = known_providers()
     names = [p for p in args.providers.split(",") if p]
@@ -565,7 +601,16 @@ def main(argv=None) -> Path | None:
         raise SystemExit(f"unknown providers {unknown}; known: {sorted(known)}")
     providers = {name: known[name] for name in names}
     sizing = Sizing(args.max_docs, args.max_doc_bytes)
-    cells = build_cells(args.cells, sizing)
+    groups = [g for g in args.groups.split(",") if g] or None
+    try:
+        cells = build_cells(args.cells, sizing, groups)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.skip_done:
+        done = {r["shape"] for r in plots_grid.merge_results(args.skip_done)["rows"]
+                if r["status"] != "not_run"}
+        log.info("skipping %d cells run in %s", sum(c.name in done for c in cells), args.skip_done)
+        cells = [c for c in cells if c.name not in done]
     est = sum(estimated_seconds(c, len(providers)) for c in cells)
     log.info("%d cells (%s), ~%.0f s of timing before compiles, budget %.0f s",
              len(cells), args.cells, est, args.budget)
@@ -583,14 +628,13 @@ def main(argv=None) -> Path | None:
         ceilings, time_fn = {}, wall_clock_ms
     log.info("ceilings: %s", {k: round(v, 1) for k, v in ceilings.items()})
     meta = {"cells": args.cells, "sizing": dataclasses.asdict(sizing), "device": args.device,
-            "grids": grid_specs(args.cells), "headline": HEADLINE}
+            "grids": grid_specs(args.cells), "headline": HEADLINE, "groups": groups,
+            "skip_done": args.skip_done}
     path = run(cells, providers, args.out, ceilings=ceilings, budget_s=args.budget,
                device=args.device, time_fn=time_fn, start=start, meta=meta)
     log.info("wrote %s", path)
     if not args.no_plots:
         try:
-            from experiments import plots_grid
-
             for plot in plots_grid.plot_all(path):
                 log.info("wrote %s", plot)
         except ImportError as exc:

@@ -1,11 +1,12 @@
 """Heatmaps of the shape-grid benchmark, drawn only from the result file it wrote.
 
-    python -m experiments.plots_grid results/grid/grid.json [--out DIR]
+    python -m experiments.plots_grid results/grid/grid.json [MORE.json ...] [--out DIR]
 
 Per 2-D grid of the run (its axes are in the file's ``meta.grids``), two heatmaps of our rows:
 % of the roof (the read ceiling, or the bf16 tensor ceiling in cells marked T where the products
 take longer than the bytes) and ours / best peer (> 1: ours faster). A cell that was not run, or
-that no peer ran, is left blank.
+that no peer ran, is left blank. Several result files (one run split over device calls) are
+merged first: per cell and provider, the last row that ran.
 """
 
 from __future__ import annotations
@@ -29,6 +30,28 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def merge_results(paths) -> dict:
+    """One document from several result files: the first file's provenance and ceilings, every
+    file's grids, and per (cell, provider) the last row that ran (else the last row)."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    if not docs:
+        raise ValueError("merge_results needs at least one result file")
+    merged = {"provenance": docs[0]["provenance"], "ceilings": docs[0].get("ceilings", {}),
+              "meta": {**docs[0].get("meta", {}), "grids": {},
+                       "merged_from": [str(p) for p in paths]},
+              "rows": []}
+    best: dict[tuple, dict] = {}
+    for doc in docs:
+        merged["meta"]["grids"].update(doc.get("meta", {}).get("grids", {}))
+        for row in doc["rows"]:
+            key = (row["shape"], row["provider"])
+            ran = row.get("status") != "not_run"
+            if key not in best or ran or best[key].get("status") == "not_run":
+                best[key] = row
+    merged["rows"] = list(best.values())
+    return merged
 
 
 def grid_values(doc: dict, grid: str, key: str):
@@ -88,11 +111,12 @@ def plot_grid(doc: dict, grid: str, key: str, label: str, cmap: str, limits, out
     return path
 
 
-def plot_all(result, out=None) -> list[Path]:
-    """Every heatmap of a result file; returns the paths written (next to it by default)."""
-    result = Path(result)
-    doc = json.loads(result.read_text())
-    out = Path(out) if out else result.parent
+def plot_all(results, out=None) -> list[Path]:
+    """Every heatmap of one result file or several (merged); returns the paths written (next to
+    the first file by default)."""
+    paths = [Path(results)] if isinstance(results, (str, Path)) else [Path(p) for p in results]
+    doc = merge_results(paths)
+    out = Path(out) if out else paths[0].parent
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for grid in doc.get("meta", {}).get("grids", {}):
@@ -106,10 +130,11 @@ def plot_all(result, out=None) -> list[Path]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.plots_grid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("result", help="grid.json written by experiments.bench_grid")
+    parser.add_argument("results", nargs="+",
+                        help="grid.json files written by experiments.bench_grid")
     parser.add_argument("--out", default=None, help="folder for the PNGs (default: the result's)")
     args = parser.parse_args(argv)
-    for path in plot_all(args.result, args.out):
+    for path in plot_all(args.results, args.out):
         print(f"wrote {path}")
 
 

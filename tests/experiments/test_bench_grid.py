@@ -70,6 +70,15 @@ def test_quick_is_a_smaller_subset_of_full():
         bg.build_cells("huge")
 
 
+def test_groups_select_cells_for_a_split_run():
+    full = bg.build_cells("full")
+    part = bg.build_cells("full", groups=["grid_Lq_d", "sweep_B"])
+    assert part and all({"grid_Lq_d", "sweep_B"} & set(c.groups) for c in part)
+    assert [c for c in full if {"grid_Lq_d", "sweep_B"} & set(c.groups)] == part
+    with pytest.raises(ValueError, match="grid_nope"):
+        bg.build_cells("full", groups=["grid_nope"])
+
+
 def test_sizing_rule():
     """100k documents, fewer where they would pass 2 GiB; every cell >= 10 MB of documents."""
     for cell in bg.build_cells("full"):
@@ -234,7 +243,7 @@ def test_end_to_end(tmp_path, monkeypatch, capsys, device):
     interpreter), torch einsum on the padded cell, the peers (absent on CPU); every provider's
     output checked against the reference before it is timed."""
     tiny = _tiny_cells()
-    monkeypatch.setattr(bg, "build_cells", lambda mode, sizing: tiny)
+    monkeypatch.setattr(bg, "build_cells", lambda mode, sizing, groups: tiny)
     checked = []
     check = bg.bench.check_output
     monkeypatch.setattr(bg.bench, "check_output",
@@ -256,6 +265,7 @@ def test_end_to_end(tmp_path, monkeypatch, capsys, device):
     ours = [r for r in rows if r["provider"] == bg.OURS]
     assert [r["status"] for r in ours] == ["ok"] * 3
     assert all(r["max_rel_err"] <= 1e-3 and r["ms"] > 0 and r["checked_docs"] == 3 for r in ours)
+    assert all(r["first_call_s"] > 0 for r in ours)
     einsum = {r["layout"]: r["status"] for r in rows if r["provider"] == "torch_einsum"}
     assert einsum == {"packed": "unsupported", "padded": "ok"}
     peers = {r["status"] for r in rows if r["provider"] in bg.PEERS}
@@ -339,3 +349,22 @@ def test_inputs_match_the_cell():
     assert int(x.offsets[-1]) == x.D_packed.shape[0]
     padded = bg.make_inputs(bg.Cell(1, 3, 64, "fp16", "padded", "fixed-9", 4), "cpu")
     assert padded.D.shape == (4, 9, 64) and padded.D.dtype == torch.float16
+
+
+def test_split_run_skips_done_cells_and_merges(tmp_path, capsys):
+    """A second call with --skip-done runs only what the first did not; --summary and the plots
+    read both files as one."""
+    first = _recorded_result(tmp_path / "a")
+    doc = json.loads(first.read_text())
+    done = {r["shape"] for r in doc["rows"] if r["status"] != "not_run"}
+    second = bg.main(["--device", "cpu", "--cells", "quick", "--out", str(tmp_path / "b"),
+                      "--budget", "0", "--providers", "tilemaxsim", "--skip-done", str(first)])
+    left = {r["shape"] for r in json.loads(second.read_text())["rows"]}
+    assert left == {c.name for c in bg.build_cells("quick")} - done
+    merged = plots_grid.merge_results([first, second])
+    assert {r["shape"] for r in merged["rows"]} == done | left
+    ours = [r for r in merged["rows"] if r["provider"] == bg.OURS and r["shape"] in done]
+    assert ours and all(r["status"] == "ok" for r in ours)  # a later not_run does not win
+    capsys.readouterr()
+    bg.main(["--summary", str(first), str(second)])
+    assert capsys.readouterr().out.splitlines() == bg.summary(merged)
