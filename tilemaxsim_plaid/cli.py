@@ -16,6 +16,7 @@ COMMANDS = {
     "bench": ("bench", "dense kernels beside torch, colbert-ai and the public kernels (GPU)"),
     "bench-compressed": ("bench_compressed", "residual-code and PQ kernels (GPU)"),
     "bench-plaid": ("bench_plaid", "end-to-end PLAID search and rerank, stock vs patched (GPU)"),
+    "bench-grid": ("bench_grid", "dense ops over a grid of shapes, dtypes and length distributions (GPU)"),
     "bench-distributed": ("bench_distributed", "multi-GPU sharded scoring (torchrun)"),
     "reproduce": ("reproduce", "a reproduction table from a config (path or shipped name)"),
     "synthesize": ("synthesize", "a synthetic PLAID index in colbert-ai's on-disk format"),
@@ -24,6 +25,7 @@ COMMANDS = {
     "results": ("results_table", "results/TABLE.md and its plots from every committed result file"),
     "plots": ("plots_bench", "plots of a dense benchmark result file"),
     "plots-plaid": ("plots_plaid", "plots of end-to-end PLAID benchmark runs"),
+    "plots-grid": ("plots_grid", "heatmaps of shape-grid benchmark result files"),
 }
 
 
