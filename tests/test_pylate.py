@@ -7,6 +7,7 @@ tensors (``_kernels_on_cpu``), so the kernels run under TRITON_INTERPRET=1 (test
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
@@ -258,6 +259,14 @@ def test_a_mask_of_another_shape_goes_to_pylate():
 # patch_pylate / unpatch_pylate
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_signatures_are_pylates(name):
+    ours = inspect.signature(getattr(tp, name))
+    theirs = inspect.signature(ORIGINALS[name])
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+
+
 def _bindings():
     return {
         "colbert_scores": [pylate_colbert, pylate.scores, pylate_similarity, pylate.rank.rank],
@@ -277,6 +286,10 @@ def test_patch_replaces_every_binding_and_unpatch_restores_the_originals():
         for module in modules:
             assert getattr(module, name) is replacements[name], (module.__name__, name)
     assert set(tp.active_bindings().values()) == set(replacements.values())
+    # The model's similarity() resolves through similarity_functions at call time.
+    similarity = pylate_similarity.SimilarityFunction
+    assert similarity.to_similarity_fn("MaxSim") is replacements["colbert_scores"]
+    assert similarity.to_similarity_pairwise_fn("MaxSim") is replacements["colbert_scores_pairwise"]
     # Twice: nothing changes, in particular the originals stay the originals.
     assert tp.patch_pylate() is True
     for name in NAMES:
