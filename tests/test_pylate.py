@@ -23,8 +23,12 @@ import pylate.scores  # noqa: E402
 import pylate.scores.colbert as pylate_colbert  # noqa: E402
 import pylate.scores.similarity_functions as pylate_similarity  # noqa: E402
 
+from tests.conftest import ON_GPU  # noqa: E402
 from tilemaxsim_plaid import pylate as tp  # noqa: E402
 from tilemaxsim_plaid import reference, stats  # noqa: E402
+
+# CUDA where there is one (the path users take); on CPU the kernels run under the interpreter.
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 
 NAMES = ("colbert_scores", "colbert_scores_pairwise", "colbert_kd_scores")
 ORIGINALS = {name: getattr(pylate_colbert, name) for name in NAMES}
@@ -83,8 +87,8 @@ def _check(actual: torch.Tensor, pylate_out: torch.Tensor, reference64: torch.Te
                                    atol=2 * atol)
 
 
-def _embeddings(*shape: int, dtype=torch.float32) -> torch.Tensor:
-    return (torch.randn(*shape) / shape[-1] ** 0.5).to(dtype)
+def _embeddings(*shape: int, dtype=torch.float32, device=DEVICE) -> torch.Tensor:
+    return (torch.randn(*shape, device=device) / shape[-1] ** 0.5).to(dtype)
 
 
 def _padded_docs(lengths, dim: int, dtype) -> torch.Tensor:
@@ -102,7 +106,7 @@ def _masks(B: int, Lq: int, lengths, Ld: int, kind: str):
         d_mask[n, :length] = torch.rand(length) > 0.3
         d_mask[n, 0] = True
     dtype = {"bool": torch.bool, "int64": torch.int64, "float32": torch.float32}[kind]
-    return q_mask.to(dtype), d_mask.to(dtype)
+    return q_mask.to(DEVICE, dtype), d_mask.to(DEVICE, dtype)
 
 
 # Documents of lengths 13, 1 (one token: a query token whose only similarity is negative takes
@@ -119,7 +123,7 @@ def test_colbert_scores_padded_documents_score_like_pylate(dtype):
     _check(ours, ORIGINALS["colbert_scores"](Q, D, backend="torch"),
            ORIGINALS["colbert_scores"](Q.double(), D.double(), backend="torch"), dtype)
     # The semantics differ from ours: with -inf padding the one-token document scores lower.
-    lengths = torch.tensor(LENGTHS)
+    lengths = torch.tensor(LENGTHS, device=DEVICE)
     minus_inf = reference.maxsim_padded(Q.double(), D.double(), doc_lengths=lengths)
     assert (ours[:, 1].double() > minus_inf[:, 1] + 1e-3).all()
 
@@ -138,14 +142,18 @@ def test_colbert_scores_masks_like_pylate(dtype, kind):
                                        backend="torch"), dtype)
 
 
-def test_colbert_scores_takes_pylates_inputs():
+@pytest.mark.parametrize("kind", ["list", "numpy"])
+def test_colbert_scores_takes_pylates_inputs(kind):
     """Lists and numpy arrays are converted as PyLate converts them; one document of length 1."""
+    if kind == "numpy" and ON_GPU:
+        pytest.skip("numpy arrays convert to CPU tensors: PyLate's own path scores them")
     Q = _embeddings(2, 5, 16)
     D = _embeddings(3, 1, 16)
-    for q, d in ((Q.numpy(), D.numpy()), (list(Q), list(D))):
-        ours = _on_kernels(tp.colbert_scores, q, d)
-        _check(ours, ORIGINALS["colbert_scores"](q, d, backend="torch"),
-               ORIGINALS["colbert_scores"](Q.double(), D.double(), backend="torch"), Q.dtype)
+    q, d = (Q.cpu().numpy(), D.cpu().numpy()) if kind == "numpy" else (list(Q), list(D))
+    ours = _on_kernels(tp.colbert_scores, q, d)
+    _check(ours, ORIGINALS["colbert_scores"](q, d, backend="torch"),
+           ORIGINALS["colbert_scores"](Q.double(), D.double(), backend="torch").to(ours.device),
+           Q.dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -198,7 +206,7 @@ def _fallback(reason_part: str, function, *args, **kwargs):
 
 
 def test_cpu_tensors_run_pylates_code_without_the_switch():
-    Q, D = _embeddings(2, 5, 16), _embeddings(3, 4, 16)
+    Q, D = _embeddings(2, 5, 16, device="cpu"), _embeddings(3, 4, 16, device="cpu")
     before = _pylate_fallbacks()
     out = tp.colbert_scores(Q, D)
     assert _pylate_fallbacks() != before
@@ -209,7 +217,7 @@ def test_cpu_tensors_run_pylates_code_without_the_switch():
 def test_inputs_the_kernels_do_not_take_get_pylates_result(case, monkeypatch):
     dtype = torch.float64 if case == "float64" else torch.float32
     Q, D = _embeddings(2, 5, 16, dtype=dtype), _embeddings(3, 4, 16, dtype=dtype)
-    q_mask = torch.ones(2, 5)
+    q_mask = torch.ones(2, 5, device=DEVICE)
     kwargs = {}
     if case == "backend-torch":
         kwargs["backend"] = "torch"
@@ -220,7 +228,7 @@ def test_inputs_the_kernels_do_not_take_get_pylates_result(case, monkeypatch):
     reason = {"float64": "dtype", "backend-torch": "backend", "env-torch": "backend",
               "grad": "grad"}[case]
     out = _fallback(reason, tp.colbert_scores, Q, D, q_mask, **kwargs)
-    expected = ORIGINALS["colbert_scores"](Q, D, q_mask)
+    expected = ORIGINALS["colbert_scores"](Q, D, q_mask, **kwargs)
     assert torch.equal(out, expected)
     if case == "grad":
         # PyLate trains through colbert_scores: the gradient is its torch path's.
@@ -250,7 +258,7 @@ def test_the_kernel_path_needs_no_pylate(monkeypatch):
 
 def test_a_mask_of_another_shape_goes_to_pylate():
     Q, D = _embeddings(2, 5, 16), _embeddings(3, 4, 16)
-    d_mask = torch.ones(1, 4)  # broadcasts in PyLate's product
+    d_mask = torch.ones(1, 4, device=DEVICE)  # broadcasts in PyLate's product
     out = _fallback("mask", tp.colbert_scores, Q, D, None, d_mask)
     assert torch.equal(out, ORIGINALS["colbert_scores"](Q, D, None, d_mask))
 
