@@ -213,7 +213,7 @@ def test_cpu_tensors_run_pylates_code_without_the_switch():
     assert torch.equal(out, ORIGINALS["colbert_scores"](Q, D))
 
 
-@pytest.mark.parametrize("case", ["float64", "backend-torch", "env-torch", "grad"])
+@pytest.mark.parametrize("case", ["float64", "backend-torch", "env-torch", "grad", "no-triton"])
 def test_inputs_the_kernels_do_not_take_get_pylates_result(case, monkeypatch):
     dtype = torch.float64 if case == "float64" else torch.float32
     Q, D = _embeddings(2, 5, 16, dtype=dtype), _embeddings(3, 4, 16, dtype=dtype)
@@ -225,8 +225,10 @@ def test_inputs_the_kernels_do_not_take_get_pylates_result(case, monkeypatch):
         monkeypatch.setenv(tp.BACKEND_ENV_VAR, "torch")
     if case == "grad":
         Q.requires_grad_(True)
+    if case == "no-triton":
+        monkeypatch.setattr(tp, "_triton_installed", lambda: False)
     reason = {"float64": "dtype", "backend-torch": "backend", "env-torch": "backend",
-              "grad": "grad"}[case]
+              "grad": "grad", "no-triton": "triton"}[case]
     out = _fallback(reason, tp.colbert_scores, Q, D, q_mask, **kwargs)
     expected = ORIGINALS["colbert_scores"](Q, D, q_mask, **kwargs)
     assert torch.equal(out, expected)
@@ -283,8 +285,10 @@ def _bindings():
     }
 
 
-def test_patch_replaces_every_binding_and_unpatch_restores_the_originals():
-    assert tp.patch_pylate() is True
+def test_patch_replaces_every_binding_and_unpatch_restores_the_originals(caplog):
+    with caplog.at_level("INFO", logger=tp.__name__):
+        assert tp.patch_pylate() is True
+    assert "TileMaxSim kernels" in caplog.text
     assert tp.is_patched()
     replacements = {name: getattr(pylate_colbert, name) for name in NAMES}
     for name, modules in _bindings().items():

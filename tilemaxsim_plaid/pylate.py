@@ -21,12 +21,12 @@ returns (the embeddings' dtype promoted with the masks' dtypes), rounded once.
 
 **Where the kernels do not apply, PyLate's own function runs** with the same arguments (logged at
 DEBUG and counted in :func:`tilemaxsim_plaid.stats` ``fallbacks``), so the result is always
-PyLate's: tensors not on one CUDA device, a dtype other than fp16/bf16/fp32 or differing between
-queries and documents, empty inputs or a document of no tokens, masks not of the embeddings'
-[batch, tokens] shape, an explicit ``backend`` other than ``"auto"`` (argument or
+PyLate's: tensors not on one CUDA device, no triton, a dtype other than fp16/bf16/fp32 or
+differing between queries and documents, empty inputs or a document of no tokens, masks not of
+the embeddings' [batch, tokens] shape, an explicit ``backend`` other than ``"auto"`` (argument or
 ``PYLATE_SCORES_BACKEND``), and inputs that need autograd: PyLate trains through these functions
-(``ColBERTScores``, ``Distillation``) and the kernels have no backward, so when grad mode is on and
-any input requires grad, PyLate's torch path computes the scores and their gradients.
+(``ColBERTScores``, ``Distillation``) and the kernels have no backward, so when grad mode is on
+and any input requires grad, PyLate's torch path computes the scores and their gradients.
 
 ``pylate`` is imported only when a call needs it (a fallback, or patching); the kernel path itself
 needs only torch and triton. Module graph: this module -> :mod:`tilemaxsim_plaid.ops.dense`
@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -86,6 +87,7 @@ _DTYPE = "a dtype other than fp16/bf16/fp32, or differing between queries and do
 # An empty document has no max (PyLate raises), an empty batch nothing to launch.
 _EMPTY = "empty inputs or a document of no tokens"
 _MASK = "a mask not of the embeddings' [batch, tokens] shape"
+_NO_TRITON = "triton is not installed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +190,15 @@ def _refusal(tensors: list[Any], backend: str | None) -> str | None:
     on_cpu = device.type == "cpu" and _KERNELS_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"
     if device.type != "cuda" and not on_cpu:
         return _NOT_CUDA
+    if not _triton_installed():
+        # Where triton has no wheel (Windows) PyLate's path serves, as it did before the patch.
+        return _NO_TRITON
     return None
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def _embedding_refusal(Q: torch.Tensor, D: torch.Tensor, q_dims: int, d_dims: int,
@@ -512,8 +522,8 @@ def patch_pylate() -> bool:
             for target in reversed(done):
                 _revert(target)
             raise
-    logger.debug("tilemaxsim_plaid patched PyLate's scoring: %s",
-                 ", ".join(t.attribute for t in TARGETS))
+    logger.info("tilemaxsim_plaid: PyLate %s scores %s on the TileMaxSim kernels (CUDA tensors)",
+                pylate_version(), ", ".join(t.attribute for t in TARGETS))
     return True
 
 
