@@ -112,6 +112,44 @@ def test_pids_in_place_2d_query_and_long_query(device, poisoned_outputs):
     assert torch.equal(out[1].cpu(), torch.zeros(len(DOC_LENGTHS)))
 
 
+def strided(x):
+    """x's values as a non-contiguous view: every other row of a tensor twice as long."""
+    return torch.stack([x, torch.zeros_like(x)], 1)[:, 0]
+
+
+@pytest.mark.parametrize("scoring", ["decode", "lut"] + (["mma"] if ON_GPU else []))
+@residual_modes
+def test_strided_views_of_every_argument_score_as_contiguous(device, poisoned_outputs, scoring,
+                                                             residual_mode):
+    """Every tensor argument passed as a non-contiguous view (offsets, pids, query_lengths,
+    centroid_codes, inv_norms, centroids, codebooks, Q with doubled row strides; pq_codes with
+    doubled row stride, and with strided columns) gives the scores of the contiguous tensors."""
+    if scoring == "mma" and residual_mode:
+        pytest.skip("the mma kernel scores PQ codes of embeddings only")
+    lengths = [0, 7, 0, 13, 1, 19, 33]
+    index = random_pq_index(device, 128, 16, lengths, num_centroids=9 if residual_mode else 0)
+    (codes, offsets, codebooks), extra = split(index)
+    Q = unit_queries(2, 12, 128, torch.float16, device)
+    pids = torch.tensor([5, 0, 3, 3, 6, 1], device=device)
+    query_lengths = torch.tensor([12, 5], device=device)
+    config = None if scoring == "decode" else PQConfig(scoring=scoring, block_t=16)
+    want = maxsim_pq(Q, codes, offsets, codebooks, pids, query_lengths=query_lengths, **extra,
+                     config=config)
+    assert_close(want, reference.maxsim_pq(Q, codes, offsets, codebooks, pids,
+                                           query_lengths=query_lengths, **extra),
+                 "maxsim_pq", torch.float32 if scoring == "lut" else torch.float16)
+    column_strided = torch.stack([codes, torch.zeros_like(codes)], 2)[:, :, 0]
+    for strided_codes in (strided(codes), column_strided):
+        views = dict(pq_codes=strided_codes, offsets=strided(offsets),
+                     codebooks=strided(codebooks), pids=strided(pids),
+                     query_lengths=strided(query_lengths),
+                     **{name: strided(value) for name, value in extra.items()})
+        assert not any(view.is_contiguous() for view in views.values())
+        assert torch.equal(views["pq_codes"], codes) and torch.equal(views["offsets"], offsets)
+        got = maxsim_pq(strided(Q), **views, config=config)
+        assert torch.equal(got, want)
+
+
 @settings(max_examples=property_examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(

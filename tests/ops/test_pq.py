@@ -140,8 +140,11 @@ def test_mma_refusals_name_what_does_not_apply(device):
         maxsim_pq(Q, *args, **extra, config=mma)
     with pytest.raises(ValueError, match="fp16 or bf16"):
         maxsim_pq(Q.float(), *args, config=mma)
-    codes = torch.zeros(args[0].shape[0], 32, dtype=torch.uint8, device=device)[:, :16]
-    with pytest.raises(ValueError, match="16 contiguous bytes"):
+    # Strided codes are made contiguous by maxsim_pq; a contiguous view off 16-byte alignment
+    # is refused.
+    buffer = torch.zeros(args[0].numel() + 1, dtype=torch.uint8, device=device)
+    codes = buffer[1:].view(args[0].shape)
+    with pytest.raises(ValueError, match="16-byte aligned"):
         maxsim_pq(Q, codes, *args[1:], config=mma)
     if not ON_GPU:
         with pytest.raises(ValueError, match="a CUDA GPU"):

@@ -333,7 +333,7 @@ def maxsim_pq(
 
     Args:
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
-        pq_codes: uint8 [T, M], one byte per sub-quantizer, rows contiguous in M.
+        pq_codes: uint8 [T, M], one byte per sub-quantizer.
         offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
         codebooks: float [M, 256, d / M] (``PQCodec.codebooks``); rounded to Q's dtype once per
             call for the tensor cores (256 * d values), or multiplied with the query in
@@ -346,8 +346,14 @@ def maxsim_pq(
         inv_norms: optional float [T] scale per token (``PQCodec.inverse_norms``), e.g. to
             score normalized decoded vectors.
         query_lengths: optional int32/int64 [B] (3-D Q only).
-        config: a fixed :class:`PQConfig`.
+        config: a fixed :class:`PQConfig`; None: ``MMA_DEFAULT`` or ``default_pq_config``.
         validate: check values (offsets, pids, codes); these checks sync with the device.
+
+    Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
+    4-byte pairs). The other tensors are made contiguous here when they are not (a copy per call
+    of that argument only; none for contiguous inputs): the kernels read offsets, pids,
+    query_lengths, centroid_codes and inv_norms with unit stride and pq_codes, codebooks and
+    centroids as dense rows.
 
     Returns:
         fp32 [B, M'] (or [M'] for a 2-D Q). An empty document scores -inf, an empty query 0.
@@ -363,10 +369,9 @@ def maxsim_pq(
         raise ValueError(
             f"codebooks must be [M, {CODEBOOK_SIZE}, d/M] with d={dim}, got {checks.describe(codebooks)}"
         )
-    if pq_codes.shape[1] != num_subquantizers or pq_codes.stride(1) != 1:
+    if pq_codes.shape[1] != num_subquantizers:
         raise ValueError(
-            f"pq_codes must be [T, M={num_subquantizers}] with contiguous rows, got "
-            f"{checks.describe(pq_codes)}, strides {pq_codes.stride()}"
+            f"pq_codes must be [T, M={num_subquantizers}], got {checks.describe(pq_codes)}"
         )
     if offsets.numel() < 1:
         raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
@@ -397,6 +402,10 @@ def maxsim_pq(
         if centroid_codes is not None and centroid_codes.numel() and (
                 int(centroid_codes.min()) < 0 or int(centroid_codes.max()) >= centroids.shape[0]):
             raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
+    pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms, query_lengths = (
+        None if x is None else x.contiguous()
+        for x in (pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
+                  query_lengths))
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
     if config is None and num_out >= MANY_DOCS and not pq_mma.reasons_not_to_apply(
