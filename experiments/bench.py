@@ -127,16 +127,6 @@ def provider_ours(case: Case, x: Inputs, config: MaxSimConfig | None = None):
     return lambda: maxsim_padded(Q, x.D, config=cfg, validate=False)
 
 
-# The stream path's representative configuration until a sweep on the GPU picks one: compiled
-# for sm_90 by triton 3.6 it holds its prefetched tile without spilling (183 registers).
-STREAM_CONFIG = MaxSimConfig(block_t=64, num_warps=2, stream=True, chunk_tokens=4096)
-
-
-def provider_ours_stream(case: Case, x: Inputs):
-    """maxsim_packed's stream path (every document, row tiles across boundaries): packed only."""
-    return provider_ours(case, x, STREAM_CONFIG) if case.packed else None
-
-
 def _einsum_scores(Q3, D, chunk):
     out = torch.empty(Q3.shape[0], D.shape[0], device=D.device, dtype=torch.float32)
     for s in range(0, D.shape[0], chunk):
@@ -228,7 +218,6 @@ def provider_lik(case: Case, x: Inputs):
 
 PROVIDERS = {
     OURS: provider_ours,
-    OURS + "_stream": provider_ours_stream,
     "torch_einsum": provider_einsum,
     "torch_compile": provider_compile,
     "colbert_packed": provider_colbert,
@@ -342,7 +331,7 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
                     out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, stages))
         if case.B == 1 and case.d <= 128:
             # Several documents per program with the query tile held across them: loading the
-            # query once per document costs ~10 % of the read roof (results/bench/h200-packed-floors).
+            # query once per document costs ~10 % of the read roof.
             for block_t in (32, 64):
                 for warps in (2, 4):
                     for docs in (2, 4, 8):
@@ -351,14 +340,6 @@ def config_candidates(case: Case, max_len: int) -> list[MaxSimConfig]:
                                 continue  # past 200 registers (sm_90, triton 3.6)
                             out.append(MaxSimConfig(block_t, 1, 1, docs, False, warps, stages,
                                                     hold_query=True))
-        # The stream path (every document, boundaries inside tiles): tile rows x rows per program.
-        for block_t in (32, 64, 128) if case.B == 1 else (32, 64):
-            for chunk in (1024, 4096, 16384):
-                for warps in (2, 4) if case.B == 1 else (4, 8):
-                    if block_t // warps > 32:  # 128 rows on 2 warps spill (sm_90, triton 3.6)
-                        continue
-                    out.append(MaxSimConfig(block_t, qpb, 1, 1, False, warps, 2, stream=True,
-                                            chunk_tokens=chunk))
         return out
     if case.B == 1:
         for block_t in (64, 128) if case.d > 128 else (64, 128, 256):
@@ -452,7 +433,6 @@ def main(argv=None) -> None:
         rows += run_case(case, ceilings, case_providers)
         # Written after every shape, so a run stopped at its time limit keeps what it measured.
         harness.add_speedups(rows, OURS)
-        harness.add_speedups(rows, OURS + "_stream")
         path = harness.write_results(rows, args.out, "dense", ceilings=ceilings)
     print(f"wrote {path}")
     print()

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from tilemaxsim_plaid.codecs.residual import decompress_residuals
-from tilemaxsim_plaid.kernels.maxsim_residual import _decode_chunk
+from tilemaxsim_plaid.kernels.maxsim_residual import decode_pair_words_fp16
 from tilemaxsim_plaid.ops.residual import decode_table
 
 STAGES = ("read", "gather", "decode")
@@ -62,8 +62,7 @@ def _residual_floor_kernel(p_codes, p_words, p_inv_norms, p_offsets, p_scores, p
             best = tl.maximum(best, tl.max(s_rows, axis=0))
         if STAGE >= 2:
             # The pair decoder (2 dimensions per lookup), 32-bit words, fp16 weights.
-            decoded = _decode_chunk(words, p_table, 0.0, 0.0, 0.0, 0.0, tl.float16, NBITS, 4,
-                                    2, 16, BLOCK_T, BLOCK_D, PTX_LOADS, False)
+            decoded = decode_pair_words_fp16(words, p_table, NBITS, BLOCK_T, BLOCK_D, PTX_LOADS)
             # Rows past the document decode the zero word to real weights: leave them out.
             weights += tl.sum(tl.where(mask_t[:, None], decoded.to(tl.float32), 0.0), axis=1)
     total = tl.sum(low_bytes, axis=0) + tl.sum(norms, axis=0) + tl.sum(weights, axis=0)

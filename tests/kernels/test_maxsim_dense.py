@@ -141,10 +141,6 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, slots=True),
                  id="slots-16x4"),
     pytest.param(MaxSimConfig(block_t=4, docs_per_program=4, slots=True), id="slots-4x4"),
-    # Chunks smaller than a tile, a document longer than a chunk, boundaries inside tiles.
-    pytest.param(MaxSimConfig(block_t=16, stream=True, chunk_tokens=8), id="stream-16-chunk8"),
-    pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, stream=True, chunk_tokens=40),
-                 id="stream-32-2q-chunk40"),
     # One query tile held across tiles and documents: several documents per program, several
     # query blocks (programs) per document.
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
@@ -157,7 +153,7 @@ CONFIGS = [
 ]
 
 
-# The single-tile and hold-query paths take d <= 128 only (test_d_limited_configs_reject_wide_d).
+# The single-tile and hold-query paths take d <= 128 only (tests/ops/test_dense.py refuses wider).
 CONFIG_DIMS = [pytest.param(c.values[0], d, id=f"{c.id}-d{d}") for c in CONFIGS for d in (128, 384)
                if not ((c.values[0].single_tile or c.values[0].hold_query) and d > 128)]
 
@@ -171,56 +167,8 @@ def test_every_config_path_is_exact(config, d, device):
     out = maxsim_packed(Q, D, offsets, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
     pids = torch.tensor([6, 2, 1, 2], device=device)
-    if config.stream:  # every document, in corpus order, or nothing
-        with pytest.raises(ValueError, match="config.stream"):
-            maxsim_packed(Q, D, offsets, pids, config=config)
-        return
     out = maxsim_packed(Q, D, offsets, pids, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
-
-
-@pytest.mark.parametrize("config", [
-    pytest.param(MaxSimConfig(block_t=48), id="block_t-not-pow2"),
-    pytest.param(MaxSimConfig(queries_per_block=3), id="queries-not-pow2"),
-    pytest.param(MaxSimConfig(docs_per_program=0), id="no-docs"),
-    pytest.param(MaxSimConfig(block_t=4, docs_per_program=2, slots=True), id="slot-tile-too-small"),
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
-    pytest.param(MaxSimConfig(stream=True, chunk_tokens=0), id="stream-empty-chunks"),
-    pytest.param(MaxSimConfig(stream=True, slots=True, docs_per_program=2), id="stream-and-slots"),
-    pytest.param(MaxSimConfig(stream=True, q_blocks_per_program=2), id="stream-2qblocks"),
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, q_blocks_per_program=2),
-                 id="slots-2qblocks"),
-    pytest.param(MaxSimConfig(hold_query=True, q_blocks_per_program=2), id="hold-query-2qblocks"),
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, hold_query=True),
-                 id="hold-query-and-slots"),
-    pytest.param(MaxSimConfig(hold_query=True, stream=True), id="hold-query-and-stream"),
-])
-def test_bad_config_is_rejected_before_launch(config, device):
-    D, offsets = _packed_from_lengths([5, 7], 64, torch.float16, device)
-    Q = _rand(1, 8, 64, dtype=torch.float16, device=device)
-    with pytest.raises(ValueError, match="config"):
-        maxsim_packed(Q, D, offsets, config=config)
-
-
-def test_d_limited_configs_reject_wide_d(device):
-    D, offsets = _packed_from_lengths([5, 7], 384, torch.float16, device)
-    Q = _rand(1, 8, 384, dtype=torch.float16, device=device)
-    with pytest.raises(ValueError, match="hold_query"):
-        maxsim_packed(Q, D, offsets, config=MaxSimConfig(hold_query=True))
-
-
-def test_default_config_by_number_of_documents():
-    from tilemaxsim_plaid.ops.dense import MANY_DOCS, default_config
-
-    many = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
-    assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 16, True)
-    few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
-    assert (few.num_warps, few.hold_query) == (2, False)
-    # The held query is one d chunk: wider embeddings keep the per-document default, and so do
-    # fp32 inputs (twice the registers for the held tile; not timed).
-    assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
-    assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
-                              element_size=4).hold_query
 
 
 def test_hold_query_padded(device):
@@ -230,27 +178,6 @@ def test_hold_query_padded(device):
     lengths = torch.tensor([40, 0, 1, 17, 33, 16, 39], device=device)
     out = maxsim_padded(Q, D, lengths, config=MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True))
     assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)
-
-
-def test_single_tile_config_rejects_long_documents(device):
-    D, offsets = _packed_from_lengths([100], 128, torch.float16, device)
-    Q = _rand(1, 8, 128, dtype=torch.float16, device=device)
-    with pytest.raises(ValueError, match="single_tile"):
-        maxsim_packed(Q, D, offsets, config=MaxSimConfig(block_t=64, single_tile=True))
-
-
-def test_empty_inputs(device):
-    Q = _rand(2, 4, 64, dtype=torch.float16, device=device)
-    assert maxsim_padded(Q, _rand(0, 5, 64, dtype=torch.float16, device=device)).shape == (2, 0)
-    D = _rand(3, 5, 64, dtype=torch.float16, device=device)
-    assert maxsim_padded(Q[:0], D).shape == (0, 3)
-    # A query with no tokens scores 0 (the empty sum), never NaN.
-    assert torch.equal(maxsim_padded(Q[:, :0], D), torch.zeros(2, 3, device=device))
-    empty_offsets = torch.zeros(1, dtype=torch.int64, device=device)
-    assert maxsim_packed(Q, D[0], empty_offsets).shape == (2, 0)
-    pids = torch.empty(0, dtype=torch.int64, device=device)
-    offsets = torch.tensor([0, 5], device=device)
-    assert maxsim_packed(Q, D[0], offsets, pids).shape == (2, 0)
 
 
 def test_empty_document_scores_minus_inf_and_empty_query_zero(device):
@@ -298,38 +225,6 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     assert_close(out, expected, "maxsim_dense", torch.float16)
 
 
-@settings(max_examples=property_examples(30), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    B=st.integers(1, 3),
-    Lq=st.integers(0, 40),
-    lengths=st.lists(st.integers(0, 80), min_size=0, max_size=12),
-    d=st.sampled_from([16, 96, 128, 200]),
-    block_t=st.sampled_from([16, 32, 64]),
-    chunk_tokens=st.integers(1, 150),
-)
-def test_stream_property(B, Lq, lengths, d, block_t, chunk_tokens, device):
-    """The stream path over any lengths (empty documents first, last, in runs; documents longer
-    than a chunk; boundaries anywhere in a tile) and any chunking: exact and never NaN."""
-    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
-    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
-    config = MaxSimConfig(block_t=block_t, stream=True, chunk_tokens=chunk_tokens)
-    out = maxsim_packed(Q, D, offsets, config=config)
-    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
-
-
-def test_stream_plan_gives_each_document_to_one_program(device):
-    """Programs own consecutive documents by first row; trailing empty ones go to the last."""
-    offsets = torch.tensor([0, 0, 5, 30, 30, 31, 64, 64, 64], device=device)
-    plan = dense._stream_plan(offsets, num_rows=64 + 3, chunk_tokens=16)
-    # 5 programs for 67 rows; first rows 0,0,5 | 30,30,31 | none | none | 64,64 (rows 64-66).
-    assert plan.tolist() == [0, 3, 6, 6, 6, 8]
-    # Trailing empty documents past the last chunk still go to the last program.
-    assert dense._stream_plan(offsets, num_rows=64, chunk_tokens=16).tolist() == [0, 3, 6, 6, 8]
-    empty = dense._stream_plan(torch.zeros(1, dtype=torch.int64, device=device), 0, 16)
-    assert empty.tolist() == [0, 0]
-
-
 @settings(max_examples=property_examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -339,12 +234,11 @@ def test_stream_plan_gives_each_document_to_one_program(device):
     queries_per_block=st.sampled_from([1, 2, 4]),
     q_blocks_per_program=st.integers(1, 3),
     docs_per_program=st.integers(1, 4),
-    kind=st.sampled_from(["plain", "single_tile", "slots", "stream", "hold_query"]),
-    chunk_tokens=st.integers(1, 64),
+    kind=st.sampled_from(["plain", "single_tile", "slots", "hold_query"]),
     with_pids=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
-                                        docs_per_program, kind, chunk_tokens, with_pids, device):
+                                        docs_per_program, kind, with_pids, device):
     """Over the whole MaxSimConfig space: a launch either matches the float64 reference in every
     element or is refused with a ValueError naming the config, never a silent partial result."""
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
@@ -353,7 +247,6 @@ def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, 
     config = MaxSimConfig(block_t=block_t, queries_per_block=queries_per_block,
                           q_blocks_per_program=q_blocks_per_program, docs_per_program=docs_per_program,
                           single_tile=kind == "single_tile", slots=kind == "slots",
-                          stream=kind == "stream", chunk_tokens=chunk_tokens,
                           hold_query=kind == "hold_query")
     try:
         out = maxsim_packed(Q, D, offsets, pids, config=config)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import poison, property_examples
+from tests.conftest import ON_GPU, poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
@@ -132,56 +132,29 @@ def test_byte_loads_for_unaligned_rows(device, poisoned_outputs, nbits, decode):
     assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the CPU interpreter runs no PTX: ptx_loads on and off "
+                    "both take tl.load there, so on the CPU this repeats test_random_codes_fp16")
 @pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
                                          pytest.param(torch.float32, True, id="fp32-split"),
                                          pytest.param(torch.float32, False, id="fp32")])
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
 def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim, nbits):
-    """Residual words and pair-table entries read by inline PTX (the GPU default), with the
-    table looked up by warp shuffle (the default where it applies: 16-bit weights, nbits <= 2) or
-    loaded, or everything by tl.load: the same scores. Same decode, same products; only where
-    the loaded values live differs. Covers full and masked tiles (documents of 0-83 tokens), a
-    masked d-chunk (d = 96), three chunks (d = 384) and both table widths (32-bit fp16 pairs,
-    64-bit fp32 pairs). On the CPU the interpreter runs no PTX, so every call takes tl.load."""
+    """Residual words and pair-table entries read by inline PTX (the GPU default) or by tl.load:
+    the same scores. Same decode, same products; only where the loaded values live differs.
+    Covers full and masked tiles (documents of 0-83 tokens), a masked d-chunk (d = 96), three
+    chunks (d = 384) and both table widths (32-bit fp16 pairs, 64-bit fp32 pairs)."""
     index = random_index(device, dim, nbits)
     Q = unit_queries(1, 32, dim, dtype, device)
     pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
-    configs = {"shuffle": ResidualConfig(block_t=32, shuffle_table=True),
-               "ptx loads": ResidualConfig(block_t=32),
+    configs = {"ptx loads": ResidualConfig(block_t=32),
                "tl.load": ResidualConfig(block_t=32, ptx_loads=False)}
     out = {name: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
                        split_query=split, config=cfg)
            for name, cfg in configs.items()}
-    for name in ("shuffle", "ptx loads"):
-        torch.testing.assert_close(out[name], out["tl.load"], rtol=0, atol=1e-6, msg=name)
-    assert_close(out["shuffle"], expected(Q, index, nbits, pids=pids),
+    torch.testing.assert_close(out["ptx loads"], out["tl.load"], rtol=0, atol=1e-6)
+    assert_close(out["ptx loads"], expected(Q, index, nbits, pids=pids),
                  "maxsim_residual_split" if split else "maxsim_residual", dtype)
-
-
-def test_default_config_by_number_of_documents():
-    from tilemaxsim_plaid.ops.residual import MANY_DOCS, default_residual_config
-
-    few, many = MANY_DOCS - 1, MANY_DOCS
-    assert default_residual_config(1, 32, num_docs=few) == ResidualConfig()
-    assert default_residual_config(1, 32, split_query=True, num_docs=few) == ResidualConfig(block_t=32)
-    fp16 = default_residual_config(1, 32, num_docs=many)
-    split = default_residual_config(1, 32, split_query=True, num_docs=many, element_size=2)
-    assert (fp16.num_warps, fp16.maxnreg, fp16.docs_per_program, fp16.persistent) == (1, 96, 2, True)
-    assert (split.num_warps, split.maxnreg, split.docs_per_program, split.persistent) == (1, 128, 2, True)
-    half = default_residual_config(1, 32, num_docs=many, half_table=True)
-    assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (96, 1, 0, 0)
-    assert (fp16.decode, half.decode, split.decode) == ("permute", "permute", "pairs")
-    # Queries that share one block of at most 32 rows: still one query block, as the
-    # persistent grid needs.
-    for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
-        cfg = default_residual_config(num_queries, Lq, num_docs=many)
-        assert cfg.persistent and num_queries <= cfg.queries_per_block
-    # Two 32-token queries share a 64-row block with 4 warps: no persistent grid there.
-    assert not default_residual_config(2, 32, split_query=True, num_docs=many).persistent
-    # tf32x3 tiles need ~200 registers: no cap for them.
-    assert default_residual_config(1, 32, num_docs=many, element_size=4) == ResidualConfig()
-    assert default_residual_config(8, 32, num_docs=many).num_warps == 4
 
 
 @pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
@@ -219,117 +192,6 @@ def test_persistent_programs_are_exact(device, poisoned_outputs, dtype, split, d
     with pytest.raises(ValueError, match="config.persistent"):
         score(unit_queries(3, 32, 128, dtype, device), index, 2, inv_norms=norms_of(index, 2),
               split_query=split, config=cfg)
-
-
-def test_ptx_loads_and_shuffled_table_only_where_they_apply(monkeypatch):
-    from tilemaxsim_plaid.ops import residual
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not residual._ptx_loads(ResidualConfig(ptx_loads=True))
-    monkeypatch.delenv("TRITON_INTERPRET")
-    assert residual._ptx_loads(ResidualConfig())
-    assert not residual._ptx_loads(ResidualConfig(ptx_loads=False))
-    # A warp holds one 32-bit entry per lane: 2**(2 * nbits) <= 32, 16-bit weights, pairs.
-    shuffled = ResidualConfig(shuffle_table=True)
-    assert residual._shuffle_table(shuffled, 2, True, 2)
-    assert residual._shuffle_table(shuffled, 1, True, 2)
-    assert not residual._shuffle_table(shuffled, 4, True, 2)
-    assert not residual._shuffle_table(shuffled, 2, True, 4)
-    assert not residual._shuffle_table(shuffled, 2, False, 2)
-    assert not residual._shuffle_table(ResidualConfig(), 2, True, 2)  # opt-in
-    assert not residual._shuffle_table(ResidualConfig(shuffle_table=True, ptx_loads=False), 2, True, 2)
-
-
-@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
-                                   pytest.param(torch.float32, id="fp32")])
-def test_pair_table_matches_the_codec_layout(nbits, dtype):
-    """Entry (byte >> shift) & (2**(2*nbits) - 1) of the pair table holds the weights of the two
-    dimensions of that byte in dimension order, as the codec's own bucket table decodes them."""
-    weights = torch.sort(torch.randn(1 << nbits)).values
-    table = decode_table(weights, nbits, dtype, group=2)
-    pairs = table.view(dtype).reshape(-1, 2)  # little-endian: first dimension in the low half
-    buckets = bucket_table(nbits)  # [256, slots]
-    slots = 8 // nbits
-    for byte in range(256):
-        for slot in range(0, slots, 2):
-            entry = (byte >> (8 - nbits * (slot + 2))) & ((1 << (2 * nbits)) - 1)
-            want = weights[buckets[byte, slot:slot + 2]].to(dtype)
-            assert torch.equal(pairs[entry], want), (byte, slot)
-
-
-@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
-def test_quad_table_matches_the_codec_layout(nbits):
-    """Entry (byte >> shift) & (2**(4*nbits) - 1) of the four-weight table holds the weights of
-    those four dimensions in dimension order, as the codec's own bucket table decodes them."""
-    weights = torch.sort(torch.randn(1 << nbits)).values
-    table = decode_table(weights, nbits, torch.float16, 4)
-    quads = table.view(torch.float16).reshape(-1, 4)  # first dimension in the lowest 16 bits
-    buckets = bucket_table(nbits)
-    slots = 8 // nbits
-    for byte in range(256):
-        for slot in range(0, slots, 4):
-            entry = (byte >> (8 - nbits * (slot + 4))) & ((1 << (4 * nbits)) - 1)
-            want = weights[buckets[byte, slot:slot + 4]].half()
-            assert torch.equal(quads[entry], want), (byte, slot)
-    with pytest.raises(ValueError, match="16-bit"):
-        decode_table(weights, nbits, torch.float32, 4)
-
-
-@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2)])
-@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
-def test_quads_decode_like_pairs(device, poisoned_outputs, nbits, dim):
-    """decode="quads" (four weights per lookup) scores like the pair decoder and the float64
-    reference, with the table path, the gather path and split_query."""
-    index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
-    norms = norms_of(index, nbits)
-    Q = unit_queries(2, 19, dim, torch.float16, device)
-    for extra in (dict(inv_norms=norms), {}):
-        quads = score(Q, index, nbits, config=ResidualConfig(decode="quads"), **extra)
-        pairs = score(Q, index, nbits, config=ResidualConfig(decode="pairs"), **extra)
-        assert_close(quads, expected(Q, index, nbits), "maxsim_residual", torch.float16)
-        assert_close(quads, pairs, "maxsim_residual", torch.float16)
-    Q32 = unit_queries(1, 19, dim, torch.float32, device)
-    split = score(Q32, index, nbits, inv_norms=norms, split_query=True,
-                  config=ResidualConfig(decode="quads"))
-    assert_close(split, expected(Q32, index, nbits), "maxsim_residual_split", torch.float32)
-    with pytest.raises(ValueError, match="config.decode='quads'"):
-        score(Q32, index, nbits, inv_norms=norms, config=ResidualConfig(decode="quads"))
-
-
-def test_permute_selectors_match_the_codec_layout():
-    """The byte-permute decoder's arithmetic, replayed in Python on every byte value in every
-    byte of a word: word >> (6 - 2j) & 0x03030303, times 0x11 plus 0x40404040, selects (from the
-    two words decode_table(..., 0) gives) the weights of dimensions j, 4 + j (low 16 bits) and
-    8 + j, 12 + j (high 16 bits), as the codec's own bucket table decodes them."""
-    weights = torch.sort(torch.randn(4)).values
-    lo, hi = (int(w) & 0xFFFFFFFF for w in decode_table(weights, 2, torch.float16, 0).tolist())
-    source = lo | hi << 32
-    buckets = bucket_table(2)  # [256, 4]: bucket of each dimension of a byte
-
-    def permute(selector):
-        return sum(((source >> (8 * ((selector >> (4 * k)) & 7))) & 0xFF) << (8 * k)
-                   for k in range(4))
-
-    def weights_of(pair):  # the two fp16 weights packed in a 32-bit value, low half first
-        halves = torch.tensor([pair & 0xFFFF, pair >> 16], dtype=torch.int32).to(torch.int16)
-        return halves.view(torch.float16)
-
-    generator = torch.Generator().manual_seed(0)
-    words = [b * 0x01010101 for b in range(256)]  # every byte value, in every byte at once
-    words += torch.randint(0, 2**32, (64,), generator=generator, dtype=torch.int64).tolist()
-    for word in words:
-        dims = buckets[torch.tensor(list(word.to_bytes(4, "little")))].reshape(16)
-        for j in range(4):
-            selector = ((word >> (6 - 2 * j)) & 0x03030303) * 0x11 + 0x40404040
-            for h in range(2):
-                got = weights_of(permute(selector >> (16 * h)))
-                want = weights[dims[[8 * h + j, 8 * h + 4 + j]]].half()
-                assert torch.equal(got, want), (hex(word), j, h)
-    with pytest.raises(ValueError, match="nbits = 2"):
-        decode_table(weights[:2], 1, torch.float16, 0)
-    with pytest.raises(ValueError, match="16-bit"):
-        decode_table(weights, 2, torch.float32, 0)
 
 
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
@@ -388,26 +250,6 @@ def test_default_permute_falls_back_to_pairs(device, poisoned_outputs, monkeypat
     Q = unit_queries(1, 32, 128, torch.float16, device)
     out = score(Q, index, nbits, inv_norms=norms_of(index, nbits))
     assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
-
-
-def test_default_decode_by_path(device, monkeypatch):
-    """The default decodes by byte permutes on the table path only: without inverse norms the
-    centroid rows are gathered, and in permuted column order those would be 2-byte gathers."""
-    from tilemaxsim_plaid.ops import residual
-
-    launched = []
-
-    class RecordingKernel:  # stands in for kernel[grid](...): records the decoder launched
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.append(kwargs["DECODE_GROUP"])
-
-    monkeypatch.setattr(residual, "MANY_DOCS", 2)
-    monkeypatch.setattr(residual, "_maxsim_residual_kernel", RecordingKernel())
-    index = random_index(device, 128, 2)
-    Q = unit_queries(1, 32, 128, torch.float16, device)
-    score(Q, index, 2, inv_norms=norms_of(index, 2))
-    score(Q, index, 2)
-    assert launched == [residual.DECODERS["permute"], residual.DECODERS["pairs"]]
 
 
 def test_pids_in_place_and_2d_query(device, poisoned_outputs):
@@ -543,28 +385,6 @@ def test_split_query_with_fp16_centroids(device, poisoned_outputs, nbits, dim):
     assert_close(out, out_fp32, "maxsim_residual_split", torch.float32)
 
 
-def test_bad_inputs_name_the_argument(device):
-    index = random_index(device, 128, 2)
-    Q = unit_queries(1, 8, 128, torch.float16, device)
-    with pytest.raises(ValueError, match="nbits"):
-        score(Q, index, 3)
-    with pytest.raises(ValueError, match="residuals"):
-        maxsim_residual(Q, index["codes"], index["residuals"][:, :16], index["offsets"],
-                        index["centroids"], index["bucket_weights"], 2)
-    with pytest.raises(ValueError, match="inv_norms"):
-        score(Q, index, 2, config=ResidualConfig(centroid_table=True))
-    with pytest.raises(ValueError, match="decode"):
-        score(Q, index, 2, config=ResidualConfig(decode="lookup"))
-    with pytest.raises(ValueError, match="maxnreg"):
-        score(Q, index, 2, config=ResidualConfig(maxnreg=16))
-    with pytest.raises(ValueError, match="codes"):
-        bad = dict(index, codes=index["codes"] + NUM_CENTROIDS)
-        score(Q, bad, 2)
-    with pytest.raises(TypeError, match="residuals"):
-        bad = dict(index, residuals=index["residuals"].to(torch.int32))
-        score(Q, bad, 2)
-
-
 def load_plaid_index(index_path: str):
     """colbert-ai's codec plus the concatenated codes, residuals and doc offsets of an index."""
     from colbert.indexing.codecs.residual import ResidualCodec
@@ -626,17 +446,16 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     queries_per_block=st.sampled_from([1, 2]),
     docs_per_program=st.integers(1, 4),
     centroid_table=st.sampled_from([None, True, False]),
-    decode=st.sampled_from(["pairs", "select", "quads", "permute"]),
+    decode=st.sampled_from(["pairs", "select", "permute"]),
     maxnreg=st.sampled_from([None, 8, 96, 128, 300]),
     ptx_loads=st.sampled_from([None, True, False]),
-    shuffle_table=st.booleans(),
     persistent=st.booleans(),
     with_pids=st.booleans(),
     half_table=st.sampled_from([None, True, False]),
 )
 def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B, block_t, block_t_tail, block_d,
                                         queries_per_block, docs_per_program, centroid_table,
-                                        decode, maxnreg, ptx_loads, shuffle_table, persistent,
+                                        decode, maxnreg, ptx_loads, persistent,
                                         with_pids, half_table):
     """Over the ResidualConfig space: a launch matches the float64 reference in every element or
     is refused with a ValueError naming the config."""
@@ -646,7 +465,7 @@ def test_any_config_is_exact_or_refused(device, poisoned_outputs, nbits, dim, B,
     config = ResidualConfig(block_t=block_t, block_t_tail=block_t_tail, block_d=block_d,
                             queries_per_block=queries_per_block, docs_per_program=docs_per_program,
                             centroid_table=centroid_table, decode=decode, maxnreg=maxnreg,
-                            ptx_loads=ptx_loads, shuffle_table=shuffle_table,
+                            ptx_loads=ptx_loads,
                             persistent=persistent, half_table=half_table)
     try:
         out = score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits), config=config)

@@ -13,6 +13,8 @@ Two ways to walk a document:
   (cross-query tiling).
 * otherwise: tiles of BLOCK_T tokens; the embedding dimension is walked in NUM_D_TILES chunks of
   BLOCK_D (d = 384 is 3 x 128, d = 96 is one masked 128 chunk), so d is never padded in memory.
+* _maxsim_packed_slots_kernel (packed only): several short documents side by side in one tile,
+  so one tensor-core product scores them all against a block of several queries.
 
 Masking: a document token at or past the document's length is -inf, so it never wins a max; a
 query row past its query's length contributes 0 to the sum. A document of length 0 therefore
@@ -100,8 +102,8 @@ def _maxsim_dense_kernel(
     pid_docs = pid // num_qgroups
     if HOLD_QUERY:
         # Loading the [32, 128] query block once per document (Triton already keeps it out of
-        # the tile loop) costs about a tenth of the read roof at MS MARCO-like lengths
-        # (results/bench/h200-packed-floors); held here, it is loaded once per program.
+        # the tile loop) costs about a tenth of the read roof at MS MARCO-like lengths; held
+        # here, it is loaded once per program.
         offs_b_held, offs_i_held, mask_r_held = _query_rows(pid_qgroup, Lq, p_query_lengths,
                                                             num_queries, HAS_QUERY_LENGTHS, LQ,
                                                             QUERIES_PER_BLOCK)
@@ -237,98 +239,3 @@ def _maxsim_packed_slots_kernel(
     offs_qb = pid_qblock * QUERIES_PER_BLOCK + tl.arange(0, QUERIES_PER_BLOCK)
     tl.store(p_out + offs_qb[:, None] * stride_ob + offs_g[None, :] * stride_on, scores,
              mask=(offs_qb[:, None] < num_queries) & mask_g[None, :])
-
-
-@triton.jit
-def _finish_document(p_out, run_max, mask_r, pid_qblock, doc, num_queries, stride_ob, stride_on,
-                     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr):
-    _store_query_scores(p_out, run_max, mask_r, pid_qblock, doc, num_queries, doc >= 0,
-                        stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
-    return tl.full(run_max.shape, float("-inf"), tl.float32)
-
-
-@triton.jit
-def _maxsim_packed_stream_kernel(
-    p_q, p_d, p_offsets, p_plan, p_query_lengths, p_out,
-    num_queries, Lq, dim,
-    stride_qb, stride_qt, stride_qd,
-    stride_dt, stride_dd,
-    stride_ob, stride_on,
-    num_qgroups,
-    HAS_QUERY_LENGTHS: tl.constexpr,
-    LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """Every document of a packed corpus, streamed: program p walks the consecutive documents
-    plan[p] .. plan[p+1] as one contiguous run of token rows, in tiles of BLOCK_T rows that
-    ignore document boundaries. Tile addresses never depend on loaded data, so the loop is a plain
-    software-pipelined stream (the per-document kernel waits for each document's offsets before
-    its first load, and pads every document's last tile); the query block is loaded once per
-    program rather than once per document. Measured on an H200 it is slower than the per-document
-    kernel all the same (results/bench/h200-stream): many small resident programs keep more loads
-    in flight than this loop's one prefetched tile, so it is opt-in only.
-
-    Inside a tile, the documents ending in it are finished one by one (a masked max over their
-    rows, then the sum over query rows is stored); the rows after the last boundary start the
-    next document's running max. A document with no rows scores -inf, as everywhere.
-
-    Shapes as _maxsim_dense_kernel (packed, no pids); plan: int64 [P+1], the first document of
-    each program (host-built, ops/dense._stream_plan); out: fp32 [B, N]."""
-    pid = tl.program_id(0)
-    pid_qblock = pid % num_qgroups
-    pid_chunk = pid // num_qgroups
-
-    doc_lo = tl.load(p_plan + pid_chunk)
-    doc_hi = tl.load(p_plan + pid_chunk + 1)
-    tok_lo = tl.load(p_offsets + doc_lo)
-    tok_hi = tl.load(p_offsets + doc_hi)
-
-    offs_b, offs_i, mask_r = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
-                                         HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-    q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, 0, dim, stride_qb, stride_qt,
-                              stride_qd, BLOCK_D)
-
-    # The document being accumulated: rows cur_start .. cur_end (cur_end read only while
-    # doc < doc_hi, so the plan's last entry may be N).
-    doc = doc_lo
-    cur_start = tok_lo
-    cur_end = tl.load(p_offsets + doc + 1, mask=doc < doc_hi, other=0)
-    run_max = tl.full([QUERIES_PER_BLOCK * LQ], float("-inf"), tl.float32)
-    # The data-dependent loop below keeps Triton from software-pipelining this one, so the next
-    # tile is prefetched by hand: its load is issued before this tile's product and boundaries.
-    d_next = _load_doc_tile(p_d, tok_lo, tok_hi, 0, dim, stride_dt, stride_dd, BLOCK_T, BLOCK_D)
-    for t0 in range(tok_lo, tok_hi, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        if NUM_D_TILES == 1:
-            d_tile = d_next
-            d_next = _load_doc_tile(p_d, t0 + BLOCK_T, tok_hi, 0, dim, stride_dt, stride_dd,
-                                    BLOCK_T, BLOCK_D)
-            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
-            sim = tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-        else:
-            sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_T], tl.float32)
-            for k in range(NUM_D_TILES):
-                q_chunk = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
-                                           stride_qb, stride_qt, stride_qd, BLOCK_D)
-                d_tile = _load_doc_tile(p_d, t0, tok_hi, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                        BLOCK_T, BLOCK_D)
-                sim += tile_dot(q_chunk, d_tile, INPUT_PRECISION, UPCAST)
-        tile_end = t0 + BLOCK_T
-        # Documents that end inside this tile (empty ones included): finish each.
-        while (doc < doc_hi) & (cur_end <= tile_end):
-            rows = (offs_t >= cur_start) & (offs_t < cur_end)
-            run_max = tl.maximum(run_max, tl.max(tl.where(rows[None, :], sim, float("-inf")), axis=1))
-            run_max = _finish_document(p_out, run_max, mask_r, pid_qblock, doc, num_queries,
-                                       stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
-            doc += 1
-            cur_start = cur_end
-            cur_end = tl.load(p_offsets + doc + 1, mask=doc < doc_hi, other=0)
-        # The rest of the tile belongs to the document that continues into the next tile.
-        rows = (offs_t >= cur_start) & (doc < doc_hi)
-        run_max = tl.maximum(run_max, tl.max(tl.where(rows[None, :], sim, float("-inf")), axis=1))
-    # Only when the program has no rows at all: its documents are all empty.
-    while doc < doc_hi:
-        run_max = _finish_document(p_out, run_max, mask_r, pid_qblock, doc, num_queries,
-                                   stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
-        doc += 1

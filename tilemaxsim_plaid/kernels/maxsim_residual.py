@@ -10,8 +10,8 @@ of HBM. What costs is turning bits into tensor-core operands (128 weights per to
 kernel is built around the instructions per embedding element:
 
 * Centroid part by table (CENTROID_TABLE). <q, c + r> / ||c + r|| = (<q, c> + <q, r>) * inv_norm.
-  The host builds S = centroids @ Q^T once per query batch ([C, B*Lq] fp32, 8 MB for C = 65,536
-  and one 32-token query: L2-resident; fp16 for fp16 queries, 4 MB) and the kernel gathers one
+  The host builds S = centroids @ Q^T once per query batch ([C, B*Lq], fp32, or fp16 for fp16
+  queries; L2-resident for C = 65,536 and one 32-token query) and the kernel gathers one
   contiguous row of S per token (128 B, or 64) instead of a 256-B centroid row, and never adds
   centroid and residual element by element. The dot product runs over residual weights only.
   Needs the per-token inverse norms (codecs/residual.residual_inverse_norms, computed once at
@@ -31,34 +31,25 @@ kernel is built around the instructions per embedding element:
       weight pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16:
       one L1 line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
       tensor-core operands per lookup.
-    - quads (4; nbits <= 2, 16-bit weights): a whole byte (nbits = 2) indexes a 256-entry table
-      of four weights in an int64 (2 KB): half the lookups of pairs, from more L1 lines. Opt-in:
-      slower on the H200 (0.60 against 0.48-0.51 ms, results/compressed/h200-wide-gathers).
     - permute (0: no lookups; nbits = 2, word units, 16-bit weights): the four weights sit in
       two registers (their low bytes, their high bytes), and one PTX byte permute assembles the
       two weights of a k-pair from a selector computed from the word (shift, mask, one
       multiply-add): no L1 access at all. The weights come out in the fp16 operand's register
-      order (_operand_dims), so the held query chunk is permuted once per program to match. The
-      one-query default on many documents: 0.430 against 0.498 ms for pairs (H200,
-      results/compressed/h200-byte-permute); the pair table stays with split_query, where it
-      was not slower (0.695 against 0.704 ms). A first byte-permute decoder (before the
-      inline-PTX loads) was 3x slower: its words and query crossed shared memory every tile.
+      order (_operand_dims), so the held query chunk is permuted once per program to match.
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
-      (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU.
-  Counted in the sm_90 SASS of the main tile loop (triton 3.9; one 32-token query, d = 128,
-  32-token tiles), warp instructions per token: ~100 for the former byte-wise select through a
-  [tokens, bytes, slots] tensor; ~42 select (2 warps); ~23 pairs (2 warps, 3 stages).
+      (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU; the host
+      takes it for byte units in chunks narrower than 128 columns, where pairs are wrong on the
+      GPU (see results/PERFORMANCE_LOG.md, run 9).
 * Loads by inline PTX (PTX_LOADS, on a GPU). A tl.load gets a coalesced layout of its own; the
-  residual words and the pair-table entries then reached the tensor-core operand's layout through
-  shared memory on every tile (sm_90, triton 3.6: 8 store / barrier / load rounds per 32-token
-  tile for the entries alone). tl.inline_asm_elementwise loads are elementwise, so they take the
-  operand's layout and each value lands in the thread that decodes it: 11-15 % faster on the
-  H200 (results/compressed/h200-ptx-loads). The interpreter cannot run PTX and takes tl.load.
+  residual words and the pair-table entries would then reach the tensor-core operand's layout
+  through shared memory on every tile. tl.inline_asm_elementwise loads are elementwise, so they
+  take the operand's layout and each value lands in the thread that decodes it. The interpreter
+  cannot run PTX and takes tl.load.
 * Grid: one program per DOCS_PER_PROGRAM documents, or (PERSISTENT) a fixed grid whose programs
   take chunks of documents from an atomic counter, so none is left running a last wave alone.
-* PREFETCH: an L2 prefetch of each document's rows past its first tile (and with 2 the next
-  document's) before its tiles are walked. It pays beside the fp16 table only (0.476 -> 0.460 ms
-  on the H200); with the fp32 one the extra L2 traffic costs more than the latency it hides.
+* PREFETCH: an L2 prefetch of each document's rows past its first tile before its tiles are
+  walked (GPU only). It pays beside the fp16 table; beside the fp32 one the extra L2 traffic
+  costs more than the latency it hides.
 * Tiles: documents are walked in tiles of BLOCK_T tokens, then the remainder in tiles of
   BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128. Main tiles are full by
   construction: their loads are unmasked and their scores go into an elementwise running max,
@@ -176,7 +167,7 @@ def _ptx_load_words(ptrs, mask, MASKED: tl.constexpr):
 
 @triton.jit
 def _ptx_load_table(ptrs, ENTRY_HALF_BITS: tl.constexpr):
-    """Group-table entries at ``ptrs`` (32-bit for ENTRY_HALF_BITS = 16, else 64-bit) through
+    """Pair-table entries at ``ptrs`` (32-bit for ENTRY_HALF_BITS = 16, else 64-bit) through
     the read-only path (L1 evict-last), by inline PTX: like _ptx_load_words, the entries arrive
     in the operand's layout, with no shared-memory round trip per tile."""
     if ENTRY_HALF_BITS == 16:
@@ -186,27 +177,6 @@ def _ptx_load_table(ptrs, ENTRY_HALF_BITS: tl.constexpr):
         entry = tl.inline_asm_elementwise("ld.global.nc.L1::evict_last.b64 $0, [$1];", "=l,l",
                                           [ptrs], dtype=tl.int64, is_pure=True, pack=1)
     return entry
-
-
-@triton.jit
-def _shuffle_table_lookup(p_table, idx, NBITS: tl.constexpr):
-    """Pair-table entries by warp shuffle (nbits <= 2, 16-bit weights): lane l holds entry
-    l mod 2**(2 * NBITS) (one load per thread, hoisted out of the tile loop), and each lookup is
-    one shfl.sync.idx from the lane named by the index: no address arithmetic, no L1 access."""
-    zeros = tl.zeros(idx.shape, tl.int32)
-    if NBITS == 1:
-        lane_entry = tl.inline_asm_elementwise(
-            "{ .reg .u32 l; .reg .u64 a; mov.u32 l, %laneid; and.b32 l, l, 3; "
-            "mul.wide.u32 a, l, 4; add.u64 a, a, $1; ld.global.nc.b32 $0, [a]; }",
-            "=r,l", [p_table + zeros], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        lane_entry = tl.inline_asm_elementwise(
-            "{ .reg .u32 l; .reg .u64 a; mov.u32 l, %laneid; and.b32 l, l, 15; "
-            "mul.wide.u32 a, l, 4; add.u64 a, a, $1; ld.global.nc.b32 $0, [a]; }",
-            "=r,l", [p_table + zeros], dtype=tl.int32, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;",
-                                     "=r,r,r", [lane_entry, idx], dtype=tl.int32, is_pure=True,
-                                     pack=1)
 
 
 @triton.jit
@@ -257,7 +227,7 @@ def _columns_to_operand_order(b_q, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
                   NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                   ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                  PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr):
+                  PTX_LOADS: tl.constexpr):
     """[BLOCK_T, UNITS] int32 residual units -> [BLOCK_T, BLOCK_D] weights in dot_dtype.
 
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
@@ -279,23 +249,20 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
         packed = _byte_permute(w0, w1, selector, PTX_LOADS)
         weights = unpack_16bit_weights(packed, dot_dtype, 2)
         return tl.reshape(weights, [BLOCK_T, BLOCK_D])
-    elif DECODE_GROUP >= 2:
-        # DECODE_GROUP (2 or 4) dimensions per lookup: their DECODE_GROUP * NBITS bits index the
-        # group table, whose entries pack the weights into one integer (first dimension in the
-        # low bits).
-        shift = _unit_shifts(NBITS, UNIT_BYTES, DECODE_GROUP)
-        idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (DECODE_GROUP * NBITS)) - 1)
-        # [BLOCK_T, BLOCK_D // DECODE_GROUP]: pairs 64 B at nbits = 2, quads 2 KB; L1-resident.
-        idx = tl.reshape(idx, [BLOCK_T, BLOCK_D // DECODE_GROUP])
-        if SHUFFLE_TABLE:
-            entry = _shuffle_table_lookup(p_table, idx, NBITS)
-        elif PTX_LOADS:
-            entry = _ptx_load_table(p_table + idx, ELEM_BITS * DECODE_GROUP // 2)
+    elif DECODE_GROUP == 2:
+        # Two dimensions per lookup: their 2 * NBITS bits index the pair table, whose entries
+        # pack both weights into one integer (first dimension in the low bits).
+        shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
+        idx = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << (2 * NBITS)) - 1)
+        # [BLOCK_T, BLOCK_D // 2]: 64 B of table at nbits = 2; L1-resident.
+        idx = tl.reshape(idx, [BLOCK_T, BLOCK_D // 2])
+        if PTX_LOADS:
+            entry = _ptx_load_table(p_table + idx, ELEM_BITS)
         else:
             entry = tl.load(p_table + idx, eviction_policy="evict_last")
         if ELEM_BITS == 16:
-            # Two weights in an int32 (pairs) or four in an int64 (quads).
-            groups = unpack_16bit_weights(entry, dot_dtype, DECODE_GROUP)
+            # Two weights in an int32.
+            groups = unpack_16bit_weights(entry, dot_dtype, 2)
         else:
             lo = entry.to(tl.int32)
             hi = (entry >> 32).to(tl.int32)
@@ -316,14 +283,25 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
 
 
 @triton.jit
+def decode_pair_words_fp16(words, p_table, NBITS: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_D: tl.constexpr, PTX_LOADS: tl.constexpr):
+    """[BLOCK_T, BLOCK_D * NBITS // 32] int32 residual words (colbert-ai's bit layout, rows
+    little-endian) -> [BLOCK_T, BLOCK_D] fp16 weights, by the pair decoder the kernel uses;
+    ``p_table`` points at ``ops.residual.decode_table(bucket_weights, NBITS, torch.float16, 2)``.
+
+    Public for measurements that time the decode alone (experiments/residual_floors.py)."""
+    return _decode_chunk(words, p_table, 0.0, 0.0, 0.0, 0.0, tl.float16, NBITS, 4, 2, 16,
+                         BLOCK_T, BLOCK_D, PTX_LOADS)
+
+
+@triton.jit
 def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table,
                    w0, w1, w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd,
                    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
                    SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                   FULL: tl.constexpr, EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
-                   SHUFFLE_TABLE: tl.constexpr):
+                   FULL: tl.constexpr, EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr):
     """acc += decoded chunk kd of the tile @ b_q^T (and sum_sq += its squared norms).
     SPLIT_Q: b_q and b_q_lo are the fp16 head and tail of an fp32 query; both are multiplied."""
     UNITS: tl.constexpr = BLOCK_D * NBITS // (8 * UNIT_BYTES)
@@ -337,7 +315,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
         b_units = tl.load(p_units, mask=mask_units, other=0,
                           eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
-                          DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS, SHUFFLE_TABLE)
+                          DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
     if not CENTROID_TABLE:
         offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
         mask_d = offs_d < dim
@@ -369,7 +347,7 @@ def _residual_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr,
+    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
     FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
@@ -388,8 +366,8 @@ def _residual_tile_scores(
         p_rows_s = p_centroid_scores + (codes * stride_sc)[:, None] + offs_col[None, :]
         mask_s = mask_t[:, None] & mask_col[None, :]
         # A tl.load, not inline PTX in the accumulator's layout: one 2- or 4-byte load per
-        # element there took the fp16 kernel from 0.50 to 0.64 ms (H200), the layout
-        # conversion through shared memory is cheaper.
+        # element there costs more than the layout conversion through shared memory (see
+        # results/PERFORMANCE_LOG.md, run 39).
         acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
                       eviction_policy="evict_last").to(tl.float32)
     else:
@@ -401,7 +379,7 @@ def _residual_tile_scores(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
             w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
             DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
@@ -419,7 +397,7 @@ def _residual_tile_scores(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
                 w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
                 DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -454,20 +432,14 @@ def _score_document(
     BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr, HAS_PIDS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PREFETCH: tl.constexpr,
+    PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
-    (nothing for a slot past the last document). PREFETCH 1: first asks L2 for the document's
-    codes, residual rows and inverse norms past its first tile, so later tiles find them there;
-    2: the next document's as well."""
+    (nothing for a slot past the last document). PREFETCH: first asks L2 for the document's
+    codes, residual rows and inverse norms past its first tile, so later tiles find them there."""
     valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
-    if PREFETCH >= 1:
+    if PREFETCH:
         _prefetch_document(p_codes, p_units, p_inv_norms, start + BLOCK_T, end, stride_ut,
-                           UNIT_BYTES, PRECOMPUTED_NORMS)
-    if PREFETCH >= 2:
-        _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, out_idx + 1, num_out_docs,
-                                                    HAS_PIDS)
-        _prefetch_document(p_codes, p_units, p_inv_norms, next_start, next_end, stride_ut,
                            UNIT_BYTES, PRECOMPUTED_NORMS)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
@@ -482,7 +454,7 @@ def _score_document(
             stride_cd, stride_sc,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-            EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+            EVEN_D, PTX_LOADS)
         tile_max = tl.maximum(tile_max, scores)
     row_max = tl.max(tile_max, axis=0)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
@@ -494,7 +466,7 @@ def _score_document(
             stride_cd, stride_sc,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-            EVEN_D, PTX_LOADS, SHUFFLE_TABLE)
+            EVEN_D, PTX_LOADS)
         row_max = tl.maximum(row_max, tl.max(scores, axis=0))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
@@ -514,15 +486,13 @@ def _maxsim_residual_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr, SHUFFLE_TABLE: tl.constexpr, PERSISTENT: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose fp16
     head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8] read
     as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
     stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d]; table: the
-    group table (DECODE_GROUP >= 2: [2**(DECODE_GROUP*NBITS)] int32/int64 of packed ELEM_BITS-bit
-    weights), the byte table (DECODE_GROUP 0: [2] int32, the four weights' low bytes then high
+    pair table (DECODE_GROUP 2: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit weights), the byte table (DECODE_GROUP 0: [2] int32, the four weights' low bytes then high
     bytes) or the field table ([2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
     float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc
     (when CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
@@ -554,8 +524,8 @@ def _maxsim_residual_kernel(
         b_q0_lo = _columns_to_operand_order(b_q0_lo, BLOCK_Q, BLOCK_D, DECODE_GROUP)
     else:
         b_q0_lo = b_q0
-    if DECODE_GROUP >= 2:
-        # The group table holds the weights.
+    if DECODE_GROUP == 2:
+        # The pair table holds the weights.
         w0 = 0.0
         w1 = 0.0
         w2 = 0.0
@@ -590,11 +560,10 @@ def _maxsim_residual_kernel(
                     stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                     BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                     CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                    PTX_LOADS, SHUFFLE_TABLE, PREFETCH)
+                    PTX_LOADS, PREFETCH)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
-        # The static grid keeps its plain loop (no while, no atomic): the configuration the
-        # benchmarks timed compiles exactly as before.
+        # The static grid keeps a plain loop (no while, no atomic).
         for doc_step in range(DOCS_PER_PROGRAM):
             _score_document(
                 pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q0_lo,
@@ -605,4 +574,4 @@ def _maxsim_residual_kernel(
                 stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
                 BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                PTX_LOADS, SHUFFLE_TABLE, PREFETCH)
+                PTX_LOADS, PREFETCH)

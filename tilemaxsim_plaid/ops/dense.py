@@ -7,8 +7,7 @@ import dataclasses
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim_packed_slots_kernel,
-                                                   _maxsim_packed_stream_kernel)
+from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
 
@@ -38,11 +37,6 @@ class MaxSimConfig:
             128): the tile is read once and reused by all query blocks of the program.
         slots: packed layout only: docs_per_program documents side by side in one tile of
             docs_per_program x block_t rows (short documents share one tensor-core product).
-        stream: packed layout, every document (no ``pids``): each program walks about
-            chunk_tokens consecutive token rows in tiles of block_t that ignore document
-            boundaries, finishing documents as they end (see _maxsim_packed_stream_kernel).
-        chunk_tokens: token rows per program of the stream path (documents are not split, so a
-            program takes whole documents whose first row falls in its chunk).
         hold_query: tiled per-document path with d <= 128 and one query block per program: load
             the query tile once per program and hold it across all tiles and documents.
         num_warps, num_stages: Triton launch parameters.
@@ -56,8 +50,6 @@ class MaxSimConfig:
     num_warps: int = 4
     num_stages: int = 2
     slots: bool = False
-    stream: bool = False
-    chunk_tokens: int = 2048
     hold_query: bool = False
 
 
@@ -73,7 +65,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    variable_lengths: bool = False, num_docs: int = 0,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the config sweep of
-    ``tilemaxsim bench --sweep`` on an H200 (results/bench/dense_config_sweep.json).
+    ``tilemaxsim bench --sweep`` on an H200 (see results/PERFORMANCE_LOG.md, run 1).
 
     Args:
         num_queries: B.
@@ -89,10 +81,8 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
             # Many packed documents: one-warp programs of 16-token tiles that hold the query
             # across 16 documents. Reloading the query block from L2 for every document costs
-            # about a tenth of the read roof; with two warps, holding it cost registers that
-            # halved the programs per SM, with one it does not: 0.435 against 0.511 ms for the
-            # per-document config below, flash-maxsim packed 0.506, in interleaved rounds on the
-            # H200 (results/bench/h200-one-warp-packed).
+            # about a tenth of the read roof; with two warps, holding it costs registers that
+            # halve the programs per SM, with one it does not.
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
                                 hold_query=True)
         # One query is memory-bound: plain per-document tiles, each program one document.
@@ -100,8 +90,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
         # documents stream best in 128-token tiles. Wide d pipelines its 128-column chunks.
         # Two stages rather than three: 16 KB of shared memory per program instead of 24 lets 13
-        # programs share an SM instead of 9 (0.500 against 0.529 ms for 100k documents of mean
-        # 70 tokens on the H200, interleaved rounds of experiments/profile_kernels.py).
+        # programs share an SM instead of 9 (see results/PERFORMANCE_LOG.md, run 18).
         if variable_lengths or max_doc_len is None:
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
@@ -128,37 +117,16 @@ def _check_config(cfg: MaxSimConfig) -> None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
-    if (cfg.slots or cfg.stream) and cfg.q_blocks_per_program != 1:
-        # Their programs each hold one query block (no loop over several).
-        raise ValueError(f"config.q_blocks_per_program must be 1 with slots or stream, got "
+    if cfg.slots and cfg.q_blocks_per_program != 1:
+        # Its programs each hold one query block (no loop over several).
+        raise ValueError(f"config.q_blocks_per_program must be 1 with slots, got "
                          f"{cfg.q_blocks_per_program}")
-    if cfg.stream and (cfg.slots or cfg.single_tile or cfg.chunk_tokens < 1):
-        raise ValueError(
-            f"config.stream excludes slots and single_tile and needs chunk_tokens >= 1; got "
-            f"slots={cfg.slots}, single_tile={cfg.single_tile}, chunk_tokens={cfg.chunk_tokens}"
-        )
     if cfg.slots and (cfg.docs_per_program & (cfg.docs_per_program - 1)
                       or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM):
         raise ValueError(
             f"config.slots needs docs_per_program a power of two and block_t * docs_per_program >= "
             f"{MIN_DOT_DIM}; got block_t={cfg.block_t}, docs_per_program={cfg.docs_per_program}"
         )
-
-
-def _stream_plan(offsets: torch.Tensor, num_rows: int, chunk_tokens: int) -> torch.Tensor:
-    """int64 [P+1]: program p of the stream path scores documents plan[p] .. plan[p+1], those
-    whose first row lies in rows [p * chunk_tokens, (p+1) * chunk_tokens).
-
-    Built on the device from ``offsets`` without a sync: P comes from the row count of the
-    packed tensor (an upper bound of the rows in use; programs past the end get no documents).
-    Empty documents after the last row go to the last program.
-    """
-    num_docs = offsets.numel() - 1
-    num_programs = max(1, triton.cdiv(num_rows, chunk_tokens))
-    boundaries = torch.arange(num_programs + 1, device=offsets.device, dtype=torch.int64) * chunk_tokens
-    plan = torch.searchsorted(offsets[:-1], boundaries)
-    plan[-1] = num_docs
-    return plan
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
@@ -182,12 +150,12 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     block_d = _block_d(dim)
     num_d_tiles = triton.cdiv(dim, block_d)
     if cfg.hold_query and (num_d_tiles != 1 or cfg.q_blocks_per_program != 1 or cfg.single_tile
-                           or cfg.slots or cfg.stream):
+                           or cfg.slots):
         raise ValueError(
             f"config.hold_query needs d <= {MAX_BLOCK_D}, q_blocks_per_program = 1 and the tiled "
-            f"per-document path (no single_tile, slots or stream); got d={dim}, "
+            f"per-document path (no single_tile or slots); got d={dim}, "
             f"q_blocks_per_program={cfg.q_blocks_per_program}, single_tile={cfg.single_tile}, "
-            f"slots={cfg.slots}, stream={cfg.stream}"
+            f"slots={cfg.slots}"
         )
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
         raise ValueError(
@@ -205,25 +173,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     common = dict(BLOCK_D=block_d, NUM_D_TILES=num_d_tiles, INPUT_PRECISION=dot_precision(Q3.dtype),
                   UPCAST=interpreter_upcast(Q3.dtype), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
-    if cfg.stream:
-        if not packed or pids is not None:
-            raise ValueError("config.stream scores every document of a packed corpus: use it with "
-                             "maxsim_packed and pids=None")
-        plan = _stream_plan(offsets, D.shape[0], cfg.chunk_tokens)
-        _maxsim_packed_stream_kernel[((plan.numel() - 1) * num_qgroups,)](
-            Q3, D, offsets, plan, query_lengths if query_lengths is not None else dummy, out,
-            B, Lq, dim,
-            Q3.stride(0), Q3.stride(1), Q3.stride(2),
-            D.stride(0), D.stride(1),
-            out.stride(0), out.stride(1),
-            num_qgroups,
-            HAS_QUERY_LENGTHS=query_lengths is not None,
-            LQ=lq,
-            QUERIES_PER_BLOCK=queries_per_block,
-            BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
-            **common,
-        )
-        return out
     if cfg.slots:
         if not packed:
             raise ValueError("config.slots is for the packed layout (maxsim_packed)")

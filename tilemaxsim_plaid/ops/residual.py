@@ -50,65 +50,47 @@ WORD_BYTES = 4
 # every program walks several (132 SMs x ~20 resident one-warp programs x 2 is ~5k).
 MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
-# a 2**(2*nbits)-entry table, "quads" four in a 2**(4*nbits)-entry one (nbits <= 2, 16-bit
-# products); "select" picks one weight per dimension with a select tree; "permute" (nbits = 2,
-# 32-bit word units, 16-bit products) assembles two weights per PTX byte permute from the four
-# held in two registers, with no lookup at all. Dimensions per lookup (0: none):
-DECODERS = {"select": 1, "pairs": 2, "quads": 4, "permute": 0}
+# a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
+# "permute" (nbits = 2, 32-bit word units, 16-bit products) assembles two weights per PTX byte
+# permute from the four held in two registers, with no lookup at all. Dimensions per lookup
+# (0: none):
+DECODERS = {"select": 1, "pairs": 2, "permute": 0}
 
 
 @dataclasses.dataclass(frozen=True)
 class ResidualConfig:
-    """One fixed launch configuration for :func:`maxsim_residual` (no heuristics).
-
-    The defaults (default_residual_config picks others by shape) were the fastest one-query
-    configuration measured on the H200 before one-warp programs: per-document
+    """One fixed launch configuration for :func:`maxsim_residual` (no heuristics: passing one
+    makes a launch reproducible and CUDA-graph friendly). :func:`default_residual_config` picks
+    one by shape; the field defaults are its choice for one query over few documents: per-document
     programs of 2 warps (many small programs resident per SM hide one another's dependent
-    codes -> S-row loads) walking 16-token tiles, with the pair decoder, the fewest sm_90
-    instructions per token of the variants (kernels/maxsim_residual.py). Occupancy is what the
-    tile size buys: 32-token tiles compile to 156 registers (6 programs per SM), 16-token tiles
-    to 96 (10), 0.890 -> 0.815 ms for 100k MS MARCO-like documents at nbits = 2 (interleaved
-    rounds of experiments/profile_kernels.py; Nsight Compute then finds L1 the busiest unit, at
-    85 %). With the inline-PTX loads (ptx_loads) 16-token tiles compile to 72 registers and take
-    0.728 ms, 32-token tiles 0.757 ms. Large candidate sets get one-warp programs instead
-    (default_residual_config). ``--sweep`` of experiments/bench_compressed.py times the
-    alternatives on the GPU.
+    codes -> S-row loads) walking 16-token tiles with the pair decoder.
 
     Attributes:
         block_t: tokens per main tile (the tensor-core M dimension).
         block_t_tail: tokens per tile for the remainder of a document (< block_t tokens), so a
             document costs at most block_t_tail - 1 masked rows.
-        block_d: embedding columns per chunk (a power of two >= 16); None: the default.
+        block_d: embedding columns per chunk (a power of two >= 16); None: default_block_d.
         queries_per_block: queries stacked into one tensor-core product.
         docs_per_program: documents one program walks (amortises its query block and weights).
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
-        decode: "pairs" (two weights per table load), "quads" (four per load from a 2 KB table
-            at nbits = 2: half the loads; nbits <= 2 and 16-bit products only; slower on the
-            H200: 0.60 against 0.48-0.51 ms for pairs, results/compressed/h200-wide-gathers),
-            "select" (a select tree per dimension) or "permute" (no table lookups: two weights
-            per byte permute from registers; nbits = 2, 4-byte aligned residual rows, 16-bit
-            products only; default_residual_config's choice for one 16-bit query over many
-            documents, where the pair table is used instead when permutes do not apply).
-        num_warps, num_stages: Triton launch parameters.
+        decode: "pairs" (two weights per table load), "select" (a select tree per dimension) or
+            "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
+            4-byte aligned residual rows, 16-bit products only). Byte-unit rows in chunks
+            narrower than 128 columns always decode with "select".
+        num_warps, num_stages: Triton launch parameters. One stage: deeper pipelining costs
+            registers and occupancy here (see results/PERFORMANCE_LOG.md, run 4).
         maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
             choice. Fewer registers let more programs share an SM, which hides the latency of
             each program's dependent loads; too few make the compiler spill.
         ptx_loads: read residual words and pair-table entries with inline-PTX loads, which
             land in the tensor-core operand's layout instead of crossing shared memory on every
-            tile (kernels/maxsim_residual._ptx_load_words). None: on a GPU; the CPU interpreter
-            cannot run PTX, so there it is always off.
-        shuffle_table: with ptx_loads, look pair-table entries up by warp shuffle (each lane
-            holds one entry) instead of loading them, where that applies (nbits <= 2, 16-bit
-            products, the pair decoder). Off by default: on the H200 it saved 1 % at 2 warps and
-            nothing at 1, and cost 10 % with split_query (results/compressed/h200-one-warp).
-        persistent: a fixed grid of programs (ops.launch.document_grid) that take
-            chunks of docs_per_program documents from an atomic counter until none are left,
-            instead of one program per chunk: no last wave running alone. One query block only.
-            default_residual_config takes it for large one-query launches.
-        prefetch: 0, or 1: each document's codes, residual rows and inverse norms past its
-            first tile are prefetched into L2 (inline PTX) before its tiles are walked; 2: the
-            next document's too. GPU only (a hint: the interpreter skips it).
+            tile. None: on a GPU; the CPU interpreter cannot run PTX, so there it is always off.
+        persistent: a fixed grid of programs (ops.launch.document_grid) that take chunks of
+            docs_per_program documents from an atomic counter until none are left, instead of
+            one program per chunk: no last wave running alone. One query block only.
+        prefetch: ask L2 for each document's codes, residual rows and inverse norms past its
+            first tile before walking it (GPU only: a hint the interpreter skips).
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
@@ -124,14 +106,11 @@ class ResidualConfig:
     centroid_table: bool | None = None
     decode: str = "pairs"
     num_warps: int = 2
-    # Measured on an H200 (results/compressed/h200-final): one stage 0.89 ms, three 1.90 ms for
-    # 100k MS MARCO-like documents; deeper pipelining costs registers and occupancy here.
     num_stages: int = 1
     maxnreg: int | None = None
     ptx_loads: bool | None = None
-    shuffle_table: bool = False
     persistent: bool = False
-    prefetch: int = 0
+    prefetch: bool = False
     half_table: bool | None = None
 
 
@@ -157,28 +136,22 @@ def default_block_d(dim: int) -> int:
 def default_residual_config(num_queries: int, Lq: int, split_query: bool = False,
                             num_docs: int = 0, element_size: int = 2,
                             half_table: bool = False) -> ResidualConfig:
-    """Deterministic heuristic, no autotuning at call time.
+    """Deterministic heuristic, no autotuning at call time (rules measured on the H200 in
+    interleaved rounds of experiments/profile_kernels.py; see results/PERFORMANCE_LOG.md, run 43).
 
-    One query (a query block of at most 32 rows), measured on the H200 in interleaved rounds of
-    experiments/profile_kernels.py (results/compressed/h200-one-warp), 100k documents of MS
-    MARCO-like lengths:
+    One query block of at most 32 rows (one query: a rerank, or stage 4 of a large search):
 
     * At least MANY_DOCS documents with 16-bit products (fp16/bf16 queries, or split_query):
-      one-warp programs of 16-token tiles walking several documents each, with a register cap.
-      A 2-warp program splits a 16-token tile's products by query columns, so both warps decode
-      the whole tile; one warp decodes it once, and the cap (96; 128 with split_query's second
-      query operand) fits more programs per SM. fp16: 0.512 ms against 0.718 for the 2-warp
-      default; split_query: 0.746 against 0.924-0.943 at 32-token tiles, 2 warps.
-    * When the queries fit one query block (one query: a rerank, or stage 4 of a large search),
-      a persistent grid taking 2 documents at a time rather than one program per 4 documents,
-      whose last wave runs alone (results/compressed/h200-persistent): fp16 0.500 against 0.514
-      ms; split_query, the kernel alone, 0.689 against 0.706 ms at 100k candidates and 6.45
-      against 6.58 ms at 1M (experiments/profile_rerank.py). With an fp16 centroid-score table
-      (half_table) each document's rows are also prefetched into L2 (results/compressed/
-      h200-pq-words).
-    * Fewer documents (the search path's stage 4 scores at most a few thousand): the 2-warp
-      configs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
-      tiles with split_query (0.927 against 1.020 ms at 16 for 100k documents).
+      one-warp programs of 16-token tiles on a persistent grid taking 2 documents at a time,
+      with a register cap (96; 128 with split_query's second query operand). A 2-warp program
+      splits a 16-token tile's products by query columns, so both warps decode the whole tile;
+      one warp decodes it once, and the cap fits more programs per SM; the persistent grid has
+      no last wave running alone. 16-bit queries decode by byte permutes (no table loads),
+      split_query by the pair table; with an fp16 centroid-score table (half_table) each
+      document's rows are also prefetched into L2.
+    * Fewer documents (the search path's stage 4 scores at most a few thousand): 2-warp
+      programs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
+      tiles with split_query.
     * fp32 products (tf32x3, element_size 4): the defaults; their 200-register tiles would spill
       under a cap.
 
@@ -190,17 +163,12 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     if queries_per_block * lq <= 32:
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
             # Here queries_per_block = _pow2(num_queries): every query is in the one block, as
-            # a persistent grid needs.
-            # With the fp16 table an L2 prefetch of each document pays (0.476 -> 0.460 ms);
-            # with the fp32 one it costs (0.499 -> 0.520): more L2 traffic beside 128-B rows.
-            # The fp16-table tile spills a few registers under the 96 cap, and still beats 104
-            # (no spills, fewer programs per SM): 0.461 against 0.480 ms.
-            # 16-bit queries decode by byte permutes (no table loads, no spills at 96): 0.430
-            # against 0.498 ms for pairs (results/compressed/h200-byte-permute); with
-            # split_query they were slower (0.704 against 0.695 ms), so pairs stay there.
+            # a persistent grid needs. An L2 prefetch pays beside the fp16 table only (more L2
+            # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
+            # with split_query.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query else 96, docs_per_program=2,
-                                  persistent=True, prefetch=1 if half_table else 0,
+                                  persistent=True, prefetch=half_table,
                                   decode="pairs" if split_query else "permute")
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
@@ -224,14 +192,12 @@ def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.T
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
                  group: int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
-    number of dimensions per lookup (DECODERS).
+    number of dimensions per lookup (DECODERS: 1, 2 or 0).
 
     1: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
     adjacent dimensions.
-    4 (16-bit dtypes): [2**(4*nbits)] int64, entry f the weights of its four fields, the highest
-    field in the lowest 16 bits.
     0 (byte permutes; nbits = 2, 16-bit dtypes): [2] int32, the low bytes of the four weights in
     field order, then their high bytes: byte f of the first word and byte f of the second make
     the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it.
@@ -247,10 +213,9 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
         return weight_bytes.t().contiguous().view(torch.int32).reshape(-1)
     if group == 1:
         return weights[index]
-    if group == 4 and weights.element_size() != 2:
-        raise ValueError(f"a four-weight decode table needs a 16-bit dtype, got {dtype}")
-    bits = {(2, 2): (torch.int16, torch.int32), (2, 4): (torch.int32, torch.int64),
-            (4, 2): (torch.int16, torch.int64)}[(group, weights.element_size())]
+    if group != 2:
+        raise ValueError(f"group must be one of {sorted(set(DECODERS.values()))}, got {group}")
+    bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
     return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
 
 
@@ -265,13 +230,6 @@ def _ptx_loads(cfg: ResidualConfig) -> bool:
     if interpreting():
         return False  # the interpreter runs no PTX
     return True if cfg.ptx_loads is None else cfg.ptx_loads
-
-
-def _shuffle_table(cfg: ResidualConfig, nbits: int, pairs: bool, element_size: int) -> bool:
-    """Whether the pair table fits one entry per lane of a warp (2**(2 * nbits) <= 32 entries
-    of 32 bits) and the config lets the kernel use it that way."""
-    applies = _ptx_loads(cfg) and pairs and nbits <= 2 and element_size == 2
-    return applies and bool(cfg.shuffle_table)
 
 
 def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
@@ -391,8 +349,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
             and _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)):
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
-        # would be read in the permuted column order, 2-byte gathers instead of row loads
-        # (H200: 3.35 against 0.90 ms, results/compressed/h200-byte-permute).
+        # would be read in the permuted column order, 2-byte gathers instead of row loads.
         cfg = dataclasses.replace(cfg, decode="pairs")
     half_table = half_default if cfg.half_table is None else cfg.half_table
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
@@ -407,9 +364,6 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
             raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
     if cfg.decode not in DECODERS:
         raise ValueError(f"config.decode must be one of {tuple(DECODERS)}, got {cfg.decode!r}")
-    if cfg.decode == "quads" and (nbits > 2 or Q3.element_size() != 2 and not split_query):
-        raise ValueError("config.decode='quads' needs nbits <= 2 and 16-bit products (fp16/bf16 "
-                         f"queries or split_query); got nbits={nbits}, {Q3.dtype} queries")
     if cfg.decode == "permute" and not _permute_applies(Q3, residuals, nbits, split_query,
                                                         block_d):
         raise ValueError("config.decode='permute' needs nbits = 2, 16-bit products (fp16/bf16 "
@@ -446,13 +400,13 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         Q_lo = (Q3 - Q_head.float()).to(torch.float16)
         Q3 = Q_head
     unit_bytes = _unit_bytes(residuals, block_d, nbits)
-    # Measured on an H200 (triton 3.6): the pair decoder over byte units gives wrong scores in
-    # 16-column chunks (word units and 128-column chunks are right); byte-unit chunks narrower
-    # than MAX_BLOCK_D decode with the select tree, which is right at every width.
+    # On the GPU (triton 3.6) the pair decoder over byte units gives wrong scores in 16-column
+    # chunks (word units and 128-column chunks are right); byte-unit chunks narrower than
+    # MAX_BLOCK_D decode with the select tree, which is right at every width (see
+    # results/PERFORMANCE_LOG.md, run 9).
     group = DECODERS[cfg.decode]
     if unit_bytes == 1 and block_d < MAX_BLOCK_D:
         group = 1
-    pairs = group == 2
     table = decode_table(bucket_weights, nbits, Q3.dtype, group)
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
@@ -478,9 +432,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
-        SHUFFLE_TABLE=_shuffle_table(cfg, nbits, pairs, Q3.element_size()),
         PERSISTENT=cfg.persistent,
-        PREFETCH=0 if interpreting() else cfg.prefetch,
+        PREFETCH=0 if interpreting() else int(cfg.prefetch),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out

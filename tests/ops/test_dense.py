@@ -1,0 +1,102 @@
+"""Host side of the dense ops: config rules, refusals, default choice and the empty cases, which
+return or raise before any kernel runs (kernel exactness: tests/kernels/test_maxsim_dense.py)."""
+
+import pytest
+import torch
+
+from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config, maxsim_packed,
+                                        maxsim_padded)
+
+
+def _packed(lengths, d, device):
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    D = torch.randn(int(offsets[-1]), d).to(torch.float16).to(device)
+    return D, offsets.to(device)
+
+
+def _query(B, Lq, d, device):
+    return torch.randn(B, Lq, d).to(torch.float16).to(device)
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(MaxSimConfig(block_t=48), id="block_t-not-pow2"),
+    pytest.param(MaxSimConfig(queries_per_block=3), id="queries-not-pow2"),
+    pytest.param(MaxSimConfig(docs_per_program=0), id="no-docs"),
+    pytest.param(MaxSimConfig(block_t=4, docs_per_program=2, slots=True), id="slot-tile-too-small"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, q_blocks_per_program=2),
+                 id="slots-2qblocks"),
+    pytest.param(MaxSimConfig(hold_query=True, q_blocks_per_program=2), id="hold-query-2qblocks"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, hold_query=True),
+                 id="hold-query-and-slots"),
+])
+def test_bad_config_is_rejected_before_launch(config, device):
+    D, offsets = _packed([5, 7], 64, device)
+    with pytest.raises(ValueError, match="config"):
+        maxsim_packed(_query(1, 8, 64, device), D, offsets, config=config)
+
+
+def test_d_limited_configs_reject_wide_d(device):
+    D, offsets = _packed([5, 7], 384, device)
+    with pytest.raises(ValueError, match="hold_query"):
+        maxsim_packed(_query(1, 8, 384, device), D, offsets, config=MaxSimConfig(hold_query=True))
+
+
+def test_single_tile_config_rejects_long_documents(device):
+    D, offsets = _packed([100], 128, device)
+    with pytest.raises(ValueError, match="single_tile"):
+        maxsim_packed(_query(1, 8, 128, device), D, offsets,
+                      config=MaxSimConfig(block_t=64, single_tile=True))
+
+
+def test_slots_are_for_the_packed_layout(device):
+    D = torch.randn(3, 8, 64).to(torch.float16).to(device)
+    with pytest.raises(ValueError, match="config.slots"):
+        maxsim_padded(_query(2, 8, 64, device), D,
+                      config=MaxSimConfig(block_t=16, docs_per_program=2, slots=True))
+
+
+def test_default_config_by_number_of_documents():
+    many = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 16, True)
+    few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
+    assert (few.num_warps, few.hold_query) == (2, False)
+    # The held query is one d chunk: wider embeddings keep the per-document default, and so do
+    # fp32 inputs (twice the registers for the held tile; not timed).
+    assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
+    assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
+                              element_size=4).hold_query
+
+
+def test_default_config_per_input_class():
+    """The path each input class takes by default (what the GPU benchmarks time)."""
+    # One query, padded documents: per-document tiles sized to the documents.
+    assert default_config(1, 32, 128, 128) == MaxSimConfig(block_t=128, num_warps=4, num_stages=2)
+    assert default_config(1, 32, 300, 384).num_stages == 3
+    # One query, packed, few documents or unknown lengths: 32-token tiles, 2 warps.
+    assert default_config(1, 32, None, 128, variable_lengths=True) == MaxSimConfig(
+        block_t=32, num_warps=2, num_stages=2)
+    # Several queries, short documents: cross-query single tiles.
+    several = default_config(32, 32, 100, 128)
+    assert several.single_tile and several.q_blocks_per_program == 8
+    assert several.queries_per_block == 4
+    # Several queries, packed long documents: slots of two documents.
+    slots = default_config(32, 32, 300, 128, variable_lengths=True)
+    assert slots.slots and slots.docs_per_program == 2 and slots.block_t == 32
+    # Several queries, padded long documents: plain 64-token tiles.
+    assert default_config(32, 32, 300, 128) == MaxSimConfig(block_t=64, queries_per_block=4)
+
+
+def test_empty_inputs(device):
+    Q = _query(2, 4, 64, device)
+    assert maxsim_padded(Q, torch.zeros(0, 5, 64, dtype=torch.float16, device=device)).shape == (2, 0)
+    D = torch.randn(3, 5, 64).to(torch.float16).to(device)
+    assert maxsim_padded(Q[:0], D).shape == (0, 3)
+    # A query with no tokens scores 0 (the empty sum), never NaN.
+    assert torch.equal(maxsim_padded(Q[:, :0], D), torch.zeros(2, 3, device=device))
+    empty_offsets = torch.zeros(1, dtype=torch.int64, device=device)
+    assert maxsim_packed(Q, D[0], empty_offsets).shape == (2, 0)
+    pids = torch.empty(0, dtype=torch.int64, device=device)
+    offsets = torch.tensor([0, 5], device=device)
+    assert maxsim_packed(Q, D[0], offsets, pids).shape == (2, 0)
