@@ -254,3 +254,42 @@ def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, 
         assert "config" in str(error)
         return
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
+
+
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """The same values as a view in which no dimension has unit stride."""
+    return torch.stack([x, torch.zeros_like(x)], -1)[..., 0]
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(None, id="default"),
+    pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2, slots=True),
+                 id="slots"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query"),
+])
+@pytest.mark.parametrize("validate", [True, False])
+def test_every_argument_as_a_strided_view(config, validate, device):
+    """Every tensor argument passed as a non-contiguous view scores exactly as its contiguous
+    copy: Q and D through their strides, the 1-D tensors copied once."""
+    lengths = [3, 0, 50, 1, 17, 6]
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    Q = _rand(3, 13, 64, dtype=torch.float16, device=device)
+    pids = torch.tensor([4, 0, 2, 2, 5], device=device)
+    query_lengths = torch.tensor([13, 5, 0], device=device)
+    args = (Q, D, offsets, pids)
+    want = maxsim_packed(*args, query_lengths=query_lengths, config=config, validate=validate)
+    got = maxsim_packed(*map(_strided, args), query_lengths=_strided(query_lengths),
+                        config=config, validate=validate)
+    assert torch.equal(got, want)
+    assert_close(got, reference.maxsim_packed(Q, D, offsets, pids, query_lengths=query_lengths),
+                 "maxsim_dense", torch.float16)
+    if config is not None and config.slots:
+        return  # slots are for the packed layout
+    D_padded = _rand(6, 20, 64, dtype=torch.float16, device=device)
+    doc_lengths = torch.tensor([20, 0, 7, 1, 19, 3], device=device)
+    want = maxsim_padded(Q, D_padded, doc_lengths, query_lengths, config=config, validate=validate)
+    got = maxsim_padded(_strided(Q), _strided(D_padded), _strided(doc_lengths),
+                        _strided(query_lengths), config=config, validate=validate)
+    assert torch.equal(got, want)
+    assert_close(got, reference.maxsim_padded(Q, D_padded, doc_lengths, query_lengths),
+                 "maxsim_dense", torch.float16)

@@ -385,6 +385,46 @@ def test_split_query_with_fp16_centroids(device, poisoned_outputs, nbits, dim):
     assert_close(out, out_fp32, "maxsim_residual_split", torch.float32)
 
 
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """The same values as a view in which no dimension has unit stride."""
+    return torch.stack([x, torch.zeros_like(x)], -1)[..., 0]
+
+
+@pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
+                                         pytest.param(torch.float32, True, id="fp32-split")])
+@pytest.mark.parametrize("path", ["table", "given-table", "gather"])
+@pytest.mark.parametrize("validate", [True, False])
+def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch, dtype, split,
+                                          path, validate):
+    """Every tensor argument passed as a non-contiguous view scores exactly as its contiguous
+    copy, on the table path (built here or given), the gather path and with split_query, at the
+    many-document default (byte permutes for fp16) and the few-document one."""
+    from tilemaxsim_plaid.ops import residual
+
+    if split and path == "gather":
+        pytest.skip("split_query takes the table path only")
+    index = random_index(device, 64, 2)
+    Q = unit_queries(2, 9, 64, dtype, device)
+    norms = norms_of(index, 2) if path != "gather" else None
+    table = None
+    if path == "given-table":
+        table = (index["centroids"].float() @ Q.reshape(-1, 64).float().T).contiguous()
+    pids = torch.tensor([4, 0, 2, 2, 5], device=device)
+    query_lengths = torch.tensor([9, 4], device=device)
+    names = ("codes", "residuals", "offsets", "centroids", "bucket_weights")
+    for many in (1 << 30, 2):
+        monkeypatch.setattr(residual, "MANY_DOCS", many)
+        kwargs = dict(pids=pids, query_lengths=query_lengths, split_query=split, validate=validate)
+        want = score(Q, index, 2, inv_norms=norms, centroid_scores=table, **kwargs)
+        strided = {name: _strided(index[name]) for name in names}
+        got = score(_strided(Q), strided, 2, inv_norms=None if norms is None else _strided(norms),
+                    centroid_scores=None if table is None else _strided(table),
+                    **{k: _strided(v) if torch.is_tensor(v) else v for k, v in kwargs.items()})
+        assert torch.equal(got, want), many
+        assert_close(got, expected(Q, index, 2, pids=pids, query_lengths=query_lengths),
+                     "maxsim_residual_split" if split else "maxsim_residual", dtype)
+
+
 def load_plaid_index(index_path: str):
     """colbert-ai's codec plus the concatenated codes, residuals and doc offsets of an index."""
     from colbert.indexing.codecs.residual import ResidualCodec
@@ -422,8 +462,11 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
         bucket_weights=codec.bucket_weights).items()}
     want = reference.maxsim_packed(Q, D_colbert, offsets, pids)
     inv_norms = norms_of(index, nbits)
-    # The default decoder, and at nbits = 2 byte permutes too.
-    configs = [None] + ([ResidualConfig(decode="permute")] if nbits == 2 else [])
+    # The default decoder, and on the GPU at nbits = 2 byte permutes too (on the CPU their bit
+    # layout is checked against the codec's table for every byte value by
+    # tests/ops/test_residual.py::test_permute_selectors_match_the_codec_layout, and their scores
+    # against float64 by test_permute_decode_like_pairs).
+    configs = [None] + ([ResidualConfig(decode="permute")] if nbits == 2 and ON_GPU else [])
     for norms in (inv_norms, None):
         for config in configs:
             out = score(Q.to(device), index, nbits, pids=pids.to(device), inv_norms=norms,

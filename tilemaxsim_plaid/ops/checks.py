@@ -13,6 +13,13 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+def unit_stride(t):
+    """``t`` with its elements adjacent, as the kernels index 1-D tensors (element i at base + i):
+    ``t`` itself when it already is (no copy on the usual path), else one contiguous copy, so a
+    strided view (a column of a 2-D tensor) scores like the contiguous tensor. None stays None."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
 def describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 

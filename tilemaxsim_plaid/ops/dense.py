@@ -236,10 +236,12 @@ def maxsim_padded(
 
     Args:
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
-        D: [N, Ld, d], same dtype and device as Q. Any strides.
+        D: [N, Ld, d], same dtype and device as Q. Q and D are read through their strides.
         doc_lengths: optional int32/int64 [N]; tokens at or past a document's length never win
             a max. Default: every document has Ld tokens.
         query_lengths: optional int32/int64 [B] (3-D Q only); padded query tokens add nothing.
+            A strided view of doc_lengths or query_lengths is copied once (a few bytes per
+            document).
         config: a fixed :class:`MaxSimConfig` (no heuristics, CUDA-graph friendly).
         validate: check values as well as shapes (value checks synchronise with the device).
 
@@ -253,6 +255,8 @@ def maxsim_padded(
     if validate:
         checks.check_query_lengths(query_lengths, Q)
         checks.check_lengths("doc_lengths", doc_lengths, D.shape[0], D.shape[1], Q.device)
+    # The kernel reads Q and D through their strides; the 1-D tensors by element.
+    doc_lengths, query_lengths = checks.unit_stride(doc_lengths), checks.unit_stride(query_lengths)
     Q3 = Q[None] if Q.dim() == 2 else Q
     max_doc_len = D.shape[1]
     if doc_lengths is not None and validate and doc_lengths.numel():
@@ -278,7 +282,9 @@ def maxsim_packed(
 
     Args:
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
-        D_packed: [T, d], all document tokens concatenated, same dtype and device as Q.
+        D_packed: [T, d], all document tokens concatenated, same dtype and device as Q. Q and
+            D_packed are read through their strides; a strided view of offsets, pids or
+            query_lengths is copied once (8 bytes per document).
         offsets: int64 [N+1]; document n owns rows ``offsets[n]:offsets[n+1]``.
         pids: optional int32/int64 [M]: score only these documents, in this order, read straight
             from ``D_packed`` (no gather into a new tensor). Default: all N documents.
@@ -308,6 +314,9 @@ def maxsim_packed(
         pids = checks.check_pids(pids, num_docs, Q.device)
         if max_doc_len is None and num_docs:
             max_doc_len = int((offsets[1:] - offsets[:-1]).max())
+    # The kernel reads Q and D_packed through their strides; the 1-D tensors by element.
+    offsets, pids = checks.unit_stride(offsets), checks.unit_stride(pids)
+    query_lengths = checks.unit_stride(query_lengths)
     Q3 = Q[None] if Q.dim() == 2 else Q
     num_out = pids.numel() if pids is not None else num_docs
     out = _launch(Q3, D_packed, packed=True, offsets=offsets, doc_lengths=None, pids=pids,

@@ -396,8 +396,9 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         raise ValueError("split_query needs the centroid-table path (config.centroid_table=False given)")
     if split_query and Q_lo is None:
         # The table above was built from the fp32 query; the tiles see its fp16 head and tail.
-        Q_head = Q3.to(torch.float16)
-        Q_lo = (Q3 - Q_head.float()).to(torch.float16)
+        # Contiguous, so that the two share the strides the kernel is given for both.
+        Q_head = Q3.to(torch.float16).contiguous()
+        Q_lo = (Q3 - Q_head.float()).to(torch.float16).contiguous()
         Q3 = Q_head
     unit_bytes = _unit_bytes(residuals, block_d, nbits)
     # On the GPU (triton 3.6) the pair decoder over byte units gives wrong scores in 16-column
@@ -466,8 +467,6 @@ def check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights
             f"residuals must be [T={codes.shape[0]}, d*nbits/8={dim * nbits // 8}] for d={dim}, "
             f"nbits={nbits}; got {checks.describe(residuals)}"
         )
-    if residuals.stride(1) != 1:
-        raise ValueError(f"residuals must have contiguous rows, got strides {residuals.stride()}")
     if offsets.numel() < 1:
         raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
     if inv_norms is not None:
@@ -507,7 +506,8 @@ def maxsim_residual(
     Args:
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32 (the dtype of the tensor-core products).
         codes: int32/int64 [T] centroid id per token.
-        residuals: uint8 [T, d * nbits / 8], rows contiguous.
+        residuals: uint8 [T, d * nbits / 8]; any row stride (rows starting 4-byte aligned are
+            read as 32-bit words, others as bytes); copied once if a row is not contiguous.
         offsets: int64 [N+1]; document n owns tokens ``offsets[n]:offsets[n+1]``.
         centroids: [C, d] float (colbert-ai keeps them fp16 on the GPU).
         bucket_weights: [2**nbits] float.
@@ -533,6 +533,10 @@ def maxsim_residual(
         config: a fixed :class:`ResidualConfig`.
         validate: check values (offsets, pids, codes in range); these checks sync with the device.
 
+    Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
+    tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
+    ``centroid_scores`` whose rows are not contiguous.
+
     Returns:
         fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
         an empty query 0.
@@ -547,6 +551,12 @@ def maxsim_residual(
         pids = checks.check_pids(pids, num_docs, Q.device)
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
             raise ValueError(f"codes must lie in [0, C={centroids.shape[0]})")
+    # The kernel reads Q, centroids and residual rows through their strides (rows read whole
+    # need stride 1 within a row); the 1-D tensors by element.
+    offsets, pids, codes = checks.unit_stride(offsets), checks.unit_stride(pids), checks.unit_stride(codes)
+    inv_norms, query_lengths = checks.unit_stride(inv_norms), checks.unit_stride(query_lengths)
+    if residuals.stride(1) != 1:
+        residuals = residuals.contiguous()
     Q3 = Q[None] if Q.dim() == 2 else Q
     if split_query and (Q.dtype != torch.float32 or inv_norms is None):
         raise ValueError(
@@ -559,11 +569,13 @@ def maxsim_residual(
                             dtypes=(torch.float32, torch.float16), device=Q.device)
         if centroid_scores.dtype == torch.float16 and Q.dtype != torch.float16:
             raise ValueError(f"an fp16 centroid_scores table goes with fp16 queries only, got Q {Q.dtype}")
-        if tuple(centroid_scores.shape) != (centroids.shape[0], rows) or centroid_scores.stride(1) != 1:
+        if tuple(centroid_scores.shape) != (centroids.shape[0], rows):
             raise ValueError(
-                f"centroid_scores must be [C={centroids.shape[0]}, B*Lq={rows}] with "
-                f"contiguous rows (centroids @ Q_rows^T), got {checks.describe(centroid_scores)}"
+                f"centroid_scores must be [C={centroids.shape[0]}, B*Lq={rows}] "
+                f"(centroids @ Q_rows^T), got {checks.describe(centroid_scores)}"
             )
+        if centroid_scores.stride(1) != 1:
+            centroid_scores = centroid_scores.contiguous()  # its rows are gathered whole
     num_out = pids.numel() if pids is not None else num_docs
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config, centroid_scores, split_query)
