@@ -1,17 +1,35 @@
 """TileMaxSim-PLAID: IO-aware Triton MaxSim kernels and a one-import scorer for ColBERTv2/PLAID.
 
-Importing the package patches colbert-ai's PLAID candidate scoring when colbert-ai is installed
-(set ``TILEMAXSIM_PLAID_DISABLE=1`` to opt out); :func:`disable` restores colbert-ai exactly.
+Importing the package patches colbert-ai's PLAID candidate scoring: at once if colbert-ai is
+imported already, otherwise as soon as it is (set ``TILEMAXSIM_PLAID_DISABLE=1`` to opt out);
+:func:`disable` restores colbert-ai exactly, :func:`stats` counts what the plugin did. The
+import itself is cheap: it imports neither colbert-ai nor torch, and the kernels' names below
+are loaded on first use.
 """
 
-from tilemaxsim_plaid.codecs import PQCodec, decompress_residuals, residual_inverse_norms
-from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
-from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
-from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
-from tilemaxsim_plaid.plaid import disable, enable, enabled, is_enabled
+import importlib
+
+from tilemaxsim_plaid.plaid import disable, enable, enabled, is_enabled, stats
 from tilemaxsim_plaid.plaid import auto_enable as _auto_enable
 
 __version__ = "0.1.0"
+
+# Public name -> the module defining it, imported on first access (the ops import triton).
+_LAZY = {
+    "MaxSimConfig": "tilemaxsim_plaid.ops.dense",
+    "maxsim_packed": "tilemaxsim_plaid.ops.dense",
+    "maxsim_padded": "tilemaxsim_plaid.ops.dense",
+    "PQConfig": "tilemaxsim_plaid.ops.pq",
+    "maxsim_pq": "tilemaxsim_plaid.ops.pq",
+    "ResidualConfig": "tilemaxsim_plaid.ops.residual",
+    "maxsim_residual": "tilemaxsim_plaid.ops.residual",
+    "PQCodec": "tilemaxsim_plaid.codecs",
+    "decompress_residuals": "tilemaxsim_plaid.codecs",
+    "residual_inverse_norms": "tilemaxsim_plaid.codecs",
+}
+
+# Submodules that importing the package used to load, reachable as attributes on first use.
+_SUBPACKAGES = ("codecs", "kernels", "ops", "reference")
 
 __all__ = [
     "MaxSimConfig",
@@ -28,7 +46,24 @@ __all__ = [
     "maxsim_pq",
     "maxsim_residual",
     "residual_inverse_norms",
+    "stats",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 _auto_enable()

@@ -1,10 +1,12 @@
 """The colbert-ai integration: patch targets, enable/disable, the device-resident PLAID scorer.
 
-``import tilemaxsim_plaid`` calls :func:`auto_enable`; :func:`disable` restores colbert-ai
-exactly, :func:`enabled` patches for a ``with`` block. Importing this package does not import
-colbert-ai; patching does.
+``import tilemaxsim_plaid`` calls :func:`auto_enable`, which patches colbert-ai at once if it is
+imported already and otherwise when it is imported (an import hook); :func:`disable` restores
+colbert-ai exactly, :func:`enabled` patches for a ``with`` block, :func:`stats` says what the
+plugin did. Importing this package imports neither colbert-ai nor torch; patching does.
 """
 
+from tilemaxsim_plaid.plaid.counters import PluginStats, stats
 from tilemaxsim_plaid.plaid.registry import (
     DISABLE_ENV_VAR,
     auto_enable,
@@ -12,6 +14,8 @@ from tilemaxsim_plaid.plaid.registry import (
     enable,
     enabled,
     is_enabled,
+    is_pending,
 )
 
-__all__ = ["enable", "disable", "enabled", "is_enabled", "auto_enable", "DISABLE_ENV_VAR"]
+__all__ = ["enable", "disable", "enabled", "is_enabled", "is_pending", "auto_enable", "stats",
+           "PluginStats", "DISABLE_ENV_VAR"]

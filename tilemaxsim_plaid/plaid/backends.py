@@ -9,26 +9,36 @@
   the exact fp32 MaxSim rankings the GPU path gives, only slower.
 
 ``TILEMAXSIM_PLAID_BACKEND=triton|torch`` overrides the choice (tests run the Triton path on
-CPU tensors under ``TRITON_INTERPRET=1``).
+CPU tensors under ``TRITON_INTERPRET=1``); :mod:`tilemaxsim_plaid.plaid.environment` reads and
+checks it, and ``TILEMAXSIM_PLAID_PRODUCTS``, which picks how the fused stage 4 multiplies.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 
+from tilemaxsim_plaid.plaid import counters
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex
+from tilemaxsim_plaid.plaid.environment import (
+    BACKEND_ENV_VAR,
+    PRODUCTS,
+    PRODUCTS_ENV_VAR,
+    backend_for,
+    stage_4_products,
+)
 from tilemaxsim_plaid.plaid.extensions import packed_token_rows
 from tilemaxsim_plaid.reference import segment_maxsim
 
 __all__ = [
     "BACKEND_ENV_VAR",
+    "PRODUCTS",
     "PRODUCTS_ENV_VAR",
     "stage_4_products",
     "products_for",
+    "resolved_products",
     "centroid_table",
     "cublas_fp32_is_exact",
     "backend_for",
@@ -43,44 +53,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKEND_ENV_VAR = "TILEMAXSIM_PLAID_BACKEND"
-# How the fused stage-4 kernel multiplies the fp32 query (kernels/maxsim_residual.py):
-#   "tf32x3": three tf32 tensor-core products per fp32 product, ~1e-6 per score;
-#   "fp16x2": the query's fp16 head and tail against fp16 residual weights, about 2.5x faster;
-#   "fp16": the residual part against the query rounded to fp16 once (one product per tile
-#           instead of two), about 3.1x faster (100k candidates on an H200);
-#   "auto" (default): fp16x2 where every bucket weight is an fp16 value, else tf32x3.
-# Both fp16 modes keep the centroid part in fp32 (the centroid-score table) and round each
-# residual weight to fp16. Where the weights are fp16 values already (colbert-ai's GPU codec
-# holds them in fp16, so on a GPU they always are) that rounding is exact and fp16x2 rounds
-# only the query's tail (2**-22 of the query): tf32x3's accuracy, which is why "auto" takes it.
-# Where they are not (a CPU codec keeps fp32 weights), the rounding dominates the error of both
-# fp16 modes: 6e-4 and 7e-4 per score on the test index's coarse codec
-# (tests/plaid/test_search.py), still below colbert-ai's own GPU path, which rounds the query
-# and every decompressed embedding to fp16.
-PRODUCTS_ENV_VAR = "TILEMAXSIM_PLAID_PRODUCTS"
-PRODUCTS = ("auto", "tf32x3", "fp16x2", "fp16")
 # Decompressed tokens per stage-4 chunk: 2**18 x 128 dims x 4 B = 128 MiB of fp32 at most,
 # so a rerank of 1M candidates streams through a bounded buffer instead of running out of memory.
 TOKENS_PER_CHUNK = 1 << 18
-
-
-def backend_for(device: torch.device) -> str:
-    """``"triton"`` or ``"torch"`` for tensors on ``device`` (see the module docstring)."""
-    choice = os.environ.get(BACKEND_ENV_VAR, "").strip().lower()
-    if choice in ("triton", "torch"):
-        return choice
-    if choice:
-        raise ValueError(f"{BACKEND_ENV_VAR} must be 'triton' or 'torch', got {choice!r}")
-    return "triton" if device.type == "cuda" else "torch"
-
-
-def stage_4_products() -> str:
-    """One of PRODUCTS (see PRODUCTS_ENV_VAR; ``"auto"`` when unset); read at every call."""
-    choice = os.environ.get(PRODUCTS_ENV_VAR, "auto").strip().lower()
-    if choice not in PRODUCTS:
-        raise ValueError(f"{PRODUCTS_ENV_VAR} must be one of {PRODUCTS}, got {choice!r}")
-    return choice
 
 
 # Products modes already warned about falling back to tf32x3 (once per process each).
@@ -99,22 +74,35 @@ def _table_path(index: DeviceIndex, num_query_tokens: int) -> bool:
             and centroid_table_fits(index.centroids.shape[0], num_query_tokens))
 
 
+def resolved_products(index: DeviceIndex, num_query_tokens: int) -> tuple[str, bool]:
+    """``(products, fell_back)``: :func:`products_for` without its log line and count;
+    ``fell_back`` when an fp16 mode was asked for and tf32x3 is used instead."""
+    choice = stage_4_products()
+    if not _table_path(index, num_query_tokens):
+        return "tf32x3", choice in ("fp16x2", "fp16")
+    if choice == "auto":
+        return ("fp16x2" if index.bucket_weights_in_fp16 else "tf32x3"), False
+    return choice, False
+
+
+_NO_TABLE = "stage 4 multiplied as tf32x3: the fp16 products need a centroid-score table"
+
+
 def products_for(index: DeviceIndex, num_query_tokens: int) -> str:
     """The products the fused stage 4 uses on ``index`` for a query of ``num_query_tokens``:
     ``"auto"`` resolved, and tf32x3 wherever the fp16 modes cannot keep the centroid part of
     each score exact, which takes the table path (:func:`_table_path`)."""
-    choice = stage_4_products()
-    if not _table_path(index, num_query_tokens):
-        if choice in ("fp16x2", "fp16") and not _warned_no_table.get(choice):
+    products, fell_back = resolved_products(index, num_query_tokens)
+    if fell_back:
+        choice = stage_4_products()
+        counters.count_fallback(_NO_TABLE)
+        if not _warned_no_table.get(choice):
             _warned_no_table[choice] = True
             logger.warning("%s=%s needs one centroid-score table per query, which this index or "
                            "query cannot use (%d centroids, %d query tokens): stage 4 multiplies "
                            "as tf32x3", PRODUCTS_ENV_VAR, choice, index.centroids.shape[0],
                            num_query_tokens)
-        return "tf32x3"
-    if choice == "auto":
-        return "fp16x2" if index.bucket_weights_in_fp16 else "tf32x3"
-    return choice
+    return products
 
 
 def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
@@ -216,6 +204,9 @@ def _sorts_in_one_program(index, pids: torch.Tensor) -> bool:
 
     return (backend_for(index.device) == "triton" and index.num_docs < 2**31
             and 0 < pids.numel() <= MAX_SORTED_IN_ONE_PROGRAM)
+
+
+_NO_FUSED_KERNEL = "stage 4 decompressed before scoring: the fused residual kernel is unavailable"
 
 
 @functools.cache
@@ -320,6 +311,8 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
         [M] fp32.
     """
     triton_backend = backend_for(index.device) == "triton"
+    if triton_backend and _residual_kernel() is None:
+        counters.count_fallback(_NO_FUSED_KERNEL)
     if triton_backend and _residual_kernel() is not None:
         # The fused kernel decodes in registers and reads the candidates in place: nothing grows
         # with the number of candidates but the [M] output, so one launch scores them all.

@@ -13,6 +13,8 @@ import dataclasses
 
 import torch
 
+from tilemaxsim_plaid.plaid.environment import backend_for
+
 __all__ = ["DeviceIndex", "SHARDED_INDEX_ATTRIBUTE", "device_index", "scoring_device"]
 
 _CACHE_ATTRIBUTE = "_tilemaxsim_device_index"
@@ -99,8 +101,6 @@ def _source_key(scorer, device: torch.device) -> tuple:
     def ident(t):
         return (id(t), t.data_ptr(), tuple(t.shape), t.dtype) if torch.is_tensor(t) else id(t)
 
-    from tilemaxsim_plaid.plaid.backends import backend_for
-
     codec, embeddings = scorer.codec, scorer.embeddings
     return (
         str(device),
@@ -158,8 +158,6 @@ def _build(scorer, device: torch.device, key: tuple) -> DeviceIndex:
 def _with_kernel_extras(index: DeviceIndex) -> DeviceIndex:
     """What the Triton backend's residual kernel reads besides the index: per-token inverse
     norms, and the centroids in fp16 where that copy is exact."""
-    from tilemaxsim_plaid.plaid.backends import backend_for
-
     if backend_for(index.device) != "triton" or index.residuals.shape[0] != index.num_tokens:
         return index  # the torch backend normalises as it decodes; a sharded copy has no residuals
     from tilemaxsim_plaid.codecs.residual import residual_inverse_norms

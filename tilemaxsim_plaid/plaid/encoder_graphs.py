@@ -54,7 +54,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from tilemaxsim_plaid.plaid import graphs, query_tokens
+from tilemaxsim_plaid.plaid import counters, graphs, query_tokens
 
 __all__ = ["MAX_GRAPH_BATCH", "LinearWeightCopies", "query"]
 
@@ -280,6 +280,9 @@ class _CapturedEncoder:
         return self.out.clone()  # the next replay overwrites self.out
 
 
+_EAGER_ENCODER = "query encoder ran eagerly: no bit-identical CUDA graph for this input shape"
+
+
 def _key(checkpoint, input_ids, attention_mask) -> tuple:
     # Parameter storage identifies the weights the graph reads; .to() replaces it.
     first = checkpoint.bert.get_input_embeddings().weight
@@ -333,6 +336,7 @@ def query(original, checkpoint, *args, to_cpu: bool = False, **kwargs):
         cache[key] = _capture(original, checkpoint, input_ids, attention_mask)
     captured = cache[key]
     if captured is None:
+        counters.count_fallback(_EAGER_ENCODER)
         return original(checkpoint, input_ids, attention_mask, to_cpu=to_cpu)
     Q = captured(input_ids, attention_mask)
     return Q.cpu() if to_cpu else Q

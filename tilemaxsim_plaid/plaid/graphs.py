@@ -12,7 +12,7 @@ device index; a changed index (new source tensors) gets new graphs. Queries with
 ``pids=`` or a sharded index run eagerly (their sizes depend on data). If capture fails the
 reason is logged once and that key runs eagerly from then on.
 
-``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` turns graphs off; :func:`disabled` does so for a block (the
+``TILEMAXSIM_PLAID_CUDA_GRAPHS=0`` (or false/no/off) turns graphs off; :func:`disabled` does so for a block (the
 benchmarks time each stage eagerly, which a graph would hide).
 """
 
@@ -20,24 +20,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 
 import torch
 
-from tilemaxsim_plaid.plaid import backends
+from tilemaxsim_plaid.plaid import backends, counters
+from tilemaxsim_plaid.plaid.environment import GRAPHS_ENV_VAR, cuda_graphs_allowed
 
 __all__ = ["GRAPHS_ENV_VAR", "capturable", "disabled", "enabled_for_device", "replay"]
 
 logger = logging.getLogger(__name__)
 
-GRAPHS_ENV_VAR = "TILEMAXSIM_PLAID_CUDA_GRAPHS"
 _CACHE_ATTRIBUTE = "_tilemaxsim_search_graphs"
 # Graphs kept per IndexScorer (one per distinct (search settings, query length)); each holds
 # its own buffers (a candidate bitmap of num_docs bytes and a few candidate lists).
 MAX_GRAPHS_PER_SCORER = 16
 
 _disabled_depth = 0
+_EAGER_SEARCH = "search ran eagerly: its CUDA graph failed to capture"
 
 
 @contextlib.contextmanager
@@ -54,7 +54,7 @@ def disabled() -> Iterator[None]:
 def enabled_for_device(device: torch.device) -> bool:
     """True when the plugin may capture and replay CUDA graphs on ``device`` now: a GPU, graphs
     not turned off (environment variable, :func:`disabled`), no capture already under way."""
-    if _disabled_depth or os.environ.get(GRAPHS_ENV_VAR, "1").strip() == "0":
+    if _disabled_depth or not cuda_graphs_allowed():
         return False
     return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
 
@@ -112,6 +112,7 @@ def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable):
             graphs[key] = None
     captured = graphs[key]
     if captured is None:
+        counters.count_fallback(_EAGER_SEARCH)
         return pipeline(index, config, Q)
     with torch.inference_mode():
         return captured(Q)

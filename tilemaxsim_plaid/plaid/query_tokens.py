@@ -28,6 +28,8 @@ import logging
 
 import torch
 
+from tilemaxsim_plaid.plaid import counters
+
 __all__ = ["HAS_PADDING_ATTRIBUTE", "PROBE_TEXTS", "HostQueryTokenizer", "PinnedUploads", "tensorize"]
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 # Set on the returned mask: True when some position is 0 (padding the encoder must mask).
 HAS_PADDING_ATTRIBUTE = "_tilemaxsim_has_padding"
 _CACHE_ATTRIBUTE = "_tilemaxsim_host_tokenizers"
+_UPSTREAM_TOKENS = "query tokens built by colbert-ai's tensorize: the host tokenizer did not match it"
 
 # Checked against upstream before the host path is trusted: truncation (a text far longer than
 # any query_maxlen), no word pieces at all, whitespace, special tokens written as text, accents.
@@ -181,6 +184,8 @@ def tensorize(original, query_tokenizer, batch_text, bsize=None, context=None, f
         hosts[key] = _verified(original, query_tokenizer, batch_text, device)
         return result
     host = hosts[key]
+    if host is None:
+        counters.count_fallback(_UPSTREAM_TOKENS)
     if host is None or not batch_text:
         return original(query_tokenizer, batch_text)
     return host.tensorize(batch_text, device)

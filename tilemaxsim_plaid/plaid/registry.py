@@ -1,18 +1,21 @@
 """One patch mechanism and the list of colbert-ai bindings it changes.
 
-A :class:`PatchTarget` names an attribute of a module or class (``owner``), the replacement
-for it, and every other module that copied the name by value with ``from owner import name``
-(patching only the owner would leave those copies pointing at the original). :func:`enable`
-swaps each binding and remembers what was there; :func:`disable` puts back exactly that,
-deleting attributes that did not exist before. Both are idempotent and act per target group:
+A :class:`~tilemaxsim_plaid.plaid.patch_target.PatchTarget` names an attribute of a module or
+class (``owner``), the replacement for it, and every other module that copied the name by value
+with ``from owner import name`` (patching only the owner would leave those copies pointing at
+the original). :func:`enable` swaps each binding and remembers what was there; :func:`disable`
+puts back exactly that, deleting attributes that did not exist before. Both are idempotent and
+act per target group:
 
 * ``"compat"``: what colbert-ai needs to run at all here: torch equivalents of its six
   JIT-compiled C++/CUDA extensions (no compiler, no nvcc) and the transformers-5 fix. These
   keep upstream semantics, so a "stock" run with only this group is still stock colbert-ai.
 * ``"scoring"``: PLAID's candidate scoring (stages 2-4) and reranking on our kernels.
 
-The targets themselves are listed in :mod:`tilemaxsim_plaid.plaid.targets`; this module
-knows nothing about what they do.
+The targets themselves are listed in :mod:`tilemaxsim_plaid.plaid.targets`, which this module
+imports only when it patches: the targets import the scoring code (torch, the kernels), and
+``import tilemaxsim_plaid`` must stay cheap. Module graph: ``patch_target`` <- ``targets`` <-
+``registry`` (at first patch); ``registry`` -> ``environment``, ``import_hook``.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
-import os
+import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from tilemaxsim_plaid.plaid import environment, import_hook
+from tilemaxsim_plaid.plaid.environment import DISABLE_ENV_VAR
+from tilemaxsim_plaid.plaid.patch_target import GROUPS, PatchTarget
 
 __all__ = [
     "PatchTarget",
@@ -38,6 +46,7 @@ __all__ = [
     "disable",
     "enabled",
     "is_enabled",
+    "is_pending",
     "auto_enable",
     "colbert_version",
     "active_bindings",
@@ -48,38 +57,11 @@ logger = logging.getLogger(__name__)
 # The targets read private structure of these releases (IndexScorer fields, the extension
 # flags, class_factory); another version may have moved them, so it is refused, not guessed.
 SUPPORTED_COLBERT_VERSIONS = ("0.2.22",)
-GROUPS = ("compat", "scoring")
-# Set to 1/true/yes to stop `import tilemaxsim_plaid` from patching colbert-ai.
-DISABLE_ENV_VAR = "TILEMAXSIM_PLAID_DISABLE"
+# The package whose import applies the pending patch (its __init__ imports every owner module).
+COLBERT_PACKAGE = "colbert"
 
 # Marks an attribute that did not exist before enable(): disable() deletes it again.
 _ABSENT = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class PatchTarget:
-    """One attribute to replace.
-
-    Attributes:
-        owner: ``"package.module"`` or ``"package.module:Class"``: where the name is defined.
-        attribute: the attribute name on the owner.
-        make_replacement: called once with the original value (or None when absent); returns
-            the replacement. Functions get ``__wrapped__`` = original.
-        group: one of :data:`GROUPS`.
-        also_bound_in: modules that did ``from <owner module> import <attribute>``.
-        why: one line for patches/README.md and for error messages.
-    """
-
-    owner: str
-    attribute: str
-    make_replacement: Callable[[Any], Any]
-    group: str
-    also_bound_in: tuple[str, ...] = ()
-    why: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.owner}.{self.attribute}"
 
 
 @dataclasses.dataclass
@@ -144,11 +126,16 @@ def _all_targets() -> tuple[PatchTarget, ...]:
     return TARGETS
 
 
-def _select(groups: Iterable[str] | None) -> list[PatchTarget]:
+def _groups(groups: Iterable[str] | None) -> tuple[str, ...]:
     chosen = GROUPS if groups is None else tuple(groups)
     unknown = set(chosen) - set(GROUPS)
     if unknown:
         raise ValueError(f"groups must be drawn from {GROUPS}, got {sorted(unknown)}")
+    return chosen
+
+
+def _select(groups: Iterable[str] | None) -> list[PatchTarget]:
+    chosen = _groups(groups)
     return [t for t in _all_targets() if t.group in chosen]
 
 
@@ -172,8 +159,33 @@ def _revert(target: PatchTarget) -> None:
         _put(namespace, target.attribute, value)
 
 
+# Groups that `import tilemaxsim_plaid` will patch when colbert-ai is imported (see auto_enable).
+_pending: set[str] = set()
+
+
+def _apply_pending(module) -> None:
+    """The import hook's callback: colbert-ai has just been imported."""
+    with _lock:
+        groups = sorted(_pending)
+        _pending.clear()
+    if not groups:
+        return
+    try:
+        enable(groups)
+    except Exception as error:  # noqa: BLE001 (the user's `import colbert` must still work)
+        warnings.warn(f"tilemaxsim_plaid could not patch colbert-ai as it was imported "
+                      f"({type(error).__name__}: {error}): colbert-ai left unpatched",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _settle_pending() -> None:
+    """Import colbert-ai if a patch waits for it, so that the pending groups are applied first."""
+    if import_hook.is_pending(COLBERT_PACKAGE):
+        importlib.import_module(COLBERT_PACKAGE)
+
+
 def enable(groups: Iterable[str] | None = None) -> bool:
-    """Patch colbert-ai so PLAID scores with tilemaxsim_plaid's kernels.
+    """Patch colbert-ai so PLAID scores with tilemaxsim_plaid's kernels (imports colbert-ai).
 
     Safe to call repeatedly: targets already patched are left as they are.
 
@@ -184,9 +196,11 @@ def enable(groups: Iterable[str] | None = None) -> bool:
         True when the targets are patched; False when colbert-ai is missing or its version
         is unsupported (a RuntimeWarning names it), in which case nothing changed.
     """
-    targets = _select(groups)
+    chosen = _groups(groups)
     if not _version_guard():
         return False
+    _settle_pending()
+    targets = _select(chosen)
     with _lock:
         done = []
         try:
@@ -205,21 +219,41 @@ def enable(groups: Iterable[str] | None = None) -> bool:
 def disable(groups: Iterable[str] | None = None) -> None:
     """Restore colbert-ai exactly as it was before :func:`enable` (idempotent).
 
+    Groups still waiting for colbert-ai to be imported (:func:`auto_enable`) are dropped too,
+    so a later ``import colbert`` stays stock.
+
     Args:
         groups: target groups to restore (default: all).
     """
-    targets = _select(groups)
+    chosen = _groups(groups)
     with _lock:
-        for target in reversed(targets):
+        _pending.difference_update(chosen)
+        if not _pending:
+            import_hook.cancel(COLBERT_PACKAGE)
+        if not _applied:
+            return
+        for target in reversed(_select(chosen)):
             if target.name in _applied:
                 _revert(target)
 
 
 def is_enabled(groups: Iterable[str] | None = ("scoring",)) -> bool:
-    """True when every target of ``groups`` (default: the scoring group) is patched."""
-    targets = _select(groups)
+    """True when every target of ``groups`` (default: the scoring group) is patched now.
+
+    False while the patch still waits for colbert-ai to be imported (see :func:`is_pending`).
+    """
+    chosen = _groups(groups)
     with _lock:
+        if not _applied:
+            return False
+        targets = _select(chosen)
         return bool(targets) and all(t.name in _applied for t in targets)
+
+
+def is_pending() -> bool:
+    """True when ``import tilemaxsim_plaid`` left a patch to apply when colbert-ai is imported."""
+    with _lock:
+        return bool(_pending) and import_hook.is_pending(COLBERT_PACKAGE)
 
 
 @contextlib.contextmanager
@@ -229,10 +263,12 @@ def enabled(groups: Iterable[str] | None = None) -> Iterator[bool]:
     Yields:
         Whether the targets are patched inside the block (see :func:`enable`).
     """
-    targets = _select(groups)
+    chosen = _groups(groups)
+    _settle_pending()
+    targets = _select(chosen)
     with _lock:
         before = {t.name for t in targets if t.name in _applied}
-    ok = enable(groups)
+    ok = enable(chosen)
     try:
         yield ok
     finally:
@@ -245,6 +281,8 @@ def enabled(groups: Iterable[str] | None = None) -> Iterator[bool]:
 def enabled_groups() -> set[str]:
     """The groups with at least one binding patched now (to put a state back after changing it)."""
     with _lock:
+        if not _applied:
+            return set()
         return {t.group for t in _select(None) if t.name in _applied}
 
 
@@ -255,18 +293,25 @@ def active_bindings() -> dict[str, Any]:
 
 
 def auto_enable() -> bool:
-    """What ``import tilemaxsim_plaid`` calls: enable everything unless the environment says no.
+    """What ``import tilemaxsim_plaid`` calls: patch everything unless the environment says no.
 
-    Importing colbert-ai here is deliberate: patching lazily on first use would miss code that
-    already holds colbert's functions. It reads the visible GPUs at import, so set
-    ``CUDA_VISIBLE_DEVICES`` before importing tilemaxsim_plaid, as before importing colbert.
+    If colbert-ai is imported already, it is patched at once. Otherwise nothing is imported:
+    an import hook (:mod:`tilemaxsim_plaid.plaid.import_hook`) patches colbert-ai as soon as
+    its package has finished importing, before any user code can hold its functions. colbert-ai
+    reads the visible GPUs when it is imported, so set ``CUDA_VISIBLE_DEVICES`` before that.
 
     Returns:
-        True when colbert-ai was patched.
+        True when colbert-ai was patched now; False when the patch waits for colbert-ai's
+        import (:func:`is_pending`), colbert-ai is missing, or ``TILEMAXSIM_PLAID_DISABLE`` is set.
     """
-    if os.environ.get(DISABLE_ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+    if environment.plugin_disabled():
         logger.info("%s is set: colbert-ai left unpatched", DISABLE_ENV_VAR)
         return False
-    if colbert_version() is None:
+    if COLBERT_PACKAGE in sys.modules:
+        return enable()
+    if importlib.util.find_spec(COLBERT_PACKAGE) is None:
         return False
-    return enable()
+    with _lock:
+        _pending.update(GROUPS)
+    import_hook.call_after_import(COLBERT_PACKAGE, _apply_pending)
+    return False

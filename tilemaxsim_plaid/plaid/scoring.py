@@ -16,6 +16,10 @@ candidates than ``ndocs`` (resp. ``ndocs // 4``). What differs on purpose: every
 (upstream GPU: fp16), and a negative per-token maximum is kept (upstream CPU floors it at 0).
 Nothing before the final transfer of the ranked list synchronises with the device, unless a
 ``filter_fn`` is given (it receives a compacted pid tensor, which needs the candidate count).
+
+The first query on an index logs one INFO line on the ``tilemaxsim_plaid`` logger saying that
+the plugin scores it and how (:func:`announce`); :func:`tilemaxsim_plaid.stats` counts queries,
+documents and fallbacks.
 """
 
 from __future__ import annotations
@@ -27,8 +31,13 @@ import numpy as np
 import torch
 
 from tilemaxsim_plaid.ops.packed_lists import packed_base, packed_views
-from tilemaxsim_plaid.plaid import backends, graphs
-from tilemaxsim_plaid.plaid.device_index import SHARDED_INDEX_ATTRIBUTE, DeviceIndex, device_index
+from tilemaxsim_plaid.plaid import backends, counters, environment, graphs
+from tilemaxsim_plaid.plaid.device_index import (
+    SHARDED_INDEX_ATTRIBUTE,
+    DeviceIndex,
+    device_index,
+    scoring_device,
+)
 
 __all__ = [
     "RankedCandidates",
@@ -37,9 +46,14 @@ __all__ = [
     "search_all_Q",
     "colbert_score_packed_exact",
     "rank_on_device",
+    "announce",
 ]
 
 logger = logging.getLogger(__name__)
+# The logger a user turns on to see that the plugin took over (a parent of this module's).
+takeover_logger = logging.getLogger("tilemaxsim_plaid")
+_ANNOUNCED_ATTRIBUTE = "_tilemaxsim_announced"
+_ALIGNED_QUERIES = "several aligned queries in one Q: scored by colbert-ai's own code"
 
 # colbert-ai starts every per-token maximum of the centroid interaction at -9999, so a
 # document with no code above the threshold scores -9999 * Lq: still a candidate, ranked last.
@@ -197,6 +211,29 @@ def _apply_filter(filter_fn, pids, valid, device):
     return filtered.to(device=device, dtype=torch.int64)
 
 
+def announce(scorer, index: DeviceIndex, num_query_tokens: int) -> None:
+    """Log once per device copy of ``scorer``'s index that the plugin scores it, and how."""
+    if scorer.__dict__.get(_ANNOUNCED_ATTRIBUTE) == index.source_key:
+        return
+    scorer.__dict__[_ANNOUNCED_ATTRIBUTE] = index.source_key
+    backend = backends.backend_for(index.device)
+    if backend == "triton" and backends._residual_kernel() is not None:
+        products = backends.resolved_products(index, num_query_tokens)[0]
+    else:
+        products = "fp32 (decompressed, then scored)"
+    takeover_logger.info(
+        "tilemaxsim_plaid scores PLAID index %s: device %s, backend %s, stage-4 products %s, "
+        "C=%d centroids, nbits=%d%s", getattr(scorer, "index_path", "(no path)"), index.device,
+        backend, products, index.centroids.shape[0], index.nbits,
+        ", sharded stage 4" if hasattr(scorer, SHARDED_INDEX_ATTRIBUTE) else "")
+
+
+def _device_index_checked(scorer) -> DeviceIndex:
+    """The scorer's device index, after every TILEMAXSIM_PLAID_* variable was checked."""
+    environment.check(scoring_device(scorer))
+    return device_index(scorer)
+
+
 def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandidates | None:
     """All of PLAID for one query, leaving the ranked list on the device.
 
@@ -210,8 +247,9 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
     Returns:
         The ranked candidates, or None when no candidate is left (empty ``pids`` or filter).
     """
-    index = device_index(scorer)
+    index = _device_index_checked(scorer)
     Q = _check_query(Q, index)
+    announce(scorer, index, Q.shape[0])
     sharded = getattr(scorer, SHARDED_INDEX_ATTRIBUTE, None)
     if pids is not None:
         candidates, valid = _as_pid_tensor(pids, index), None
@@ -245,10 +283,13 @@ def rank(original, self, config, Q, filter_fn=None, pids=None):
     """Replacement for ``IndexScorer.rank``: same arguments, same ``(pids, scores)`` lists."""
     if Q.dim() == 3 and Q.shape[0] != 1:
         # Several aligned queries: upstream's own contract (one query per passage); not ours.
+        counters.count_fallback(_ALIGNED_QUERIES)
         return original(self, config, Q, filter_fn=filter_fn, pids=pids)
     with torch.inference_mode():
         ranked = rank_on_device(self, config, Q, filter_fn=filter_fn, pids=pids)
-        return ([], []) if ranked is None else ranked.to_lists()
+        pids, scores = ([], []) if ranked is None else ranked.to_lists()
+    counters.count_search(len(pids))
+    return pids, scores
 
 
 def score_pids(original, self, config, Q, pids, centroid_scores):
@@ -259,9 +300,11 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     (upstream's aligned query/passage mode) is left to colbert-ai.
     """
     if Q.dim() == 3 and Q.shape[0] != 1:
+        counters.count_fallback(_ALIGNED_QUERIES)
         return original(self, config, Q, pids, centroid_scores)
-    index = device_index(self)
+    index = _device_index_checked(self)
     Q = _check_query(Q, index)
+    announce(self, index, Q.shape[0])
     candidates = _as_pid_tensor(pids, index) if not (
         isinstance(pids, torch.Tensor) and pids.device == index.device
     ) else pids.to(torch.int64)
@@ -270,6 +313,8 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
         centroid_scores = centroid_scores.to(device=index.device, dtype=torch.float32)
         candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, None)
     sharded = getattr(self, SHARDED_INDEX_ATTRIBUTE, None)
+    # The scored count stays on the device (read by stats()), so counting adds no sync.
+    counters.count_search(candidates.numel() if valid is None else valid.sum())
     if sharded is not None:
         ranked = _stage_4_sharded(sharded, Q, candidates, valid)
         return ranked.scores, ranked.pids.to(torch.int32)
@@ -320,6 +365,7 @@ def search_all_Q(original, self, queries, Q, k, filter_fn=None, qid_to_pids=None
             ]
             for qid, ranked in zip(batch, pending):
                 pids, scores = ([], []) if ranked is None else ranked.to_lists()
+                counters.count_search(len(pids))
                 results[qid] = list(zip(pids[:k], range(1, k + 1), scores[:k]))
 
     provenance = Provenance()
@@ -340,6 +386,8 @@ def colbert_score_packed_exact(original):
 
     def colbert_score_packed(Q, D_packed, D_lengths, config=ColBERTConfig()):
         if config.interaction != "colbert":
+            counters.count_fallback(f"colbert_score_packed with interaction={config.interaction!r}: "
+                                    f"scored by colbert-ai's own code")
             return original(Q, D_packed, D_lengths, config)
         device = torch.device("cuda") if config.total_visible_gpus > 0 else D_packed.device
         Q2 = Q.squeeze(0).to(device=device, dtype=torch.float32)
@@ -350,6 +398,8 @@ def colbert_score_packed_exact(original):
                 f"colbert_score_packed scores one query: Q [1, Lq, d], D_packed [T, d]; got "
                 f"Q {tuple(Q.shape)}, D_packed {tuple(D_packed.shape)}"
             )
+        environment.check(device)
+        counters.count_search(lengths.numel())
         if backends.backend_for(device) == "triton":
             from tilemaxsim_plaid.ops.dense import maxsim_packed
 

@@ -1,6 +1,6 @@
 """Every colbert-ai 0.2.22 binding the plugin changes, in one list.
 
-Each entry is a :class:`~tilemaxsim_plaid.plaid.registry.PatchTarget`; the registry applies
+Each entry is a :class:`~tilemaxsim_plaid.plaid.patch_target.PatchTarget`; the registry applies
 and reverts them, and patches/README.md lists the same sites. Extension stand-ins are set
 together with the class's ``loaded_extensions`` flag: colbert-ai's lazy loaders skip
 compiling only when that flag exists, and would otherwise overwrite the stand-ins.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from tilemaxsim_plaid.plaid import encoder_graphs, extensions, query_tokens, scoring, transformers_compat
-from tilemaxsim_plaid.plaid.registry import PatchTarget
+from tilemaxsim_plaid.plaid.patch_target import PatchTarget
 
 __all__ = ["TARGETS"]
 
