@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from experiments import harness, packed_read
+from . import harness, packed_read
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed, maxsim_padded
 

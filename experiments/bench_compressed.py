@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments import harness, residual_floors
-from experiments.bench import msmarco_like_lengths
+from . import harness, residual_floors
+from .bench import msmarco_like_lengths
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.pq import PQCodec
 from tilemaxsim_plaid.codecs.residual import (

@@ -1,6 +1,6 @@
 """Throughput of sharded MaxSim search from 1 GPU to all of them (strong scaling, one corpus).
 
-    torchrun --nproc_per_node=2 experiments/bench_distributed.py --out results/distributed
+    torchrun --nproc_per_node=2 -m experiments.bench_distributed --out results/distributed
 
 For each corpus kind (dense fp16 embeddings; colbert-ai residual codes, nbits = 2) and each world
 size w in --world-sizes (default 1 and the full world), ranks 0..w-1 form a group, each holds
@@ -19,19 +19,13 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import time
-from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a script (torchrun experiments/bench_distributed.py): make the repository importable.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from experiments import harness  # noqa: E402
-from tilemaxsim_plaid.distributed import (  # noqa: E402
+from . import harness
+from tilemaxsim_plaid.distributed import (
     DenseShard,
     ResidualShard,
     ShardedIndex,

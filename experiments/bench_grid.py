@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from experiments import bench, harness
+from . import bench, harness
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
 
@@ -587,7 +587,7 @@ def main(argv=None) -> Path | None:
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from experiments import plots_grid
+    from . import plots_grid
 
     if args.summary:
         for line in summary(plots_grid.merge_results(args.summary)):

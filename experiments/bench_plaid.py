@@ -362,7 +362,7 @@ def _equivalence(searcher, Qs, k, cuda):
 # --------------------------------------------------------------------------- rerank
 
 def _rerank(searcher, Q, sizes, cuda, stock_max=RERANK_SIZES[-1]):
-    from experiments.harness import graph_replay_ms, time_ms
+    from .harness import graph_replay_ms, time_ms
     from tilemaxsim_plaid.plaid import backends
     from tilemaxsim_plaid.plaid.device_index import device_index
 
@@ -668,7 +668,7 @@ def main(argv=None) -> int:
     if args.command == "prepare":
         print(json.dumps(prepare_bundle(pathlib.Path(args.out), args.passages)))
         return 0
-    from experiments.harness import write_results
+    from .harness import write_results
 
     rows = run_benchmark(args)
     path = write_results(rows, args.out, "plaid", meta={"argv": sys.argv if argv is None else argv})

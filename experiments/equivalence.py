@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from experiments import reproduce
+from . import reproduce
 
 TIE_TOLERANCE = 1e-4
 MAX_EXAMPLES = 20
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     parser.add_argument("--limit-queries", type=int, help="at most this many queries from --start-query")
     args = parser.parse_args(argv)
     result = run(args)
-    from experiments.harness import write_results
+    from .harness import write_results
 
     path = write_results(result["rows"], args.out, "equivalence",
                          meta={k: v for k, v in result.items() if k != "rows"} | {"argv": sys.argv})

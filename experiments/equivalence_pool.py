@@ -15,7 +15,7 @@ import json
 import pathlib
 import sys
 
-from experiments.harness import write_results
+from .harness import write_results
 
 # Fractions of queries; everything else in a row is a setting, a count or a list of examples.
 FRACTIONS = ("candidates_equal", "candidates_ties", "topk_exact", "topk_exact_ties",

@@ -209,7 +209,7 @@ SUITES = {
                          needs=("runs/wvgpu",)),
     "distributed": Suite("sharded search from 1 GPU to all of them (run on 2+ GPUs)", lambda work, opts: [
         Step("bench-distributed", (PY, "-m", "torch.distributed.run", "--nproc-per-node=gpu",
-                                   "experiments/bench_distributed.py", "--residual-size", "8GiB",
+                                   "-m", "experiments.bench_distributed", "--residual-size", "8GiB",
                                    "--out", str(work / "distributed")), 400)]),
     "before-after": Suite("headline rows of dense, compressed and PLAID for --before and this tree, "
                           "alternated", before_after, report=compare,

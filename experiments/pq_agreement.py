@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from experiments import harness
+from . import harness
 from tilemaxsim_plaid.codecs.pq import PQCodec
 
 SUBQUANTIZER_COUNTS = (16, 32, 64)

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from experiments import bench_plaid
+from . import bench_plaid
 
 
 def _sync():

@@ -25,11 +25,11 @@ import statistics
 
 import torch
 
-from experiments import harness
-from experiments.bench import CHECK_DOCS, Case, make_inputs, max_relative_error, reference_slice
-from experiments.bench_compressed import NBITS, make_index, queries
-from experiments.packed_read import expected_read, per_document_read
-from experiments.residual_floors import expected_floor, residual_floor
+from . import harness
+from .bench import CHECK_DOCS, Case, make_inputs, max_relative_error, reference_slice
+from .bench_compressed import NBITS, make_index, queries
+from .packed_read import expected_read, per_document_read
+from .residual_floors import expected_floor, residual_floor
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
 from tilemaxsim_plaid.ops.pq import maxsim_pq

@@ -29,8 +29,8 @@ import dataclasses
 
 import torch
 
-from experiments.bench_compressed import make_index, queries
-from experiments.harness import graph_replay_ms, time_ms
+from .bench_compressed import make_index, queries
+from .harness import graph_replay_ms, time_ms
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
 from tilemaxsim_plaid.plaid import backends
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex

@@ -12,7 +12,7 @@ import json
 import math
 import pathlib
 
-from experiments import plots
+from . import plots
 
 __all__ = ["write_report", "format_number"]
 

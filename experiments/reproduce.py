@@ -1119,7 +1119,7 @@ def _search_condition(experiment, condition, folder, limit_queries) -> None:
 
 def _provenance() -> dict:
     try:
-        from experiments.harness import provenance
+        from .harness import provenance
     except ImportError:  # the harness needs triton; a CPU box without it still records the rest
         import platform
 
@@ -1145,7 +1145,7 @@ def _ceilings(use_gpu: bool) -> dict | None:
     if not use_gpu:
         return None
     if not _CEILINGS:
-        from experiments.harness import measure_ceilings
+        from .harness import measure_ceilings
 
         _CEILINGS.update(measure_ceilings())
     return dict(_CEILINGS)
@@ -1252,7 +1252,7 @@ def run_evaluate(experiment: Experiment, *, dry_run=False) -> bool:
 
 
 def run_report(experiment: Experiment, *, dry_run=False) -> pathlib.Path:
-    from experiments import report
+    from . import report
 
     target = experiment.report_dir
     _log(f"[report] {target / 'report.md'} and plots")

@@ -64,7 +64,7 @@ EXPECTED = {
     },
     "distributed": {
         "bench-distributed": ["-m", "torch.distributed.run", "--nproc-per-node=gpu",
-                              "experiments/bench_distributed.py", "--residual-size", "8GiB", "--out",
+                              "-m", "experiments.bench_distributed", "--residual-size", "8GiB", "--out",
                               "W/distributed"],
     },
 }
@@ -111,7 +111,7 @@ def test_every_flag_is_one_its_script_defines():
     """The suites pass only flags the benchmark scripts' argparse defines (read from source)."""
     scripts = {"experiments.bench": "bench", "experiments.bench_compressed": "bench_compressed",
                "experiments.bench_plaid": "bench_plaid", "experiments.reproduce": "reproduce",
-               "experiments.equivalence": "equivalence", "experiments/bench_distributed.py": "bench_distributed"}
+               "experiments.equivalence": "equivalence", "experiments.bench_distributed": "bench_distributed"}
     opts = argparse.Namespace(before="/old", rounds=1, only=None)
     steps = [s for name in gpu_suite.SUITES for s in steps_of(name, opts)]
     checked = set()
