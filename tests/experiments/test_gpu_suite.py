@@ -33,7 +33,7 @@ EXPECTED = {
     "compressed": {
         "compressed-tests": [*PYTEST, "tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_pq.py",
                              "tests/kernels/test_maxsim_pq_mma.py", "tests/kernels/test_maxsim_pq_lut_shared.py",
-                             "tests/codecs", "-k", "not any_config"],
+                             "tests/codecs", "tests/ops", "-k", "not any_config"],
         "bench-compressed": ["-m", "experiments.bench_compressed", "--out", "W/compressed"],
     },
     "plaid": {
@@ -71,7 +71,7 @@ EXPECTED = {
 HEADLINE = {
     "dense": ["-m", "experiments.bench", "--no-sweeps", "--providers", "tilemaxsim", "--out", None],
     "compressed": ["-m", "experiments.bench_compressed", "--out", None],
-    "plaid": [*PLAID_RUN, "--out", None, *PLAID_TAIL, "--encoder-shapes", *RERANK],
+    "rerank": ["-m", "experiments.profile_rerank", "--sizes", "100000", "--num-docs", "1000000"],
 }
 
 
@@ -98,7 +98,7 @@ def test_suite_commands(name):
 def test_before_after_alternates_trees_per_benchmark_and_round():
     opts = argparse.Namespace(before="/old", rounds=2, only=None)
     steps = steps_of("before-after", opts)
-    assert [s.name for s in steps] == [f"{b}-{t}-{r}" for r in (1, 2) for b in ("dense", "compressed", "plaid")
+    assert [s.name for s in steps] == [f"{b}-{t}-{r}" for r in (1, 2) for b in ("dense", "compressed", "rerank")
                                        for t in ("before", "after")]
     for step in steps:
         bench, tree, r = step.name.split("-")
@@ -142,9 +142,9 @@ def test_list_and_dry_run(capsys):
 
 
 def test_only_keeps_matching_steps():
-    opts = argparse.Namespace(before=".before", rounds=1, only="plaid-*,dense-after-1")
-    assert [s.name for s in steps_of("before-after", opts)] == ["dense-after-1", "plaid-before-1",
-                                                              "plaid-after-1"]
+    opts = argparse.Namespace(before=".before", rounds=1, only="rerank-*,dense-after-1")
+    assert [s.name for s in steps_of("before-after", opts)] == ["dense-after-1", "rerank-before-1",
+                                                              "rerank-after-1"]
 
 
 def test_wheels_install_first_into_the_site(tmp_path):
@@ -264,15 +264,15 @@ def test_before_after_comparison_table(tmp_path):
                      {"suite": "compressed", "shape": "N=100k", "provider": "torch_decompress_score", "ms": 9.0}]
     write("before", "compressed", "bench_compressed.json", pq(0.200))
     write("after", "compressed", "bench_compressed.json", pq(0.202))
-    write("before", "plaid", "plaid.json", [{"suite": "rerank", "shape": "pids=100000 Lq=32",
-                                             "provider": "tilemaxsim", "ms": 1.2}])
+    (tmp_path / "rerank-before-1.log").write_text(
+        "== 100000 candidates, products fp16x2: 1.2000 ms from Python, 1.1 ms as a graph\n   12.0 us  kernel\n")
     table = gpu_suite.compare(tmp_path, argparse.Namespace(rounds=1)).splitlines()
     assert table[0].split() == ["bench", "row", "before", "ms", "after", "ms", "ratio"]
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert len(table) == 4  # only the headline providers
     assert rows["dense"][-6:] == ["0.4000", "0.5000", "1.250", ">", "3", "%"]
     assert rows["compressed"][-3:] == ["0.2000", "0.2020", "1.010"]
-    assert rows["plaid"][-3:] == ["1.2000", "-", "-"]  # after's run wrote nothing
+    assert rows["rerank"][-3:] == ["1.2000", "-", "-"]  # after's run wrote nothing
 
 
 def test_cli_runs_a_suite_into_one_bundle(tmp_path, fast_probe, monkeypatch, capsys):
