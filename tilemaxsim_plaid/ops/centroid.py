@@ -30,15 +30,16 @@ def _check(centroid_scores, codes, offsets, pids, keep, valid, validate):
             raise ValueError(
                 f"keep must have one entry per centroid ({num_centroids}), got {checks.describe(keep)}"
             )
-    if not validate:
-        checks.check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=device)
-        if pids is not None:
-            checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=device)
-    else:
-        checks.check_offsets(offsets, codes.numel(), device)
-        pids = checks.check_pids(pids, offsets.numel() - 1, device)
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= num_centroids):
-            raise ValueError(f"codes must lie in [0, {num_centroids}) (one row of centroid_scores each)")
+    checks.check_offsets_shape(offsets, device)
+    checks.pids_shape(pids, device)
+    if validate:
+        batch = checks.DataChecks()
+        batch.offsets(offsets, codes.numel())
+        batch.in_range("pids", pids, 0, offsets.numel() - 1)
+        batch.in_range("codes", codes, 0, num_centroids,
+                       f"[0, {num_centroids}) (one row of centroid_scores each)")
+        batch.run()
+        pids = checks.unit_stride(pids)
     num_slots = offsets.numel() - 1 if pids is None else pids.numel()
     if valid is not None:
         checks.check_tensor("valid", valid, dims=(1,), dtypes=(torch.bool,), device=device)
@@ -77,7 +78,8 @@ def centroid_interaction(
             kept token; such a document then scores ``unmatched * Lq`` instead of -inf (PLAID's
             -9999 per token). Unused slots stay -inf.
         validate: False skips the checks that read device values (pid and code ranges,
-            monotonic offsets), so the call does not synchronise with the host.
+            monotonic offsets); True reads them in one host sync, none for tensors checked
+            before unchanged (same object and version).
 
     Returns:
         [M] fp32 on ``centroid_scores.device``.

@@ -3,9 +3,17 @@
 Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, wrong
 contents) with the argument's name, what it got and what was expected. They run before any
 allocation so a bad call never launches a kernel.
+
+Checks of values (offsets non-decreasing, ids and lengths in range) read device data, which costs
+a host sync. :class:`DataChecks` gathers all of one call's into one small device tensor read back
+once, and remembers each tensor's result by identity and version (see :func:`_signature`), so a
+tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again.
 """
 
 from __future__ import annotations
+
+import collections
+import weakref
 
 import torch
 
@@ -55,7 +63,132 @@ def check_same_dtype(name: str, t: torch.Tensor, Q: torch.Tensor) -> None:
         raise TypeError(f"{name} must have Q's dtype {Q.dtype}, got {describe(t)}")
 
 
-def check_query_lengths(query_lengths, Q: torch.Tensor) -> None:
+# Tensors whose data checks are remembered, least recently used dropped first: an index's
+# document tensors and a few per-batch ones. Each entry holds a weak reference and a few ints.
+MAX_CACHED_TENSORS = 64
+
+# (kind, id(tensor)) -> (weak reference, signature, stats)
+_cache: collections.OrderedDict = collections.OrderedDict()
+
+
+def _signature(t: torch.Tensor):
+    """What must be unchanged for a remembered result to hold: the version counter (bumped by
+    every in-place write through torch, on any view of the storage), the data pointer, shape,
+    strides, dtype and device (a new tensor at a recycled id differs in one of them, and the
+    weak reference must still point at the same object). None for inference tensors, which have
+    no version counter: they are checked on every call."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    return (version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def host_read(t: torch.Tensor) -> list[int]:
+    """The one host sync of a call's data checks."""
+    return t.tolist()
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+def _range_stats(t: torch.Tensor) -> torch.Tensor:
+    lo, hi = torch.aminmax(t)
+    return torch.stack([lo, hi]).to(torch.int64)
+
+
+def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
+    """[first, last, number of decreasing steps, longest document]."""
+    if offsets.numel() == 1:
+        return torch.cat([offsets, offsets, offsets.new_zeros(2)])
+    steps = offsets[1:] - offsets[:-1]
+    return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
+
+
+_STATS = {"range": _range_stats, "offsets": _offsets_stats}
+
+
+class DataChecks:
+    """The value checks of one call: :meth:`add` them, then :meth:`run` reads every one not
+    remembered from an earlier call in one host sync (none when all are remembered), raises a
+    ``ValueError`` naming the argument for the first that fails, and returns each check's stats."""
+
+    def __init__(self):
+        self._items = []
+
+    def add(self, name: str, t, kind: str, judge) -> None:
+        """``judge(stats)`` raises for bad values; stats are those of ``_STATS[kind]`` (a list
+        of ints, empty for an empty range). None tensors are skipped."""
+        if t is not None:
+            self._items.append((name, t, kind, judge))
+
+    def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets") -> None:
+        self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name))
+
+    def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None) -> None:
+        """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message)."""
+        self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what))
+
+    def run(self) -> dict[str, list[int]]:
+        found, missing = {}, []
+        for name, t, kind, judge in self._items:
+            key = (kind, id(t))
+            entry = _cache.get(key)
+            sig = _signature(t)
+            if (entry is not None and sig is not None and entry[0]() is t
+                    and entry[1] == sig):
+                _cache.move_to_end(key)
+                found[name] = entry[2]
+            elif kind == "range" and t.numel() == 0:
+                found[name] = []
+            else:
+                missing.append((name, t, kind, sig))
+        if missing:
+            parts = [_STATS[kind](t) for _, t, kind, _ in missing]
+            values = host_read(torch.cat([p.reshape(-1).to(torch.int64) for p in parts]))
+            at = 0
+            for (name, t, kind, sig), part in zip(missing, parts):
+                found[name] = values[at:at + part.numel()]
+                at += part.numel()
+        # Judge in the order added, so the first bad argument is the one named; remember only
+        # what passed.
+        for name, t, kind, judge in self._items:
+            judge(found[name])
+        for name, t, kind, sig in missing:
+            if sig is not None:
+                _cache[(kind, id(t))] = (weakref.ref(t), sig, found[name])
+                _cache.move_to_end((kind, id(t)))
+                while len(_cache) > MAX_CACHED_TENSORS:
+                    _cache.popitem(last=False)
+        return found
+
+
+def _judge_offsets(stats, num_rows: int, name: str) -> None:
+    first, last, decreasing, _ = stats
+    if first < 0:
+        raise ValueError(f"{name}[0] must be >= 0, got {first}")
+    if decreasing:
+        raise ValueError(f"{name} must be non-decreasing ({name}[n+1] >= {name}[n])")
+    if last > num_rows:
+        raise ValueError(f"{name}[-1] = {last} is past the {num_rows} rows of the packed tensor")
+
+
+def _judge_range(stats, name: str, lo: int, hi: int, what) -> None:
+    if stats and (stats[0] < lo or stats[1] >= hi):
+        bound = what or f"[{lo}, {hi})"
+        raise ValueError(f"{name} must lie in {bound}, got values in [{stats[0]}, {stats[1]}]")
+
+
+def check_offsets_shape(offsets, device, name: str = "offsets") -> None:
+    """offsets: int64 [N+1] on ``device`` (no data read)."""
+    check_tensor(name, offsets, dims=(1,), dtypes=(torch.int64,), device=device)
+    if offsets.numel() < 1:
+        raise ValueError(f"{name} must have N+1 >= 1 entries ({name}[0] = 0)")
+
+
+def query_lengths_shape(query_lengths, Q: torch.Tensor) -> None:
+    """The checks of query_lengths that read no data."""
     if query_lengths is None:
         return
     if Q.dim() != 3:
@@ -65,44 +198,57 @@ def check_query_lengths(query_lengths, Q: torch.Tensor) -> None:
         raise ValueError(
             f"query_lengths must have B={Q.shape[0]} entries, got {describe(query_lengths)}"
         )
-    if query_lengths.numel() and (
-        int(query_lengths.min()) < 0 or int(query_lengths.max()) > Q.shape[1]
-    ):
-        raise ValueError(f"query_lengths must lie in [0, Lq={Q.shape[1]}]")
 
 
-def check_lengths(name: str, lengths, count: int, limit: int, device) -> None:
+def add_query_lengths(batch: DataChecks, query_lengths, Q: torch.Tensor) -> None:
+    """query_lengths (shape checked here) in [0, Lq], to be read with ``batch``."""
+    query_lengths_shape(query_lengths, Q)
+    batch.in_range("query_lengths", query_lengths, 0, Q.shape[1] + 1, f"[0, Lq={Q.shape[1]}]")
+
+
+def lengths_shape(name: str, lengths, count: int, device) -> None:
     if lengths is None:
         return
     check_tensor(name, lengths, dims=(1,), dtypes=INDEX_DTYPES, device=device)
     if lengths.numel() != count:
         raise ValueError(f"{name} must have {count} entries, got {describe(lengths)}")
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > limit):
-        raise ValueError(f"{name} must lie in [0, {limit}]")
+
+
+def pids_shape(pids, device) -> None:
+    if pids is not None:
+        check_tensor("pids", pids, dims=(1,), dtypes=INDEX_DTYPES, device=device)
+
+
+def check_query_lengths(query_lengths, Q: torch.Tensor) -> None:
+    batch = DataChecks()
+    add_query_lengths(batch, query_lengths, Q)
+    batch.run()
+
+
+def check_lengths(name: str, lengths, count: int, limit: int, device) -> None:
+    if lengths is None:
+        return
+    lengths_shape(name, lengths, count, device)
+    batch = DataChecks()
+    batch.in_range(name, lengths, 0, limit + 1, f"[0, {limit}]")
+    batch.run()
 
 
 def check_offsets(offsets, num_rows: int, device) -> None:
     """offsets: int64 [N+1], starting at 0, non-decreasing, ending at or before num_rows."""
-    check_tensor("offsets", offsets, dims=(1,), dtypes=(torch.int64,), device=device)
-    if offsets.numel() < 1:
-        raise ValueError("offsets must have N+1 >= 1 entries (offsets[0] = 0)")
-    if int(offsets[0]) < 0:
-        raise ValueError(f"offsets[0] must be >= 0, got {int(offsets[0])}")
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError("offsets must be non-decreasing (offsets[n+1] >= offsets[n])")
-    if int(offsets[-1]) > num_rows:
-        raise ValueError(
-            f"offsets[-1] = {int(offsets[-1])} is past the {num_rows} rows of the packed tensor"
-        )
+    check_offsets_shape(offsets, device)
+    batch = DataChecks()
+    batch.offsets(offsets, num_rows)
+    batch.run()
 
 
 def check_pids(pids, num_docs: int, device):
-    """pids: int32/int64 [M], every value in [0, num_docs). Returns an int64 contiguous copy."""
+    """pids: int32/int64 [M], every value in [0, num_docs). Returns pids with unit stride (the
+    kernels read either index dtype)."""
     if pids is None:
         return None
-    check_tensor("pids", pids, dims=(1,), dtypes=INDEX_DTYPES, device=device)
-    if pids.numel() and (int(pids.min()) < 0 or int(pids.max()) >= num_docs):
-        raise ValueError(
-            f"pids must lie in [0, {num_docs}), got values in [{int(pids.min())}, {int(pids.max())}]"
-        )
-    return pids.to(torch.int64).contiguous()
+    pids_shape(pids, device)
+    batch = DataChecks()
+    batch.in_range("pids", pids, 0, num_docs)
+    batch.run()
+    return unit_stride(pids)

@@ -347,7 +347,9 @@ def maxsim_pq(
             score normalized decoded vectors.
         query_lengths: optional int32/int64 [B] (3-D Q only).
         config: a fixed :class:`PQConfig`; None: ``MMA_DEFAULT`` or ``default_pq_config``.
-        validate: check values (offsets, pids, codes); these checks sync with the device.
+        validate: check values (offsets, pids, centroid_codes, query_lengths in range) with one
+            host sync per call, none when every checked tensor was checked before unchanged
+            (same object and version: an index's offsets and codes are read once).
 
     Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
     4-byte pairs). The other tensors are made contiguous here when they are not (a copy per call
@@ -393,15 +395,17 @@ def maxsim_pq(
         if inv_norms.shape[0] != num_tokens:
             raise ValueError(f"inv_norms must have T={num_tokens} entries, got {checks.describe(inv_norms)}")
     num_docs = offsets.numel() - 1
-    if pids is not None:
-        checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    checks.pids_shape(pids, Q.device)
+    checks.query_lengths_shape(query_lengths, Q)
     if validate:
-        checks.check_query_lengths(query_lengths, Q)
-        checks.check_offsets(offsets, num_tokens, Q.device)
-        pids = checks.check_pids(pids, num_docs, Q.device)
-        if centroid_codes is not None and centroid_codes.numel() and (
-                int(centroid_codes.min()) < 0 or int(centroid_codes.max()) >= centroids.shape[0]):
-            raise ValueError(f"centroid_codes must lie in [0, C={centroids.shape[0]})")
+        batch = checks.DataChecks()
+        checks.add_query_lengths(batch, query_lengths, Q)
+        batch.offsets(offsets, num_tokens)
+        batch.in_range("pids", pids, 0, num_docs)
+        if centroid_codes is not None:
+            batch.in_range("centroid_codes", centroid_codes, 0, centroids.shape[0],
+                           f"[0, C={centroids.shape[0]})")
+        batch.run()
     pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms, query_lengths = (
         None if x is None else x.contiguous()
         for x in (pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,

@@ -531,7 +531,9 @@ def maxsim_residual(
             residual weights' rounding to fp16 leaves about 1e-5 per score (tf32x3: about 1e-6),
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
         config: a fixed :class:`ResidualConfig`.
-        validate: check values (offsets, pids, codes in range); these checks sync with the device.
+        validate: check values (offsets, pids, codes, query_lengths in range) with one host
+            sync per call, none when every checked tensor was checked before unchanged (same
+            object and version: an index's offsets and codes are read once).
 
     Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
     tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
@@ -543,14 +545,15 @@ def maxsim_residual(
     """
     check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights, nbits, inv_norms)
     num_docs = offsets.numel() - 1
-    if pids is not None:
-        checks.check_tensor("pids", pids, dims=(1,), dtypes=checks.INDEX_DTYPES, device=Q.device)
+    checks.pids_shape(pids, Q.device)
+    checks.query_lengths_shape(query_lengths, Q)
     if validate:
-        checks.check_query_lengths(query_lengths, Q)
-        checks.check_offsets(offsets, codes.shape[0], Q.device)
-        pids = checks.check_pids(pids, num_docs, Q.device)
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
-            raise ValueError(f"codes must lie in [0, C={centroids.shape[0]})")
+        batch = checks.DataChecks()
+        checks.add_query_lengths(batch, query_lengths, Q)
+        batch.offsets(offsets, codes.shape[0])
+        batch.in_range("pids", pids, 0, num_docs)
+        batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})")
+        batch.run()
     # The kernel reads Q, centroids and residual rows through their strides (rows read whole
     # need stride 1 within a row); the 1-D tensors by element.
     offsets, pids, codes = checks.unit_stride(offsets), checks.unit_stride(pids), checks.unit_stride(codes)

@@ -1,0 +1,230 @@
+"""validate=True: every value check of a public op, one host sync per call for what is new and
+none for tensors checked before unchanged (ops/checks.py DataChecks). Kernels are stubbed out:
+these tests are about the host side; exactness is tests/kernels/."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.conftest import ON_GPU
+from tests.kernels.test_maxsim_pq import random_pq_index
+from tests.kernels.test_maxsim_residual import NUM_CENTROIDS, random_index, unit_queries
+from tilemaxsim_plaid.ops import checks, dense, pq, residual
+
+LENGTHS = [3, 5, 1, 4]
+B, LQ = 2, 8
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    checks.clear_cache()
+    yield
+    checks.clear_cache()
+
+
+@pytest.fixture
+def stub_kernels(monkeypatch):
+    """Each op's launch returns zeros of the output's shape: no kernel runs."""
+    def zeros(Q3, num_out):
+        return torch.zeros(Q3.shape[0], num_out, device=Q3.device)
+
+    monkeypatch.setattr(dense, "_launch", lambda Q3, D, **kw: zeros(Q3, kw["num_out_docs"]))
+    monkeypatch.setattr(residual, "_launch", lambda Q3, *args: zeros(Q3, args[9]))
+    monkeypatch.setattr(pq, "_launch", lambda Q3, *args: zeros(Q3, args[8]))
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the reads of device values by the host: checks.host_read (one tensor read back
+    whole) and aten._local_scalar_dense (int(t), bool(t), t.item())."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.reads = 0
+        real = checks.host_read
+
+        def counted(t):
+            self.reads += 1
+            return real(t)
+
+        monkeypatch.setattr(checks, "host_read", counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _offsets(lengths, device):
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    return offsets.to(device)
+
+
+def make(op, device):
+    """(call(tensors, **kwargs), tensors): tensors holds every argument by name."""
+    q16 = lambda dim: torch.randn(B, LQ, dim).to(torch.float16).to(device)  # noqa: E731
+    common = dict(pids=torch.tensor([3, 0, 2], device=device),
+                  query_lengths=torch.tensor([LQ, 3], device=device))
+    if op == "packed":
+        offsets = _offsets(LENGTHS, device)
+        t = dict(Q=q16(64), D=torch.randn(sum(LENGTHS), 64).half().to(device), offsets=offsets,
+                 **common)
+        return (lambda t, **kw: dense.maxsim_packed(t["Q"], t["D"], t["offsets"], t["pids"],
+                                                    query_lengths=t["query_lengths"], **kw)), t
+    if op == "padded":
+        t = dict(Q=q16(64), D=torch.randn(4, 6, 64).half().to(device),
+                 doc_lengths=torch.tensor([6, 0, 2, 5], device=device),
+                 query_lengths=common["query_lengths"])
+        return (lambda t, **kw: dense.maxsim_padded(t["Q"], t["D"], t["doc_lengths"],
+                                                    t["query_lengths"], **kw)), t
+    if op == "residual":
+        t = dict(random_index(device, 128, 2, lengths=LENGTHS), Q=unit_queries(B, LQ, 128,
+                                                                                torch.float16,
+                                                                                device), **common)
+        return (lambda t, **kw: residual.maxsim_residual(
+            t["Q"], t["codes"], t["residuals"], t["offsets"], t["centroids"], t["bucket_weights"],
+            2, t["pids"], query_lengths=t["query_lengths"], **kw)), t
+    assert op == "pq"
+    index = {k: v.to(device) for k, v in random_pq_index(device, 64, 16, lengths=LENGTHS,
+                                                          num_centroids=8).items()}
+    t = dict(index, Q=q16(64), **common)
+    return (lambda t, **kw: pq.maxsim_pq(
+        t["Q"], t["pq_codes"], t["offsets"], t["codebooks"], t["pids"],
+        centroid_codes=t["centroid_codes"], centroids=t["centroids"], inv_norms=t["inv_norms"],
+        query_lengths=t["query_lengths"], **kw)), t
+
+
+OPS = ("packed", "padded", "residual", "pq")
+
+
+def _set(t, i, value):
+    t = t.clone()
+    t[i] = value
+    return t
+
+
+# (ops, argument, bad value from the good tensors)
+BAD = [
+    (("packed", "residual", "pq"), "offsets", lambda t: _set(t["offsets"], 2, 1)),  # decreasing
+    (("packed", "residual", "pq"), "offsets", lambda t: _set(t["offsets"], 0, -1)),
+    (("packed", "residual", "pq"), "offsets", lambda t: _set(t["offsets"], -1, 99)),  # past T
+    (("packed", "residual", "pq"), "pids", lambda t: _set(t["pids"], 1, len(LENGTHS))),
+    (("packed", "residual", "pq"), "pids", lambda t: _set(t["pids"], 1, -1)),
+    (OPS, "query_lengths", lambda t: _set(t["query_lengths"], 1, LQ + 1)),
+    (OPS, "query_lengths", lambda t: _set(t["query_lengths"], 0, -1)),
+    (("padded",), "doc_lengths", lambda t: _set(t["doc_lengths"], 3, 7)),
+    (("padded",), "doc_lengths", lambda t: _set(t["doc_lengths"], 3, -1)),
+    (("residual",), "codes", lambda t: _set(t["codes"], 4, NUM_CENTROIDS)),
+    (("residual",), "codes", lambda t: _set(t["codes"], 4, -1)),
+    (("pq",), "centroid_codes", lambda t: _set(t["centroid_codes"], 4, 8)),
+]
+BAD_CASES = [pytest.param(op, name, bad, id=f"{op}-{name}-{i}")
+             for i, (ops, name, bad) in enumerate(BAD) for op in ops]
+
+
+@pytest.mark.parametrize("op,name,bad", BAD_CASES)
+def test_bad_values_raise_naming_the_argument(device, stub_kernels, op, name, bad):
+    call, t = make(op, device)
+    call(t)  # the good tensors pass (and are remembered)
+    with pytest.raises(ValueError, match=name):
+        call(dict(t, **{name: bad(t)}))  # a new tensor at the same shape is read
+    call(t)
+
+
+@pytest.mark.parametrize("op,name,bad", BAD_CASES)
+def test_in_place_change_is_checked_again(device, stub_kernels, op, name, bad):
+    """A remembered tensor written in place (its version bumps) is read again, also when the
+    write goes through another view of its storage."""
+    call, t = make(op, device)
+    call(t)
+    t[name].copy_(bad(t))
+    with pytest.raises(ValueError, match=name):
+        call(t)
+    t = make(op, device)[1]
+    base = torch.stack([t[name], t[name]])
+    t[name] = base[0]
+    call(t)
+    base[0].copy_(bad(t))  # another view: the version counter is the storage's
+    with pytest.raises(ValueError, match=name):
+        call(t)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_one_sync_per_call_and_none_for_unchanged_tensors(device, stub_kernels, monkeypatch, op):
+    call, t = make(op, device)
+    with SyncCounter(monkeypatch) as counter:
+        call(t)
+        assert counter.reads == 1  # every check of the call in one read
+        call(t)
+        call(t)
+        assert counter.reads == 1  # all remembered: no read
+        call(dict(t, query_lengths=t["query_lengths"].clone()))
+        assert counter.reads == 2  # only the new tensor is read
+        call(t, validate=False)
+        assert counter.reads == 2
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_validate_false_reads_nothing(device, stub_kernels, monkeypatch, op):
+    call, t = make(op, device)
+    with SyncCounter(monkeypatch) as counter:
+        call(t, validate=False)
+    assert counter.reads == 0
+
+
+def test_remembered_stats_judged_against_each_call(device, stub_kernels):
+    """A cached pid list is judged again against the documents of each call (no read)."""
+    call, t = make("packed", device)
+    call(t)
+    with pytest.raises(ValueError, match="pids"):
+        call(dict(t, offsets=t["offsets"][:3]))  # two documents: pid 3 is out of range
+
+
+def test_inference_tensors_are_checked_every_call(device, stub_kernels, monkeypatch):
+    """Inference tensors have no version counter: never remembered, always read."""
+    with torch.inference_mode():
+        call, t = make("packed", device)
+    with SyncCounter(monkeypatch) as counter:
+        call(t)
+        call(t)
+    assert counter.reads == 2
+
+
+def test_cache_is_bounded_and_holds_no_tensor(device):
+    tensors = [torch.arange(4, device=device) for _ in range(checks.MAX_CACHED_TENSORS + 10)]
+    for x in tensors:
+        checks.check_pids(x, 4, device)
+    assert len(checks._cache) == checks.MAX_CACHED_TENSORS
+    probe = torch.arange(4, device=device)
+    checks.check_pids(probe, 4, device)
+    ref = checks._cache[("range", id(probe))][0]
+    del probe
+    assert ref() is None  # a weak reference: the cache keeps no tensor alive
+
+
+def test_recycled_id_is_not_trusted(device):
+    """A remembered entry whose weak reference is dead (the id reused by a new tensor) is read
+    again, even with the same shape and version."""
+    good = torch.arange(4, device=device)
+    checks.check_pids(good, 4, device)
+    key = ("range", id(good))
+    entry = checks._cache.pop(key)
+    bad = torch.tensor([0, 1, 2, 9], device=device)
+    checks._cache[("range", id(bad))] = entry  # as if bad had been born at good's id
+    with pytest.raises(ValueError, match="pids"):
+        checks.check_pids(bad, 4, device)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
+@pytest.mark.parametrize("op", OPS)
+def test_no_device_sync_for_remembered_tensors_on_gpu(device, op):
+    call, t = make(op, device)
+    call(t)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call(t)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
