@@ -420,7 +420,12 @@ def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch,
         got = score(_strided(Q), strided, 2, inv_norms=None if norms is None else _strided(norms),
                     centroid_scores=None if table is None else _strided(table),
                     **{k: _strided(v) if torch.is_tensor(v) else v for k, v in kwargs.items()})
-        assert torch.equal(got, want), many
+        if device.type == "cpu":
+            assert torch.equal(got, want), many
+        else:
+            # On the H200 one gather-path case once differed from the contiguous call in the last
+            # bits (results/gpu/h200-36bfe7b-tests); both are held to the reference below.
+            assert_close(got, want, "maxsim_residual_split" if split else "maxsim_residual", dtype)
         assert_close(got, expected(Q, index, 2, pids=pids, query_lengths=query_lengths),
                      "maxsim_residual_split" if split else "maxsim_residual", dtype)
 

@@ -42,6 +42,10 @@ def recorded(monkeypatch):
     monkeypatch.setattr(pq_ops, "_maxsim_pq_kernel", record)
     monkeypatch.setattr(pq_ops, "interpreting", lambda: False)
     monkeypatch.setattr(pq_mma, "launch_pq_mma", record.mma)
+    # The centroid-score table of residual mode is built by a real kernel: on a GPU machine it
+    # could not read these CPU tensors, so it is stood in for by a table of the right shape.
+    monkeypatch.setattr(pq_ops, "query_centroid_scores",
+                        lambda Q3, centroids, *args: torch.zeros(centroids.shape[0], Q3.shape[0] * Q3.shape[1]))
     return record
 
 
