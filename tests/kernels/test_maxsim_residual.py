@@ -424,7 +424,7 @@ def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch,
             assert torch.equal(got, want), many
         else:
             # On the H200 one gather-path case once differed from the contiguous call in the last
-            # bits (results/gpu/h200-36bfe7b-tests); both are held to the reference below.
+            # bits (results/gpu/h200-498c887-tests); both are held to the reference below.
             assert_close(got, want, "maxsim_residual_split" if split else "maxsim_residual", dtype)
         assert_close(got, expected(Q, index, 2, pids=pids, query_lengths=query_lengths),
                      "maxsim_residual_split" if split else "maxsim_residual", dtype)
