@@ -468,11 +468,11 @@ def _count_syncs(searcher, Q, k, text) -> dict:
     """Host syncs inside the patched search before the final transfer of its ranked list, and
     inside the patched ``Searcher.encode`` of one query, with where each happens."""
     from tilemaxsim_plaid.plaid import registry
-    from tilemaxsim_plaid.plaid.scoring import _fill_search_knobs, rank_on_device
+    from tilemaxsim_plaid.plaid.scoring import fill_search_knobs, rank_on_device
 
     registry.enable()
     searcher.configure(ncells=None, centroid_score_threshold=None, ndocs=None)
-    _fill_search_knobs(searcher, k)
+    fill_search_knobs(searcher, k)
     Q = Q.cuda()  # the query's upload is not part of what is counted
     rank_on_device(searcher.ranker, searcher.config, Q[None])  # warm: builds the device index
     searcher.encode(text)  # warm: captures the encoder graph

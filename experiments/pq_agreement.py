@@ -78,12 +78,12 @@ class TokenEncoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModel, AutoTokenizer
 
-        from tilemaxsim_plaid.plaid.checkpoint import _fixed_projection, minilm_model_dir
+        from tilemaxsim_plaid.plaid.checkpoint import fixed_projection, minilm_model_dir
 
         source = minilm_model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         self.model = AutoModel.from_pretrained(source).to(device).eval()
-        self.projection = _fixed_projection(DIM).to(device)  # [128, 384]
+        self.projection = fixed_projection(DIM).to(device)  # [128, 384]
         self.device = device
 
     @torch.inference_mode()

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("colbert", reason="colbert-ai is not installed (pip install .[colbert])")
 
-from tilemaxsim_plaid.plaid.checkpoint import _fixed_projection, build_minilm_checkpoint  # noqa: E402
+from tilemaxsim_plaid.plaid.checkpoint import fixed_projection, build_minilm_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.colbert
 
@@ -26,13 +26,13 @@ def test_projection_survives_reload(tiny_plaid_index):
     first = _linear_weight(tiny_plaid_index.checkpoint_path)
     second = _linear_weight(tiny_plaid_index.checkpoint_path)
     assert torch.equal(first, second)
-    assert torch.equal(first, _fixed_projection(tiny_plaid_index.dim))
+    assert torch.equal(first, fixed_projection(tiny_plaid_index.dim))
     rows = first @ first.T
     torch.testing.assert_close(rows, torch.eye(tiny_plaid_index.dim), rtol=0, atol=1e-5)
 
 
 def test_full_width_is_the_identity_and_bad_dims_are_rejected(tmp_path):
-    assert torch.equal(_fixed_projection(384), torch.eye(384))
+    assert torch.equal(fixed_projection(384), torch.eye(384))
     for dim in (0, 100, 400):
         with pytest.raises(ValueError, match="dim"):
             build_minilm_checkpoint(tmp_path / str(dim), dim=dim)

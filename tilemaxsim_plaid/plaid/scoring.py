@@ -46,6 +46,7 @@ __all__ = [
     "search_all_Q",
     "colbert_score_packed_exact",
     "rank_on_device",
+    "fill_search_knobs",
     "announce",
 ]
 
@@ -322,7 +323,7 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     return scores, candidates.to(torch.int32)
 
 
-def _fill_search_knobs(searcher, k: int) -> None:
+def fill_search_knobs(searcher, k: int) -> None:
     """The defaults Searcher.dense_search fills in for k (only knobs still None; they then stick)."""
     if k <= 10:
         defaults = dict(ncells=1, centroid_score_threshold=0.5, ndocs=256)
@@ -353,7 +354,7 @@ def search_all_Q(original, self, queries, Q, k, filter_fn=None, qid_to_pids=None
     qids = list(queries.keys())
     if qid_to_pids is None:
         qid_to_pids = {qid: None for qid in qids}
-    _fill_search_knobs(self, k)
+    fill_search_knobs(self, k)
     results = {}
     with torch.inference_mode():
         for first in range(0, len(qids), QUERIES_PER_TRANSFER):
