@@ -179,3 +179,66 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
           validate=False)
     (_, kwargs), = kernel.launches
     assert {k: kwargs[k] for k in want} == want
+
+
+def _index_at(num_centroids, device, dim=128, nbits=2):
+    """A small index whose codes span num_centroids centroids (one row, broadcast: no memory)."""
+    index = random_index(device, dim, nbits, lengths=[3, 4, 2])
+    index["centroids"] = index["centroids"][:1].expand(num_centroids, dim)
+    index["codes"] = torch.randint(0, num_centroids, index["codes"].shape, dtype=torch.int32,
+                                   device=device)
+    return index
+
+
+@pytest.mark.parametrize("dtype,table_path,element_size", [
+    pytest.param(torch.float16, True, 2, id="fp16-table-fits-at-2-bytes"),
+    pytest.param(torch.float32, False, 4, id="fp32-judged-at-4-bytes"),
+])
+def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, dtype, table_path,
+                                             element_size):
+    """C = 2**18 and 32 query rows: the fp16 table (16 MiB) fits MAX_CENTROID_TABLE_BYTES and is
+    taken; an fp32 table (32 MiB) does not: centroid rows are gathered, and that is logged once."""
+    kernel = RecordingKernel()
+    built = []
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    monkeypatch.setattr(residual, "MANY_DOCS", 2)
+    monkeypatch.setattr(residual, "_logged_no_table", set())
+    monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32: (
+        built.append(dt) or torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1], dtype=dt)))
+    C, rows = 1 << 18, 32
+    assert residual.centroid_table_fits(C, rows, 2)
+    assert not residual.centroid_table_fits(C, rows, 4)
+    assert not residual.centroid_table_fits(C, rows)  # the default is fp32
+    index = _index_at(C, device)
+    Q = unit_queries(1, rows, 128, dtype, device)
+    inv_norms = torch.ones(index["codes"].shape[0], device=device)
+    with caplog.at_level("INFO", logger=residual.__name__):
+        for _ in range(2):
+            score(Q, index, 2, inv_norms=inv_norms)
+    (_, kwargs), _ = kernel.launches
+    assert kwargs["CENTROID_TABLE"] is table_path
+    if table_path:
+        assert built == [torch.float16] * 2
+        assert kwargs["DECODE_GROUP"] == 0  # the permute decoder of the fp16 default
+        assert not caplog.records
+    else:
+        assert built == []
+        assert kwargs["DECODE_GROUP"] == 2
+        (record,) = caplog.records  # once, not per call
+        message = record.getMessage()
+        assert f"C={C}" in message and f"B*Lq={rows}" in message and "4-byte" in message
+        assert "32.0 MiB" in message and "gathering centroid rows" in message
+
+
+def test_caller_table_judged_at_its_own_bytes(device, monkeypatch):
+    """A caller's fp16 table is judged at 2 bytes per entry."""
+    kernel = RecordingKernel()
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    C, rows = 1 << 18, 32
+    index = _index_at(C, device)
+    Q = unit_queries(1, rows, 128, torch.float16, device)
+    inv_norms = torch.ones(index["codes"].shape[0], device=device)
+    table = torch.zeros(C, rows, dtype=torch.float16, device=device)
+    score(Q, index, 2, inv_norms=inv_norms, centroid_scores=table)
+    (_, kwargs), = kernel.launches
+    assert kwargs["CENTROID_TABLE"] is True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import torch
 import triton
@@ -23,6 +24,8 @@ from tilemaxsim_plaid.ops.launch import (
     launch_in_query_chunks,
 )
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_residual",
            "query_centroid_scores", "split_query_centroid_scores"]
 
@@ -32,9 +35,11 @@ __all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
-# The per-query centroid table S = centroids @ Q^T (fp32) is gathered once per token; it pays off
-# while it stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes).
-# Above this size the kernel gathers centroid rows instead (256 B per token at d = 128).
+# The per-query centroid table S = centroids @ Q^T is gathered once per token (one row of B*Lq
+# entries, in the dtype it is built in: fp16 for fp16 queries, else fp32); it pays off while it
+# stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes), so it may take
+# under half of it. Above this size the kernel gathers centroid rows instead (256 B per token at
+# d = 128) and decodes with the pair table: centroid_table_fits is the one place this is judged.
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 # Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
 TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
@@ -73,7 +78,8 @@ class ResidualConfig:
         queries_per_block: queries stacked into one tensor-core product.
         docs_per_program: documents one program walks (amortises its query block and weights).
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
-            False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES.
+            False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES in
+            the dtype it is built in (fp16 with half_table), else gather (logged once).
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension) or
             "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
             4-byte aligned residual rows, 16-bit products only). Byte-unit rows in chunks
@@ -303,15 +309,35 @@ def split_query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor
     return out, head, tail
 
 
-def centroid_table_fits(num_centroids: int, num_rows: int) -> bool:
-    """Whether a [C, rows] fp32 centroid-score table is small enough for the table path (see
-    MAX_CENTROID_TABLE_BYTES); the default configuration gathers centroid rows otherwise."""
-    return num_centroids * num_rows * 4 <= MAX_CENTROID_TABLE_BYTES
+def centroid_table_fits(num_centroids: int, num_rows: int, element_size: int = 4) -> bool:
+    """Whether a [C, rows] centroid-score table of ``element_size``-byte entries (4: fp32, 2:
+    fp16) is small enough for the table path (see MAX_CENTROID_TABLE_BYTES); the default
+    configuration gathers centroid rows otherwise."""
+    return num_centroids * num_rows * element_size <= MAX_CENTROID_TABLE_BYTES
 
 
-def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int) -> bool:
+# (C, rows, bytes per entry) already logged as too big for the table path.
+_logged_no_table: set[tuple[int, int, int]] = set()
+
+
+def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int,
+               element_size: int = 4) -> bool:
     if cfg.centroid_table is None:
-        return inv_norms is not None and centroid_table_fits(num_centroids, num_rows)
+        if inv_norms is None:
+            return False
+        if centroid_table_fits(num_centroids, num_rows, element_size):
+            return True
+        key = (num_centroids, num_rows, element_size)
+        if key not in _logged_no_table:
+            _logged_no_table.add(key)
+            logger.warning(
+                "maxsim_residual: the centroid-score table [C=%d, B*Lq=%d] of %d-byte entries "
+                "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB): gathering centroid rows "
+                "with the pair decoder instead (slower); score fewer query rows per call to "
+                "keep the table path", num_centroids, num_rows, element_size,
+                num_centroids * num_rows * element_size / 2**20,
+                MAX_CENTROID_TABLE_BYTES / 2**20)
+        return False
     if cfg.centroid_table and inv_norms is None:
         raise ValueError(
             "config.centroid_table=True needs inv_norms (codecs.residual_inverse_norms): the "
@@ -344,14 +370,17 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     half_default = builds_table and Q3.dtype == torch.float16 and inv_norms is not None
     cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
                                             half_default)
+    half_table = half_default if cfg.half_table is None else cfg.half_table
+    # The table is judged at the bytes of the dtype it is used in.
+    table_bytes = (centroid_scores.element_size() if centroid_scores is not None
+                   else 2 if half_table else 4)
     if config is None and cfg.decode == "permute" and not (
             _permute_applies(Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim))
-            and _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)):
+            and _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes)):
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
         cfg = dataclasses.replace(cfg, decode="pairs")
-    half_table = half_default if cfg.half_table is None else cfg.half_table
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
                          f"centroid_scores, no split_query); got {Q3.dtype} queries")
@@ -376,7 +405,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
-    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq)
+    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes)
     scores_table = None
     Q_lo = None
     if use_table and centroid_scores is not None:
