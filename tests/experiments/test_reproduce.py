@@ -121,6 +121,62 @@ def test_bad_configs_are_refused_naming_the_field(tmp_path, broken, message):
         load_config(_write_config(tmp_path, config))
 
 
+@pytest.mark.parametrize("broken, message", [
+    pytest.param({"dataset": {**TINY["dataset"], "max_pasages": 3}},
+                 "unknown key 'max_pasages' in 'dataset'; did you mean 'max_passages'", id="misspelt-dataset"),
+    pytest.param({"serach": {}}, "unknown key 'serach' in the top level; did you mean 'search'", id="misspelt-top"),
+    pytest.param({"conditions": [{"name": "a", "plaid": {"k": 10, "ndoc": 5}}]},
+                 r"condition #0 \('a'\): 'plaid'; did you mean 'ndocs'", id="misspelt-knob"),
+    pytest.param({"conditions": [{"name": "a", "plaid": {"k": 10}, "expected": {"patch": {}}}]},
+                 "did you mean 'patched'", id="misspelt-expected"),
+    pytest.param({"search": ["device"]}, "'search' must be a mapping", id="not-a-mapping"),
+])
+def test_unknown_keys_are_named_with_the_closest_valid_one(tmp_path, broken, message):
+    with pytest.raises(reproduce.ConfigError, match=message):
+        load_config(_write_config(tmp_path, {**TINY, **broken}))
+
+
+def test_yaml_errors_and_missing_configs_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(reproduce.ConfigError, match=f"{bad}: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(reproduce.ConfigError, match="no such config file.*shipped: .*wiki-vital-cpu"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_shipped_configs_load_by_name():
+    assert reproduce.resolve_config("wiki-vital-cpu") == REPO / "configs" / "wiki-vital-cpu.yaml"
+    assert reproduce.resolve_config("wiki-vital-cpu.yaml") == REPO / "configs" / "wiki-vital-cpu.yaml"
+    assert load_config("wiki-vital-cpu").name == "wiki-vital-cpu"
+
+
+def test_cli_reports_a_config_mistake_in_one_line_with_status_2(tmp_path, capsys):
+    from tilemaxsim_plaid import cli
+
+    path = _write_config(tmp_path, {**TINY, "dataset": {**TINY["dataset"], "max_pasages": 3}})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["reproduce", str(path), "--dry-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'max_passages'" in err and "Traceback" not in err
+
+
+def test_cli_version_help_and_unknown_command(capsys):
+    from tilemaxsim_plaid import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("tilemaxsim-plaid ")
+    assert cli.main([]) == 0
+    listing = capsys.readouterr().out
+    assert [command for command in cli.COMMANDS if command not in listing] == []
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bogus"])
+    assert exit_info.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
 def test_reusing_a_folder_made_from_other_settings_is_an_error(tmp_path):
     folder = tmp_path / "made"
     reproduce._write_manifest(folder, {"a": 1})
