@@ -8,6 +8,14 @@ Checks of values (offsets non-decreasing, ids and lengths in range) read device 
 a host sync. :class:`DataChecks` gathers all of one call's into one small device tensor read back
 once, and remembers each tensor's result by identity and version (see :func:`_signature`), so a
 tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again.
+
+NaN policy: torch's float64 semantics give NaN to exactly the scores a NaN touches; the kernels'
+max does not propagate NaN, so with ``validate=True`` every op refuses a NaN or inf in its
+document-side float inputs (D, centroids, bucket_weights, inv_norms, codebooks, centroid_scores,
+and D_packed's rows before offsets[-1] when every document is scored) with a ValueError, checked
+once per tensor like the other value checks. Not checked yet, so outside the exactness guarantee
+until the kernels propagate NaN through their maxima: the query Q (a host sync on every call),
+and D_packed with pids (only the scored documents' rows matter, which differ per call).
 """
 
 from __future__ import annotations
@@ -106,7 +114,21 @@ def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
     return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
 
 
-_STATS = {"range": _range_stats, "offsets": _offsets_stats}
+def _finite_stats(t: torch.Tensor) -> torch.Tensor:
+    """[1] if every value is finite, else [0] (min and max propagate NaN; no copy of t)."""
+    return torch.isfinite(torch.stack(torch.aminmax(t))).all().reshape(1)
+
+
+def _first_nonfinite_row_stats(t: torch.Tensor) -> torch.Tensor:
+    """[index of the first row of a 2-D t holding a NaN or inf], or [rows] when there is none."""
+    lo, hi = torch.aminmax(t, dim=-1)
+    bad = ~(torch.isfinite(lo) & torch.isfinite(hi))
+    rows = torch.arange(t.shape[0], device=t.device)
+    return torch.where(bad, rows, t.shape[0]).min().reshape(1)
+
+
+_STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_stats,
+          "finite_rows": _first_nonfinite_row_stats}
 
 
 class DataChecks:
@@ -130,6 +152,25 @@ class DataChecks:
         """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message)."""
         self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what))
 
+    def finite(self, name: str, t) -> None:
+        """No NaN or inf anywhere in ``t`` (the NaN policy: module docstring)."""
+        def judge(stats):
+            if not stats[0]:
+                raise ValueError(f"{name} holds NaN or inf values; validate=True refuses "
+                                 f"non-finite inputs ({describe(t)})")
+        self.add(name, t, "finite", judge)
+
+    def finite_rows(self, name: str, t, offsets_name: str = "offsets") -> None:
+        """No NaN or inf in the rows of a packed ``t`` before ``offsets[-1]`` (rows past the last
+        document are never read: PLAID keeps uninitialised ones); add after the offsets."""
+        def judge(stats):
+            last = self.found[offsets_name][1]
+            if stats[0] < last:
+                raise ValueError(f"{name} row {stats[0]} (of a document, before "
+                                 f"{offsets_name}[-1] = {last}) holds NaN or inf values; "
+                                 f"validate=True refuses non-finite inputs")
+        self.add(name, t, "finite_rows", judge)
+
     def run(self) -> dict[str, list[int]]:
         found, missing = {}, []
         for name, t, kind, judge in self._items:
@@ -140,8 +181,10 @@ class DataChecks:
                     and entry[1] == sig):
                 _cache.move_to_end(key)
                 found[name] = entry[2]
-            elif kind == "range" and t.numel() == 0:
-                found[name] = []
+            elif t.numel() == 0 and kind in ("range", "finite"):
+                found[name] = [] if kind == "range" else [1]
+            elif t.numel() == 0:
+                found[name] = [t.shape[0]]
             else:
                 missing.append((name, t, kind, sig))
         if missing:
@@ -152,7 +195,8 @@ class DataChecks:
                 found[name] = values[at:at + part.numel()]
                 at += part.numel()
         # Judge in the order added, so the first bad argument is the one named; remember only
-        # what passed.
+        # what passed. A judge may read an earlier check's stats from self.found.
+        self.found = found
         for name, t, kind, judge in self._items:
             judge(found[name])
         for name, t, kind, sig in missing:

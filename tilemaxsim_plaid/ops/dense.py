@@ -246,7 +246,8 @@ def maxsim_padded(
         validate: check values as well as shapes: all value checks of a call are read back in
             one host sync, and a tensor passed again unchanged (same object and version,
             ``checks.DataChecks``) is not read again, so repeated calls with the same
-            doc_lengths and query_lengths do not synchronise.
+            D, doc_lengths and query_lengths do not synchronise. A NaN or inf anywhere in D is
+            refused (ops/checks.py: NaN policy).
 
     Returns:
         fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0.
@@ -262,6 +263,7 @@ def maxsim_padded(
         batch = checks.DataChecks()
         checks.add_query_lengths(batch, query_lengths, Q)
         batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]")
+        batch.finite("D", D)
         stats = batch.run()
         if doc_lengths is not None and stats["doc_lengths"]:
             max_doc_len = stats["doc_lengths"][1]
@@ -300,8 +302,10 @@ def maxsim_packed(
             without a device sync); computed from ``offsets`` when ``validate`` is True.
         config: a fixed :class:`MaxSimConfig`.
         validate: check values (offsets monotone and in range, pids and query_lengths in
-            range) with one host sync per call, none when every checked tensor was checked
-            before unchanged (same object and version: an index's offsets are read once).
+            range; without pids, no NaN or inf in rows before offsets[-1] of D_packed:
+            ops/checks.py, NaN policy) with
+            one host sync per call, none when every checked tensor was checked before unchanged
+            (same object and version: an index's offsets are read once).
 
     Returns:
         fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N.
@@ -319,6 +323,8 @@ def maxsim_packed(
         checks.add_query_lengths(batch, query_lengths, Q)
         batch.offsets(offsets, D_packed.shape[0])
         batch.in_range("pids", pids, 0, num_docs)
+        if pids is None:  # with pids, unscored documents' rows may hold anything
+            batch.finite_rows("D_packed", D_packed)
         stats = batch.run()
         if max_doc_len is None and num_docs:
             max_doc_len = stats["offsets"][3]

@@ -347,8 +347,9 @@ def maxsim_pq(
             score normalized decoded vectors.
         query_lengths: optional int32/int64 [B] (3-D Q only).
         config: a fixed :class:`PQConfig`; None: ``MMA_DEFAULT`` or ``default_pq_config``.
-        validate: check values (offsets, pids, centroid_codes, query_lengths in range) with one
-            host sync per call, none when every checked tensor was checked before unchanged
+        validate: check values (offsets, pids, centroid_codes, query_lengths in range; no NaN
+            or inf in the float inputs but Q: ops/checks.py, NaN policy) with one host sync per
+            call, none when every checked tensor was checked before unchanged
             (same object and version: an index's offsets and codes are read once).
 
     Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
@@ -405,6 +406,9 @@ def maxsim_pq(
         if centroid_codes is not None:
             batch.in_range("centroid_codes", centroid_codes, 0, centroids.shape[0],
                            f"[0, C={centroids.shape[0]})")
+        for name, t in (("codebooks", codebooks), ("centroids", centroids),
+                        ("inv_norms", inv_norms)):
+            batch.finite(name, t)
         batch.run()
     pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms, query_lengths = (
         None if x is None else x.contiguous()

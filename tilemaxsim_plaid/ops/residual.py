@@ -560,9 +560,10 @@ def maxsim_residual(
             residual weights' rounding to fp16 leaves about 1e-5 per score (tf32x3: about 1e-6),
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
         config: a fixed :class:`ResidualConfig`.
-        validate: check values (offsets, pids, codes, query_lengths in range) with one host
-            sync per call, none when every checked tensor was checked before unchanged (same
-            object and version: an index's offsets and codes are read once).
+        validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
+            the float inputs but Q: ops/checks.py, NaN policy) with one host sync per call,
+            none when every checked tensor was checked before unchanged (same object and
+            version: an index's offsets and codes are read once).
 
     Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
     tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
@@ -582,6 +583,10 @@ def maxsim_residual(
         batch.offsets(offsets, codes.shape[0])
         batch.in_range("pids", pids, 0, num_docs)
         batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})")
+        for name, t in (("centroids", centroids), ("bucket_weights", bucket_weights),
+                        ("inv_norms", inv_norms), ("centroid_scores", centroid_scores)):
+            if isinstance(t, torch.Tensor):  # centroid_scores is checked further down
+                batch.finite(name, t)
         batch.run()
     # The kernel reads Q, centroids and residual rows through their strides (rows read whole
     # need stride 1 within a row); the 1-D tensors by element.
