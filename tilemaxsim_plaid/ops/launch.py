@@ -29,65 +29,6 @@ def interpreter_upcast(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and interpreting()
 
 
-# A buffer added past Triton's own shared memory starts at a multiple of this many bytes (also a
-# multiple of 16, so the kernel's offset argument specializes the same way for every value).
-SHARED_BUFFER_ALIGN = 128
-# cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h).
-_CU_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-# Shared memory the driver reserves per resident block on sm_80 and later.
-_SHARED_RESERVED_PER_BLOCK = 1024
-
-
-def _set_max_dynamic_shared(function: int, num_bytes: int) -> None:
-    import ctypes
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    status = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function),
-                                        _CU_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        ctypes.c_int(num_bytes))
-    if status != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {num_bytes}) "
-                           f"failed with CUresult {status}")
-
-
-def prepare_shared_buffer(kernel, buffer_bytes: int, offset_name: str, *args, **kwargs):
-    """Compiles ``kernel(*args, **kwargs)`` (a Triton JIT function) and sets its launches up to
-    carry ``buffer_bytes`` of dynamic shared memory past Triton's own buffers.
-
-    Triton sizes a launch's shared memory from its own allocation, and Triton code cannot
-    allocate a buffer it indexes at run-time addresses; a kernel that keeps, say, a codebook in
-    shared memory addresses it by inline PTX at ``global_smem + <offset_name>``. This compiles
-    the kernel (the offset argument's value does not change the specialization), places the
-    buffer past Triton's buffers and makes every later launch of that compiled kernel reserve
-    it. Only of that one: a launch whose arguments specialize otherwise (an int equal to 1 or
-    divisible by 16 where these were not) compiles a kernel of its own that reserves nothing,
-    and its buffer accesses run past the launch's shared memory. Pass the launch's own
-    arguments, or mark those that may differ do_not_specialize (kernels/maxsim_pq_warps.py).
-    Uses CompiledKernel.packed_metadata and .function (triton 3.x).
-
-    Returns (offset, blocks per SM that fit by shared memory); launch with
-    ``offset_name=offset``.
-    """
-    kwargs[offset_name] = SHARED_BUFFER_ALIGN
-    compiled = kernel.warmup(*args, grid=(1,), **kwargs)
-    if hasattr(compiled, "result"):
-        compiled = compiled.result()
-    own = compiled.metadata.shared
-    offset = triton.cdiv(own, SHARED_BUFFER_ALIGN) * SHARED_BUFFER_ALIGN
-    total = offset + buffer_bytes
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if total > props.shared_memory_per_block_optin:
-        raise ValueError(f"a {buffer_bytes}-byte shared-memory buffer past the kernel's own "
-                         f"{own} bytes exceeds the {props.shared_memory_per_block_optin} bytes a "
-                         f"block may use on {props.name}")
-    if compiled.packed_metadata[2] != total:
-        _ = compiled.run  # loads the module: compiled.function
-        _set_max_dynamic_shared(compiled.function, total)
-        num_warps, num_ctas, _ = compiled.packed_metadata
-        compiled.packed_metadata = (num_warps, num_ctas, total)
-    per_sm = props.shared_memory_per_multiprocessor // (total + _SHARED_RESERVED_PER_BLOCK)
-    return offset, max(1, per_sm)
-
-
 # persistent=True launches this many programs per SM (the most a Hopper SM holds at once);
 # those that find the counter exhausted exit at once.
 PERSISTENT_PROGRAMS_PER_SM = 32
