@@ -3,7 +3,6 @@
 import os
 
 import torch
-import triton
 
 
 # fp32 inputs: plain tf32 would drop ~3 significant digits, and exactness is the point of this
