@@ -201,7 +201,7 @@ def classify_bound(row: dict, ceilings: dict) -> str:
 
 def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     num_docs = args.num_docs or (10_000 if args.quick else NUM_DOCS)
-    num_centroids = min(NUM_CENTROIDS, args.num_centroids)
+    num_centroids = args.num_centroids
     time_ms = _timer(device)
     index = make_index(num_docs, num_centroids, DIM, NBITS, device)
     Q = queries(1, QUERY_LEN, DIM, device)

@@ -195,10 +195,10 @@ def test_inference_tensors_are_checked_every_call(device, stub_kernels, monkeypa
 def test_cache_is_bounded_and_holds_no_tensor(device):
     tensors = [torch.arange(4, device=device) for _ in range(checks.MAX_CACHED_TENSORS + 10)]
     for x in tensors:
-        checks.check_pids(x, 4, device)
+        checks.check_pids(x, 4, x.device)
     assert len(checks._cache) == checks.MAX_CACHED_TENSORS
     probe = torch.arange(4, device=device)
-    checks.check_pids(probe, 4, device)
+    checks.check_pids(probe, 4, probe.device)
     ref = checks._cache[("range", id(probe))][0]
     del probe
     assert ref() is None  # a weak reference: the cache keeps no tensor alive
@@ -208,13 +208,13 @@ def test_recycled_id_is_not_trusted(device):
     """A remembered entry whose weak reference is dead (the id reused by a new tensor) is read
     again, even with the same shape and version."""
     good = torch.arange(4, device=device)
-    checks.check_pids(good, 4, device)
+    checks.check_pids(good, 4, good.device)
     key = ("range", id(good))
     entry = checks._cache.pop(key)
     bad = torch.tensor([0, 1, 2, 9], device=device)
     checks._cache[("range", id(bad))] = entry  # as if bad had been born at good's id
     with pytest.raises(ValueError, match="pids"):
-        checks.check_pids(bad, 4, device)
+        checks.check_pids(bad, 4, bad.device)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
