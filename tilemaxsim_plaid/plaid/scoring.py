@@ -19,11 +19,16 @@ Nothing before the final transfer of the ranked list synchronises with the devic
 
 The first query on an index logs one INFO line on the ``tilemaxsim_plaid`` logger saying that
 the plugin scores it and how (:func:`announce`); :func:`tilemaxsim_plaid.stats` counts queries,
-documents and fallbacks.
+documents and fallbacks. While a torch profiler records (``torch.profiler.profile``, or
+``torch.autograd.profiler.emit_nvtx`` for NVTX), each stage runs inside a
+``record_function`` range named in :data:`PROFILER_RANGES`; with none recording, no range is
+opened (:func:`stage_range`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -48,6 +53,8 @@ __all__ = [
     "rank_on_device",
     "fill_search_knobs",
     "announce",
+    "PROFILER_RANGES",
+    "stage_range",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +66,41 @@ _ALIGNED_QUERIES = "several aligned queries in one Q: scored by colbert-ai's own
 # colbert-ai starts every per-token maximum of the centroid interaction at -9999, so a
 # document with no code above the threshold scores -9999 * Lq: still a candidate, ranked last.
 UNMATCHED_TOKEN_SCORE = -9999.0
+
+# The record_function ranges of a search, in pipeline order (docs/plaid.md, "Profiler ranges"):
+PROFILER_RANGES = (
+    "tilemaxsim.centroid_scores",  # stage 1: centroids @ Q.T (first query_maxlen tokens)
+    "tilemaxsim.candidates",  # stage 1: the ncells best cells, the union of their lists, filter_fn
+    "tilemaxsim.centroid_interaction",  # stages 2-3 with their top ndocs and ndocs // 4 cuts
+    "tilemaxsim.exact_scores",  # stage 4: exact MaxSim of the candidates (or of pids=)
+    "tilemaxsim.sort",  # the final descending sort of stage 4's scores
+    "tilemaxsim.search_graph",  # stages 1-4 and the sort as one CUDA-graph replay
+    "tilemaxsim.transfer",  # the ranked list to the host: the search's one sync
+)
+CENTROID_SCORES, CANDIDATES, CENTROID_INTERACTION, EXACT_SCORES, SORT, SEARCH_GRAPH, TRANSFER = (
+    PROFILER_RANGES)
+# Whether a torch profiler records on this thread (kineto, legacy and emit_nvtx alike): a range
+# opened without one still costs a dispatcher round trip (microseconds), several per query.
+_profiler_enabled = torch._C._autograd._profiler_enabled
+
+
+def stage_range(name: str):
+    """``torch.profiler.record_function(name)`` while a profiler records on this thread (a
+    range opened elsewhere would not be recorded either), else a no-op context."""
+    if _profiler_enabled():
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
+def _in_range(name: str):
+    """Decorator: the function runs inside :func:`stage_range` ``(name)``."""
+    def decorate(function):
+        @functools.wraps(function)
+        def in_range(*args, **kwargs):
+            with stage_range(name):
+                return function(*args, **kwargs)
+        return in_range
+    return decorate
 
 
 class RankedCandidates:
@@ -87,6 +129,10 @@ class RankedCandidates:
         Through numpy: for a 100k-candidate rerank, torch's masked select and ``tolist`` cost
         ~25 ms on the host against ~4 ms this way.
         """
+        with stage_range(TRANSFER):
+            return self._host_lists()
+
+    def _host_lists(self) -> tuple[list[int], list[float]]:
         tensors = (self.pids, self.scores, self.valid)
         if self.pids.is_cuda:
             # Copies queued into pinned memory, then one stream sync (a .cpu() per tensor would
@@ -151,6 +197,7 @@ def _keep_top(index, pids, valid, scores, count: int):
     return backends.top_candidates(index, pids, scores, valid, count)
 
 
+@_in_range(CENTROID_INTERACTION)
 def _stages_2_and_3(index, config, centroid_scores, pids, valid):
     keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
     # A real candidate none of whose tokens survives scores UNMATCHED_TOKEN_SCORE per query
@@ -166,24 +213,29 @@ def _stages_2_and_3(index, config, centroid_scores, pids, valid):
 def _stage_4(index, Q, pids, valid, sharded=None, centroid_scores=None) -> RankedCandidates:
     if sharded is not None:
         return _stage_4_sharded(sharded, Q, pids, valid)
-    scores = backends.exact_scores(index, Q, pids, valid, centroid_scores)
-    return RankedCandidates(*backends.sort_candidates(index, pids, scores, valid))
+    with stage_range(EXACT_SCORES):
+        scores = backends.exact_scores(index, Q, pids, valid, centroid_scores)
+    with stage_range(SORT):
+        return RankedCandidates(*backends.sort_candidates(index, pids, scores, valid))
 
 
 def _stage_4_sharded(sharded, Q, pids, valid) -> RankedCandidates:
     # Every rank of the process group ran stages 1-3 on its replicated centroids, IVF and codes;
     # each scores the candidates in its own pid range and all get the same merged list.
     # The collective needs the compacted candidate list: one host sync, as with filter_fn.
-    candidates = pids if valid is None else pids[valid]
-    scores, ranked = sharded.score(Q, max(candidates.numel(), 1), pids=candidates)
+    with stage_range(EXACT_SCORES):
+        candidates = pids if valid is None else pids[valid]
+        scores, ranked = sharded.score(Q, max(candidates.numel(), 1), pids=candidates)
     return RankedCandidates(ranked.to(pids.device), scores.to(pids.device), None)
 
 
+@_in_range(CENTROID_SCORES)
 def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tensor:
     # Candidate generation reads only the first query_maxlen tokens, as upstream's retrieve().
     return backends.centroid_table(index, Q[: config.query_maxlen])
 
 
+@_in_range(CANDIDATES)
 def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
     """Stage 1 without a host sync: (pids [cap] int64 ascending, valid [cap] bool)."""
     ncells = min(int(config.ncells), centroid_scores.shape[0])
@@ -198,6 +250,7 @@ def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tens
     return pids.clamp_(min=0), valid
 
 
+@_in_range(CANDIDATES)
 def _apply_filter(filter_fn, pids, valid, device):
     """Upstream's filter_fn contract: an int32 tensor of candidates in, a subset out."""
     compact = pids[valid].to(torch.int32) if valid is not None else pids.to(torch.int32)
@@ -261,7 +314,9 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
         return _stage_4(index, Q, candidates, None, sharded)
 
     if filter_fn is None and sharded is None and graphs.capturable(index):
-        return graphs.replay(scorer, index, config, Q, _search_pipeline)
+        # A replay runs no Python per stage: the stage ranges appear only while it is captured.
+        with stage_range(SEARCH_GRAPH):
+            return graphs.replay(scorer, index, config, Q, _search_pipeline)
     centroid_scores = _centroid_scores(index, config, Q)
     candidates, valid = _generate_candidates(index, config, centroid_scores)
     if filter_fn is not None:
@@ -319,7 +374,8 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     if sharded is not None:
         ranked = _stage_4_sharded(sharded, Q, candidates, valid)
         return ranked.scores, ranked.pids.to(torch.int32)
-    scores = backends.exact_scores(index, Q, candidates, valid)
+    with stage_range(EXACT_SCORES):
+        scores = backends.exact_scores(index, Q, candidates, valid)
     return scores, candidates.to(torch.int32)
 
 
