@@ -8,7 +8,8 @@ same list as the stock one? They compare two runs directly, without qrels:
 * ``identical_top{k}``: fraction of queries whose top k is the same list in the same order;
 * ``same_set_top{k}``: fraction whose top k holds the same documents in any order (a swap of two
   documents whose scores tie within rounding changes the order, not the set);
-* ``kendall_tau@{k}``: Kendall's tau between the two orders of the documents both top-k lists
+* ``kendall_tau@{k}``: Kendall's tau-a (by ``scipy.stats.kendalltau``; a ranking has no
+  ties, so tau-b and tau-c equal it) between the two orders of the documents both top-k lists
   hold, averaged over queries that share at least two documents;
 * ``rbo@{k}``: rank-biased overlap (Webber, Moffat and Zobel, 2010, extrapolated form, eq. 32),
   persistence ``p``; 1.0 for identical lists;
@@ -169,28 +170,30 @@ def compare_runs(
 
 
 def kendall_tau(order_a: Sequence[str], order_b: Sequence[str]) -> float:
-    """Kendall's tau between two orders of the documents they share (nan below two shared).
+    """Kendall's tau-a between two orders of the documents they share (nan below two shared).
 
-    Rankings have no ties, so tau = (concordant - discordant) / (n choose 2) over the shared
-    documents, each ordered by its position in ``order_a`` and in ``order_b``.
+    tau-a = (concordant - discordant) / (n choose 2) over the n shared documents, each placed
+    by its position in ``order_a`` and in ``order_b``. Computed by ``scipy.stats.kendalltau``
+    with ``variant="c"``: a ranking has no ties, so tau-a, tau-b and tau-c all agree, and
+    tau-c is the one scipy computes with a single division, so identical orders give exactly
+    1.0 (tau-b divides by two square roots and gives 1 - 1 ulp at n = 10).
     """
+    from scipy.stats import kendalltau
+
     position_b = {doc: rank for rank, doc in enumerate(order_b)}
     shared = [doc for doc in order_a if doc in position_b]
-    n = len(shared)
-    if n < 2:
+    if len(shared) < 2:
         return math.nan
-    # shared is already in order_a's order, so a pair (i < j) is concordant iff b keeps it.
-    ranks_b = np.array([position_b[doc] for doc in shared])
-    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
-    concordant = np.count_nonzero((ranks_b[None, :] > ranks_b[:, None]) & upper)
-    pairs = n * (n - 1) // 2
-    return float((2 * concordant - pairs) / pairs)
+    # shared is in order_a's order, so its positions in order_a are 0..n-1.
+    tau, _ = kendalltau(range(len(shared)), [position_b[doc] for doc in shared], variant="c")
+    return float(tau)
 
 
 def rank_biased_overlap(order_a: Sequence[str], order_b: Sequence[str], p: float = 0.9) -> float:
     """Extrapolated rank-biased overlap of two rankings (Webber et al. 2010, eq. 32).
 
-    Handles lists of different lengths (a system that returned fewer than k documents); two
+    Written here because no dependency has it (ranx's ``rbp`` is rank-biased precision, a
+    measure against qrels, not an overlap of two rankings). Handles lists of different lengths (a system that returned fewer than k documents); two
     empty lists are identical (1.0), one empty list shares nothing (0.0).
     """
     if not 0.0 < p < 1.0:
@@ -272,16 +275,20 @@ def ranking_identity(
 
 
 # ---------------------------------------------------------------------------------------------
-# TREC files: the GPU side writes runs without ranx; everything read back goes through ranx
+# TREC files: written without ranx by the search step, read (and qrels written) with ranx
 # ---------------------------------------------------------------------------------------------
 
 
 def write_trec_run(run: Run, path, tag: str) -> None:
     """Write ``run`` as a TREC run file: ``qid Q0 docid rank score tag``, best first.
 
-    Plain Python on purpose: the machine that searches may not have ranx. Scores keep 9
-    significant digits, enough for fp32 scores to round-trip.
+    Scores keep 9 significant digits, enough for fp32 scores to round-trip.
     """
+    # Not ranx.Run.save, which would do the same job but does not fit here: (1) the search step
+    # runs where the GPU is and needs only torch, colbert-ai and this package (ranx is the
+    # `eval` extra); (2) Run.from_dict raises on a run without a single document (max() of
+    # an empty sequence); (3) ranx orders tied scores by an unstable argsort, while the rank
+    # column here is ranked_list's order (ties by doc id), the order ranking_identity compares.
     with open(path, "w", encoding="utf-8") as handle:
         for qid in sorted(run):
             scores = run[qid]
@@ -290,14 +297,22 @@ def write_trec_run(run: Run, path, tag: str) -> None:
 
 
 def read_trec_run(path) -> dict[str, dict[str, float]]:
-    """Read a TREC run file with ranx into ``{qid: {doc_id: score}}``."""
+    """Read a TREC run file with ranx into ``{qid: {doc_id: score}}``.
+
+    A file without a line (every query returned nothing) reads as ``{}``: ranx raises on a
+    run without a single document.
+    """
     from ranx import Run as RanxRun
 
-    return {qid: dict(docs) for qid, docs in RanxRun.from_file(str(path), kind="trec").to_dict().items()}
+    with open(path, encoding="utf-8") as handle:
+        if not any(line.strip() for line in handle):
+            return {}
+    loaded = RanxRun.from_file(str(path), kind="trec").to_dict()
+    return {qid: dict(docs) for qid, docs in loaded.items()}
 
 
 def write_trec_qrels(qrels: Qrels, path) -> None:
-    """Write qrels with ranx as a TREC qrels file (``qid 0 docid relevance``)."""
+    """Write qrels with ``ranx.Qrels.save`` as a TREC qrels file (``qid 0 docid relevance``)."""
     from ranx import Qrels as RanxQrels
 
     RanxQrels.from_dict({qid: dict(docs) for qid, docs in qrels.items()}).save(str(path), kind="trec")
