@@ -2,7 +2,7 @@
 
 The experiments install with the package (``tilemaxsim_plaid.experiments``, the checkout's
 ``experiments/``); a subcommand's module is imported only when that subcommand runs, so
-``tilemaxsim --help`` and ``--version`` need neither a GPU nor colbert-ai.
+``tilemaxsim --help`` and ``--version`` import neither torch nor colbert-ai.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import argparse
 import importlib
 import sys
 
-# Subcommand -> (module under experiments/, one line of help).
+# Subcommand -> (module, one line of help). A bare name is a module under experiments/; a
+# dotted name is imported as it is (a module of the package).
 COMMANDS = {
     "bench": ("bench", "dense kernels beside torch, colbert-ai and the public kernels (GPU)"),
     "bench-compressed": ("bench_compressed", "residual-code and PQ kernels (GPU)"),
@@ -26,6 +27,7 @@ COMMANDS = {
     "plots": ("plots_bench", "plots of a dense benchmark result file"),
     "plots-plaid": ("plots_plaid", "plots of end-to-end PLAID benchmark runs"),
     "plots-grid": ("plots_grid", "heatmaps of shape-grid benchmark result files"),
+    "explain": ("tilemaxsim_plaid.explain", "which path each op and PLAID stage takes on this machine, and why"),
 }
 
 
@@ -37,6 +39,11 @@ def version() -> str:
         return package_version("tilemaxsim-plaid")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def _command_module(name: str):
+    """The module of a COMMANDS entry (see there)."""
+    return importlib.import_module(name) if "." in name else _experiment_module(name)
 
 
 def _experiment_module(name: str):
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    module = _experiment_module(COMMANDS[args.command][0])
+    module = _command_module(COMMANDS[args.command][0])
     return int(module.main(argv[split + 1:]) or 0)
 
 

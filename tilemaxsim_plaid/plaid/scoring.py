@@ -265,6 +265,10 @@ def _apply_filter(filter_fn, pids, valid, device):
     return filtered.to(device=device, dtype=torch.int64)
 
 
+# How stage 4 multiplies where it decompresses first (the torch backend, no fused kernel).
+DECOMPRESSED_PRODUCTS = "fp32 (decompressed, then scored)"
+
+
 def announce(scorer, index: DeviceIndex, num_query_tokens: int) -> None:
     """Log once per device copy of ``scorer``'s index that the plugin scores it, and how."""
     if scorer.__dict__.get(_ANNOUNCED_ATTRIBUTE) == index.source_key:
@@ -274,7 +278,7 @@ def announce(scorer, index: DeviceIndex, num_query_tokens: int) -> None:
     if backend == "triton" and backends._residual_kernel() is not None:
         products = backends.resolved_products(index, num_query_tokens)[0]
     else:
-        products = "fp32 (decompressed, then scored)"
+        products = DECOMPRESSED_PRODUCTS
     takeover_logger.info(
         "tilemaxsim_plaid scores PLAID index %s: device %s, backend %s, stage-4 products %s, "
         "C=%d centroids, nbits=%d%s", getattr(scorer, "index_path", "(no path)"), index.device,
