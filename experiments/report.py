@@ -1,8 +1,10 @@
 """The markdown report of a reproduction run, written only from the runner's result files.
 
 Sections: provenance, retrieval quality (ranx, with the paired test), ranking identity of
-patched vs stock, latency per stage (median and p95 over warm queries, labelled with the timer
-and device), expected numbers (OK/FAIL), plots.
+patched vs stock, latency (the mean of each stage, which add up to the mean total, then the
+total's median and p95 over warm queries, labelled with the timer and device), expected numbers
+(OK/FAIL), plots. Tables are rendered by ``tabulate`` (a dependency of ranx, which the evaluate
+step needs anyway).
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ def _format_p(p) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    """A GitHub markdown table of already formatted cells (numbers are not re-parsed)."""
+    from tabulate import tabulate
+
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    return tabulate([[cell(c) for c in row] for row in rows], headers=[cell(h) for h in header],
+                    tablefmt="github", disable_numparse=True).splitlines()
 
 
 def _load(folder: pathlib.Path, name: str) -> dict | None:
@@ -136,28 +143,37 @@ def write_report(*, title: str, config_path, config_name: str, result_folders, o
         if not latency:
             continue
         timers.add(f"{latency['timer']} on {latency['device']}")
-        totals = {}
+        medians = {}
         for system, entry in latency["systems"].items():
             summary = entry["summary"]
-            totals[system] = summary.get("total", {}).get("median_ms", math.nan)
+            total = summary.get("total", {})
+            medians[system] = total.get("median_ms", math.nan)
+            means = plots.stage_means(entry)
             # A graph replay is timed whole: its stages are not zero, they are unknown.
-            staged = entry.get("stages_timed", "graph" not in entry.get("timing", ""))
-            cells = [f"{format_number(summary.get(stage, {}).get('median_ms'), 3)} / "
-                     f"{format_number(summary.get(stage, {}).get('p95_ms'), 3)}"
-                     if staged or stage == "total" else "—"
-                     for stage in (*plots.STAGES, "total")]
+            cells = [format_number(means[stage], 3) if stage in means else "—"
+                     for stage in plots.STAGES]
             docs = entry["scored_docs"]
+            speedup = ""
+            if system != "stock" and medians.get(system) and "stock" in medians:
+                speedup = f"{medians['stock'] / medians[system]:.2f}x"
             latency_rows.append([latency["condition"], system,
-                                 str(sorted(docs)[len(docs) // 2]) if docs else "—", *cells, ""])
-            if system != "stock" and totals.get(system) and "stock" in totals:
-                latency_rows[-1][-1] = f"{totals['stock'] / totals[system]:.2f}x"
+                                 str(sorted(docs)[len(docs) // 2]) if docs else "—", *cells,
+                                 format_number(means.get("total"), 3),
+                                 format_number(total.get("median_ms"), 3),
+                                 format_number(total.get("p95_ms"), 3), speedup])
     if latency_rows:
-        lines += ["## Latency per query, median / p95 ms over warm queries", ""]
+        lines += ["## Latency per query over warm queries, ms", ""]
         lines.append("Timer: " + "; ".join(sorted(timers)) + ". CPU numbers are wall clock and "
                      "say nothing about GPU speed.")
         lines.append("")
-        lines += _table(["condition", "system", "docs scored", *plots.STAGES, "total",
-                         "speedup (total)"], latency_rows)
+        lines.append("Each stage column is the stage's mean over the warm queries; each query's "
+                     "stages add up to its total, so a row's stages add up to its mean total, "
+                     "as the bars of the latency-per-stage plot do. The median and p95 are of "
+                     "the whole query; the speedup is of the median. '—': stages not timed "
+                     "apart (one CUDA graph replay per query).")
+        lines.append("")
+        lines += _table(["condition", "system", "docs scored", *plots.STAGES, "total mean",
+                         "total median", "total p95", "speedup (median)"], latency_rows)
         lines.append("")
         timing_notes = sorted({f"{system}: {entry['timing']}" for latency in latencies.values()
                                if latency for system, entry in latency["systems"].items()
@@ -181,8 +197,8 @@ def write_report(*, title: str, config_path, config_name: str, result_folders, o
     made = plots.plot_all(folders, out_dir)
     lines += ["## Plots", ""]
     for name, path in made.items():
-        if path is None:
-            lines.append(f"- {name}: nothing to plot in these results.")
+        if isinstance(path, str):
+            lines += [f"- {name}: not drawn: {path}.", ""]
         else:
             lines += [f"![{name}]({path.name})", ""]
     lines.append("")

@@ -1,6 +1,6 @@
 """Reproduce a results table from its YAML config: stock PLAID vs PLAID patched with our kernels.
 
-``tilemaxsim reproduce configs/<table>.yaml [--dry-run] [--steps ...]`` runs five steps; each
+``tilemaxsim reproduce configs/<table>.yaml [--dry-run] [--steps ...]`` runs four steps; each
 can run alone, so the data and the evaluation can stay on a machine with ir_datasets and ranx
 while the search runs where the GPU is:
 
@@ -17,6 +17,13 @@ while the search runs where the GPU is:
 ``report``     ``report.md`` and plots, reading only the files the other steps wrote.
 =============  ==================================================================================
 
+A condition with ``candidates_sweep: [1000, 3000, 10000]`` is that many conditions
+(``<name>-1k``, ``<name>-3k``, ``<name>-10k``), identical but for the number of sampled
+candidates each query reranks: the points of the report's latency-vs-candidates plot.
+
+Progress goes to stderr through ``logging``; the OK / FAIL line of each expected number goes to
+stdout.
+
 Folders are named by a hash of their inputs and hold a ``manifest.json`` with the full key: a
 cached checkpoint, dataset or index is reused only when the key matches (and the runner says
 so); results of a changed condition land in a new folder, and ``evaluate`` refuses runs whose
@@ -30,6 +37,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import logging
 import math
 import os
 import pathlib
@@ -89,7 +97,16 @@ DEFAULT_INDEX = {"doc_maxlen": 180, "kmeans_niters": 4}
 DEFAULT_TOLERANCE = 1e-3
 
 
+log = logging.getLogger(__name__)
+
+
 def _log(message: str) -> None:
+    """Progress of a step (stderr, through logging); check results go to stdout (``_say``)."""
+    log.info(message)
+
+
+def _say(message: str) -> None:
+    """The command's own output: one OK / FAIL / MISSING line per expected number."""
     print(message, flush=True)
 
 
@@ -97,6 +114,8 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# Hand-written: no config library (omegaconf, pydantic) is a dependency of the package, and
+# this nine-line recursive dict merge is all that the configs need.
 def _deep_merge(base: dict, override: dict | None) -> dict:
     merged = copy.deepcopy(base)
     for key, value in (override or {}).items():
@@ -124,6 +143,10 @@ class Condition:
     candidates: int | None  # rerank this many sampled pids instead of PLAID's stages 1-3
     expected: dict
     queries: int | None = None  # search only the first N queries (large candidate counts)
+    sweep: str | None = None  # the candidates_sweep entry this condition is one point of
+    # Every setting that defines the row, flat and readable ("plaid.k", "synthetic.doclen_median",
+    # "candidates"): written to latency.json so a plot can check its points differ in one key.
+    settings: dict = field(default_factory=dict)
     data_key: dict | None = None
     index_key: dict = field(default_factory=dict)
     checkpoint_key: dict | None = None
@@ -214,11 +237,13 @@ _SCHEMA = {
     "evaluation": set(DEFAULT_EVALUATION),
     "plaid": _PLAID_KEYS,
     "condition": {"name", "plaid", "index", "synthetic", "checkpoint", "dataset", "candidates",
-                  "expected", "queries"},
+                  "candidates_sweep", "expected", "queries"},
     "expected": {"stock", "patched", "identity", "tolerance"},
 }
 
 
+# Hand-written: pydantic and jsonschema are not dependencies of the package, and neither names
+# the closest valid key of a misspelt one, which is what a config author needs.
 def _check_keys(path: pathlib.Path, where: str, mapping, section: str) -> None:
     import difflib
 
@@ -251,6 +276,53 @@ def _validate_schema(path: pathlib.Path, raw: dict) -> None:
         _check_keys(path, where, entry, "condition")
         for section in ("plaid", "index", "synthetic", "checkpoint", "dataset", "expected"):
             _check_keys(path, f"{where}: '{section}'", entry.get(section), section)
+
+
+# A sweep needs this many points: a line through two points shows no trend.
+MIN_SWEEP_POINTS = 3
+
+
+def _count_name(count: int) -> str:
+    """1000 -> "1k", 30000 -> "30k", 1000000 -> "1m", 300 -> "300": a sweep point's name suffix."""
+    for suffix, unit in (("m", 1_000_000), ("k", 1_000)):
+        if count >= unit and count % unit == 0:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+def _expand_sweeps(path: pathlib.Path, entries: list) -> list[tuple[dict, str | None]]:
+    """Each ``candidates_sweep: [n1, n2, ...]`` entry becomes one condition per count, named
+    ``<name>-<count>`` (``rerank-1k``), identical but for ``candidates``; other entries as they are.
+
+    Returns:
+        ``(entry, sweep name or None)`` per condition, in config order.
+    """
+    expanded = []
+    for number, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "candidates_sweep" not in entry:
+            expanded.append((entry, None))
+            continue
+        name = entry.get("name", f"#{number}")
+        counts = entry["candidates_sweep"]
+        if "candidates" in entry:
+            raise ConfigError(f"{path}: condition {name!r}: give 'candidates' or "
+                              "'candidates_sweep', not both")
+        if (not isinstance(counts, list) or not all(isinstance(c, int) and not isinstance(c, bool)
+                                                    and c >= 1 for c in counts)):
+            raise ConfigError(f"{path}: condition {name!r}: candidates_sweep must be a list of "
+                              f"integers >= 1, got {counts!r}")
+        if len(set(counts)) < MIN_SWEEP_POINTS or len(set(counts)) != len(counts):
+            raise ConfigError(f"{path}: condition {name!r}: candidates_sweep needs at least "
+                              f"{MIN_SWEEP_POINTS} different counts, each once, got {counts!r}")
+        base = {key: value for key, value in entry.items() if key != "candidates_sweep"}
+        for count in sorted(counts):
+            expanded.append(({**base, "name": f"{name}-{_count_name(count)}", "candidates": count},
+                             name))
+    return expanded
+
+
+def _flat(prefix: str, mapping: dict | None) -> dict:
+    return {f"{prefix}.{key}": value for key, value in (mapping or {}).items()}
 
 
 def resolve_config(name_or_path) -> pathlib.Path:
@@ -314,7 +386,7 @@ def load_config(path, out="runs") -> Experiment:
     evaluation = _deep_merge(DEFAULT_EVALUATION, raw.get("evaluation"))
     conditions = []
     names = set()
-    for number, entry in enumerate(raw["conditions"]):
+    for number, (entry, sweep) in enumerate(_expand_sweeps(path, raw["conditions"])):
         if "name" not in entry or "plaid" not in entry:
             raise ConfigError(f"{path}: condition #{number} needs 'name' and 'plaid'")
         if entry["name"] in names:
@@ -330,6 +402,7 @@ def load_config(path, out="runs") -> Experiment:
             candidates=entry.get("candidates"),
             expected=entry.get("expected") or {},
             queries=entry.get("queries"),
+            sweep=sweep,
         )
         if synthetic is not None:
             spec = _deep_merge(synthetic, entry.get("synthetic"))
@@ -361,6 +434,13 @@ def load_config(path, out="runs") -> Experiment:
             }
         if condition.candidates is not None and int(condition.candidates) < 1:
             raise ConfigError(f"{path}: condition {entry['name']!r}: candidates must be >= 1")
+        condition.settings = {
+            **_flat("plaid", plaid), "candidates": condition.candidates,
+            "queries": condition.queries,
+            **(_flat("synthetic", condition.synthetic) if condition.synthetic is not None else {
+                **_flat("dataset", {k: v for k, v in condition.data_key.items() if k != "format"}),
+                **_flat("checkpoint", condition.checkpoint), **_flat("index", condition.index)}),
+        }
         condition.key = {
             "index": _hash(condition.index_key),
             "data": _hash(condition.data_key) if condition.data_key else None,
@@ -1002,6 +1082,9 @@ def _search_condition(experiment, condition, folder, limit_queries) -> None:
 
     num_docs = int(ranker.doclens.numel())
     doclens = ranker.doclens
+    if condition.candidates and int(condition.candidates) > num_docs:
+        log.warning("[search] %s: %s candidates asked, the index holds %s passages: reranking "
+                    "all of them", condition.name, f"{int(condition.candidates):,}", f"{num_docs:,}")
 
     def candidates_for(number: int) -> list[int] | None:
         """The pids query ``number`` reranks: the same for both systems, drawn per query so a
@@ -1098,6 +1181,8 @@ def _search_condition(experiment, condition, folder, limit_queries) -> None:
         "warmup_queries": warmup,
         "plaid": condition.plaid,
         "candidates": condition.candidates,
+        "sweep": condition.sweep,
+        "settings": condition.settings,
         "num_docs": num_docs,
         "num_embeddings": int(doclens.sum()),
         "dim": int(ranker.codec.dim),
@@ -1235,11 +1320,11 @@ def run_evaluate(experiment: Experiment, *, dry_run=False) -> bool:
         checks = check_expected(condition.expected, measured)
         for check in checks:
             if check["status"] in ("OK", "FAIL", "MISSING"):
-                _log(f"  {check['status']:<7} {condition.name} {check['name']}: expected "
+                _say(f"  {check['status']:<7} {condition.name} {check['name']}: expected "
                      f"{check['expected']}, measured {check['measured']}")
             all_ok &= check["status"] in ("OK", "n/a")
         if not any(check["status"] != "n/a" for check in checks):
-            _log(f"  n/a     {condition.name}: no expected numbers in the config yet")
+            _say(f"  n/a     {condition.name}: no expected numbers in the config yet")
         evaluation = {"condition": condition.name, "quality": quality, "comparison": comparison,
                       "identity": identity, "checks": checks, "judged_queries": len(judged)}
         (folder / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
@@ -1297,9 +1382,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs", help="output root (default: runs)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
                         help="override search.device of the config")
-    parser.add_argument("--conditions", help="comma-separated condition names to run (default: all)")
+    parser.add_argument("--conditions", help="comma-separated condition names to run, a sweep's "
+                        "name for all its points (default: all)")
     parser.add_argument("--limit-queries", type=int, help="search only the first N queries")
     args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:  # a caller that configured logging keeps its own
+        logging.basicConfig(format="%(message)s")
+    logging.getLogger(__package__ or "experiments").setLevel(logging.INFO)  # every experiments module
 
     steps = [step.strip() for step in args.steps.split(",") if step.strip()]
     unknown = set(steps) - set(STEPS)
@@ -1312,11 +1401,14 @@ def main(argv=None) -> int:
     if args.device:
         experiment.search["device"] = args.device
     if args.conditions:
+        # A sweep's name selects every point of it.
         wanted = {name.strip() for name in args.conditions.split(",")}
-        known = {condition.name for condition in experiment.conditions}
+        known = ({condition.name for condition in experiment.conditions}
+                 | {condition.sweep for condition in experiment.conditions if condition.sweep})
         if wanted - known:
             parser.error(f"--conditions: unknown {sorted(wanted - known)}; known {sorted(known)}")
-        experiment.conditions = [c for c in experiment.conditions if c.name in wanted]
+        experiment.conditions = [c for c in experiment.conditions
+                                 if c.name in wanted or c.sweep in wanted]
     if args.dry_run:
         plan_experiment(experiment, steps)
         return 0

@@ -4,13 +4,14 @@ whole pipeline end to end on a tiny wiki-vital subset and a tiny synthetic index
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import time
 
 import pytest
 import yaml
 
-from experiments import reproduce
+from experiments import plots, reproduce
 from experiments.reproduce import StageTimer, check_expected, load_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -35,8 +36,7 @@ SYNTHETIC = {
     "search": {"device": "cpu", "warmup_queries": 1},
     "evaluation": {"identity_k": [10]},
     "conditions": [
-        {"name": "rerank-100", "plaid": {"k": 10}, "candidates": 100},
-        {"name": "rerank-1000", "plaid": {"k": 10}, "candidates": 1000},
+        {"name": "rerank", "plaid": {"k": 10}, "candidates_sweep": [100, 300, 1000]},
         {"name": "plaid-k10", "plaid": {"k": 10, "ncells": 4, "centroid_score_threshold": 0.3,
                                         "ndocs": 256}},
     ],
@@ -134,6 +134,57 @@ def test_bad_configs_are_refused_naming_the_field(tmp_path, broken, message):
 def test_unknown_keys_are_named_with_the_closest_valid_one(tmp_path, broken, message):
     with pytest.raises(reproduce.ConfigError, match=message):
         load_config(_write_config(tmp_path, {**TINY, **broken}))
+
+
+def test_a_candidates_sweep_is_one_condition_per_count(tmp_path):
+    config = {**SYNTHETIC, "conditions": [
+        {"name": "rerank", "plaid": {"k": 10}, "queries": 4,
+         "candidates_sweep": [30000, 1000, 1000000, 250]}]}
+    experiment = load_config(_write_config(tmp_path, config))
+    names = [c.name for c in experiment.conditions]
+    assert names == ["rerank-250", "rerank-1k", "rerank-30k", "rerank-1m"]
+    assert [c.candidates for c in experiment.conditions] == [250, 1000, 30000, 1000000]
+    assert {c.sweep for c in experiment.conditions} == {"rerank"}
+    # The points differ in the candidate count and nothing else, and share one index.
+    settings = [c.settings for c in experiment.conditions]
+    assert {k for s in settings for k in s if s[k] != settings[0][k]} == {"candidates"}
+    assert len({experiment.index_dir(c) for c in experiment.conditions}) == 1
+    # Written out by hand, a point is the same condition (same results folder).
+    single = load_config(_write_config(tmp_path, {**SYNTHETIC, "conditions": [
+        {"name": "rerank-1k", "plaid": {"k": 10}, "queries": 4, "candidates": 1000}]}, "one.yaml"))
+    assert single.results_dir(single.conditions[0]) == experiment.results_dir(experiment.conditions[1])
+
+
+@pytest.mark.parametrize("sweep, message", [
+    pytest.param([100, 1000], "at least 3 different counts", id="two-points"),
+    pytest.param([100, 100, 1000], "each once", id="repeated"),
+    pytest.param([100, 0, 1000], "integers >= 1", id="zero"),
+    pytest.param("100,1000", "must be a list", id="not-a-list"),
+])
+def test_bad_candidates_sweeps_are_refused(tmp_path, sweep, message):
+    config = {**SYNTHETIC, "conditions": [{"name": "r", "plaid": {"k": 10}, "candidates_sweep": sweep}]}
+    with pytest.raises(reproduce.ConfigError, match=message):
+        load_config(_write_config(tmp_path, config))
+    both = {**SYNTHETIC, "conditions": [{"name": "r", "plaid": {"k": 10}, "candidates": 5,
+                                         "candidates_sweep": [1, 2, 3]}]}
+    with pytest.raises(reproduce.ConfigError, match="not both"):
+        load_config(_write_config(tmp_path, both, "both.yaml"))
+
+
+def test_conditions_option_selects_a_sweep_by_its_name(tmp_path, caplog):
+    config = _write_config(tmp_path, SYNTHETIC)
+    with caplog.at_level(logging.INFO, logger="experiments"):
+        assert reproduce.main([str(config), "--dry-run", "--steps", "search", "--out",
+                               str(tmp_path / "runs"), "--conditions", "rerank"]) == 0
+    searched = [line.split(":")[0] for line in caplog.messages if line.startswith("[search]")]
+    assert searched == ["[search] rerank-100", "[search] rerank-300", "[search] rerank-1k"]
+
+
+def test_gpu_configs_carry_a_candidates_sweep():
+    for name in ("wiki-vital-h200", "synthetic-scale", "synthetic-msmarco-scale", "msmarco-passage",
+                 "beir"):
+        sweeps = {c.sweep for c in load_config(name).conditions if c.sweep}
+        assert sweeps, name
 
 
 def test_yaml_errors_and_missing_configs_name_the_file(tmp_path):
@@ -236,11 +287,12 @@ def test_derived_stages_add_up_to_the_total():
     assert sum(v for k, v in patched.items() if k != "total") == pytest.approx(5.0)
 
 
-def test_dry_run_prints_every_step_and_builds_nothing(tmp_path, capsys):
+def test_dry_run_logs_every_step_and_builds_nothing(tmp_path, caplog):
     config = _write_config(tmp_path, TINY)
     out = tmp_path / "runs"
-    assert reproduce.main([str(config), "--dry-run", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="experiments"):
+        assert reproduce.main([str(config), "--dry-run", "--out", str(out)]) == 0
+    printed = caplog.text
     for step in ("[prepare] data: would build", "[prepare] checkpoint: would build",
                  "[prepare] index: would build", "[search] k10", "[evaluate] k10", "[report]"):
         assert step in printed
@@ -314,11 +366,11 @@ def test_end_to_end_builds_searches_evaluates_and_reports(tiny_run):
 
 
 @pytest.mark.colbert
-def test_second_run_reuses_data_checkpoint_and_index(tiny_run, capsys):
+def test_second_run_reuses_data_checkpoint_and_index(tiny_run, caplog):
     experiment, _ = tiny_run
-    reproduce.main([str(experiment.path), "--out", str(experiment.out), "--steps", "prepare"])
-    printed = capsys.readouterr().out
-    assert printed.count("reusing") == 2  # data and index (the checkpoint is not even asked for)
+    with caplog.at_level(logging.INFO, logger="experiments"):
+        reproduce.main([str(experiment.path), "--out", str(experiment.out), "--steps", "prepare"])
+    assert caplog.text.count("reusing") == 2  # data and index (the checkpoint is not even asked for)
 
 
 @pytest.mark.colbert
@@ -336,10 +388,21 @@ def test_synthetic_sweep_end_to_end(tmp_path):
         # Known-item qrels written by the search step: each query's target passage.
         assert evaluation["judged_queries"] == latency["queries"]
         scored.append(latency["systems"]["patched"]["scored_docs"][0])
-    assert scored[:2] == [100, 1000]  # the rerank conditions score exactly their candidates
+    assert scored[:3] == [100, 300, 1000]  # the sweep's conditions score exactly their candidates
     report_dir = experiment.report_dir
-    assert (report_dir / "latency_vs_candidates.png").exists()
-    assert "synthetic" in (report_dir / "report.md").read_text()
+    assert (report_dir / "latency_vs_candidates.png").read_bytes()[:4] == b"\x89PNG"
+    latencies = [json.loads((experiment.results_dir(c) / "latency.json").read_text())
+                 for c in experiment.conditions]
+    assert [r["sweep"] for r in latencies] == ["rerank"] * 3 + [None]
+    (sweep,) = plots.sweeps(latencies, "candidates")
+    assert [r["condition"] for r in sweep] == ["rerank-100", "rerank-300", "rerank-1k"]
+    text = (report_dir / "report.md").read_text()
+    assert "synthetic" in text and "![latency vs candidates]" in text
+    # One query of 8 passes through: the stage means add up to the mean total.
+    for result in latencies:
+        for entry in result["systems"].values():
+            means = plots.stage_means(entry)
+            assert sum(v for k, v in means.items() if k != "total") == pytest.approx(means["total"])
 
 
 def test_synthesize_entry_point_writes_a_loadable_index(tmp_path, capsys):
