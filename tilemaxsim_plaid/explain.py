@@ -182,12 +182,6 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
             ("fp32 (tf32x3)", False, MANY_DOCS, single))}
     entry = {"path": "Triton fused residual kernel (decoded in registers)", "why": why,
              "default_config": configs}
-    if index:
-        fits = residual.centroid_table_fits(index.num_centroids, lq)
-        entry["centroid_table"] = (
-            f"{'table' if fits else 'gathered centroid rows'}: a [C={index.num_centroids}, "
-            f"{lq}] fp32 table {'fits' if fits else 'exceeds'} MAX_CENTROID_TABLE_BYTES "
-            f"({residual.MAX_CENTROID_TABLE_BYTES >> 20} MiB), with inv_norms given")
     restated.append("maxsim_residual: a default decode='permute' becomes 'pairs' where byte "
                     "permutes do not apply (inline in ops/residual._launch_kernel)")
     ops["maxsim_residual"] = entry
@@ -318,8 +312,8 @@ def _stage_4(device, lq, index, backend, backend_why, restated) -> dict:
         reasons.append("every bucket weight is an fp16 value" if like.bucket_weights_in_fp16
                        else "the bucket weights are not all fp16 values")
     if not table:
-        reasons.append(f"no centroid-score table for C={index.num_centroids} and {lq} query "
-                       "tokens: tf32x3")
+        reasons.append(f"no centroid-score table of the query for C={index.num_centroids} and "
+                       f"{lq} query tokens (plaid/backends._table_path): tf32x3")
     if fell_back:
         reasons.append("the fp16 modes need that table: falls back to tf32x3 (counted in stats())")
     entry["products"] = products
