@@ -29,29 +29,27 @@ the embeddings' [batch, tokens] shape, an explicit ``backend`` other than ``"aut
 and any input requires grad, PyLate's torch path computes the scores and their gradients.
 
 ``pylate`` is imported only when a call needs it (a fallback, or patching); the kernel path itself
-needs only torch and triton. Module graph: this module -> :mod:`tilemaxsim_plaid.ops.dense`
-(kernel path), :mod:`tilemaxsim_plaid.plaid.counters`, ``pylate.scores.colbert``.
+needs only torch and triton. :func:`patch_pylate` and :func:`unpatch_pylate` apply and revert the
+registry's PyLate targets (:data:`tilemaxsim_plaid.plaid.targets.PYLATE_TARGETS`). Module graph:
+this module -> :mod:`tilemaxsim_plaid.ops.dense` (kernel path), :mod:`tilemaxsim_plaid.plaid.counters`,
+:mod:`tilemaxsim_plaid.plaid.registry`, ``pylate.scores.colbert``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import importlib.util
 import logging
 import os
-import sys
-import threading
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from tilemaxsim_plaid.plaid import counters
+from tilemaxsim_plaid.plaid import counters, registry
+from tilemaxsim_plaid.plaid.registry import SUPPORTED_PYLATE_VERSIONS
 
 __all__ = [
     "SUPPORTED_PYLATE_VERSIONS",
@@ -67,11 +65,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The releases whose scoring module (pylate.scores.colbert: the torch path, the backend argument,
-# the modules that import the three names) the targets below were read from and tested against.
-SUPPORTED_PYLATE_VERSIONS = ("1.6.0",)
 # Where the three functions are defined (PyLate <= 1.4 had them in pylate.scores.scores).
 DEFINING_MODULE = "pylate.scores.colbert"
+# The registry's name for PyLate (tilemaxsim_plaid.plaid.registry.LIBRARIES).
+_LIBRARY = ("pylate",)
 # PyLate's environment override of the ``backend`` argument, read on every call as PyLate does.
 BACKEND_ENV_VAR = "PYLATE_SCORES_BACKEND"
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,60 +86,6 @@ _EMPTY = "empty inputs or a document of no tokens"
 _MASK = "a mask not of the embeddings' [batch, tokens] shape"
 _NO_TRITON = "triton is not installed"
 
-
-@dataclasses.dataclass(frozen=True)
-class _Target:
-    """One PyLate scoring function and every place that holds it by value.
-
-    Attributes:
-        attribute: its name in :data:`DEFINING_MODULE`.
-        bound_in: modules that did ``from ..scores import <attribute>``; patched if imported.
-            One imported while patched takes the replacement from ``pylate.scores``, and
-            :func:`unpatch_pylate` gives it the original.
-        imported_by_patch: the subset :func:`patch_pylate` imports (cheap: no
-            sentence-transformers); the evaluators and losses are left to the user's import.
-        default_of: ``(module, "Class.method", parameter)`` whose default argument is the
-            function, captured when the class is defined. Not patched (the only one is a training
-            loss, which needs PyLate's autograd path anyway), but restored by
-            :func:`unpatch_pylate` if the module was imported while patched.
-    """
-
-    attribute: str
-    bound_in: tuple[str, ...]
-    imported_by_patch: tuple[str, ...]
-    default_of: tuple[tuple[str, str, str], ...] = ()
-
-
-TARGETS = (
-    _Target("colbert_scores",
-            bound_in=("pylate.scores", "pylate.scores.similarity_functions", "pylate.rank.rank"),
-            imported_by_patch=("pylate.scores", "pylate.scores.similarity_functions",
-                               "pylate.rank.rank")),
-    _Target("colbert_scores_pairwise",
-            bound_in=("pylate.scores", "pylate.scores.similarity_functions",
-                      "pylate.evaluation.colbert_triplet"),
-            imported_by_patch=("pylate.scores", "pylate.scores.similarity_functions")),
-    _Target("colbert_kd_scores",
-            bound_in=("pylate.scores", "pylate.evaluation.colbert_distillation",
-                      "pylate.losses.distillation"),
-            imported_by_patch=("pylate.scores",),
-            default_of=(("pylate.losses.distillation", "Distillation.__init__", "score_metric"),)),
-)
-
-# Marks an attribute that did not exist before patch_pylate(): unpatch_pylate() deletes it.
-_ABSENT = object()
-
-
-@dataclasses.dataclass
-class _Applied:
-    original: Any
-    replacement: Any
-    # (module, value before patch_pylate or _ABSENT) for the defining module and each copy.
-    previous: list[tuple[Any, Any]]
-
-
-_lock = threading.RLock()
-_applied: dict[str, _Applied] = {}
 
 # Tests only: take the kernel path for CPU tensors too (the kernels then run under
 # TRITON_INTERPRET=1). See _kernels_on_cpu().
@@ -180,6 +123,13 @@ def _refusal(tensors: list[Any], backend: str | None) -> str | None:
     """Why the kernels cannot score these inputs (a fixed sentence), or None when they can."""
     if not _wants_kernels(backend):
         return _BACKEND
+    return tensor_refusal(tensors)
+
+
+def tensor_refusal(tensors: list[Any]) -> str | None:
+    """Why the kernels cannot take these tensors, whatever their shapes (a fixed sentence:
+    not tensors, autograd, devices, no triton), or None when they can. Shared with
+    :mod:`tilemaxsim_plaid.ragatouille`."""
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return _NOT_TENSORS
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -246,10 +196,7 @@ def _maxsim_padded():
 
 def pylate_version() -> str | None:
     """Installed PyLate version, or None when it is not installed."""
-    try:
-        return importlib.metadata.version("pylate")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return registry.installed_version("pylate")
 
 
 def _convert(x: Any) -> Any:
@@ -264,11 +211,10 @@ def _convert(x: Any) -> Any:
 
 def _pylate_function(name: str) -> Callable:
     """PyLate's own function: the original while patched, else what the defining module holds."""
-    with _lock:
-        applied = _applied.get(name)
-    if applied is not None:
-        return applied.original
-    return getattr(importlib.import_module(DEFINING_MODULE), name)
+    function = getattr(importlib.import_module(DEFINING_MODULE), name)
+    if function is registry.active_bindings(_LIBRARY).get(f"{DEFINING_MODULE}.{name}"):
+        return function.__wrapped__
+    return function
 
 
 def _call_pylate(name: str, *args, **kwargs):
@@ -399,99 +345,23 @@ _IMPLEMENTATIONS = {
 
 
 # -------------------------------------------------------------------------------------------
-# The patch
+# The patch: three targets of the registry (tilemaxsim_plaid.plaid.targets.PYLATE_TARGETS)
 
 
-def _make_replacement(name: str, original: Callable) -> Callable:
+def replacement_for(name: str) -> Callable[[Callable], Callable]:
+    """The registry's factory for ``name``: ``original -> replacement`` calling ``original``
+    wherever the kernels do not apply."""
     implementation = _IMPLEMENTATIONS[name]
 
-    # wraps(): PyLate's name, docstring and signature (through __wrapped__ = original).
-    @functools.wraps(original)
-    def replacement(*args, **kwargs):
-        return implementation(original, *args, **kwargs)
+    def make(original: Callable) -> Callable:
+        # wraps(): PyLate's name, docstring and signature (through __wrapped__ = original).
+        @functools.wraps(original)
+        def replacement(*args, **kwargs):
+            return implementation(original, *args, **kwargs)
 
-    return replacement
+        return replacement
 
-
-def _raw(module: Any, attribute: str) -> Any:
-    return vars(module).get(attribute, _ABSENT)
-
-
-def _put(module: Any, attribute: str, value: Any) -> None:
-    if value is _ABSENT:
-        if attribute in vars(module):
-            delattr(module, attribute)
-    else:
-        setattr(module, attribute, value)
-
-
-def _version_guard() -> bool:
-    version = pylate_version()
-    if version is None:
-        logger.info("PyLate is not installed: nothing to patch")
-        return False
-    if version not in SUPPORTED_PYLATE_VERSIONS:
-        warnings.warn(
-            f"tilemaxsim_plaid.pylate supports PyLate {', '.join(SUPPORTED_PYLATE_VERSIONS)}, "
-            f"found PyLate {version}: leaving PyLate unpatched",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True
-
-
-def _apply(target: _Target) -> None:
-    owner = importlib.import_module(DEFINING_MODULE)
-    original = getattr(owner, target.attribute)
-    replacement = _make_replacement(target.attribute, original)
-    previous = [(owner, _raw(owner, target.attribute))]
-    for module_name in target.imported_by_patch:
-        importlib.import_module(module_name)
-    for module_name in target.bound_in:
-        module = sys.modules.get(module_name)
-        if module is not None:
-            previous.append((module, _raw(module, target.attribute)))
-    for module, _ in previous:
-        setattr(module, target.attribute, replacement)
-    _applied[target.attribute] = _Applied(original, replacement, previous)
-
-
-def _restore_default(module_name: str, qualname: str, parameter: str, replacement, original):
-    module = sys.modules.get(module_name)
-    if module is None:
-        return
-    function = module
-    for part in qualname.split("."):
-        function = getattr(function, part, None)
-    code = getattr(function, "__code__", None)
-    if code is None or not function.__defaults__:
-        return
-    positional = code.co_varnames[:code.co_argcount]
-    first_default = code.co_argcount - len(function.__defaults__)
-    if parameter in positional and positional.index(parameter) >= first_default:
-        index = positional.index(parameter) - first_default
-        if function.__defaults__[index] is replacement:
-            defaults = list(function.__defaults__)
-            defaults[index] = original
-            function.__defaults__ = tuple(defaults)
-
-
-def _revert(target: _Target) -> None:
-    applied = _applied.pop(target.attribute)
-    recorded = {id(module) for module, _ in applied.previous}
-    # Modules imported while patched bound the replacement from pylate.scores: give them the
-    # original, which is what they would hold had the patch not been there.
-    for module_name in target.bound_in:
-        module = sys.modules.get(module_name)
-        if (module is not None and id(module) not in recorded
-                and _raw(module, target.attribute) is applied.replacement):
-            setattr(module, target.attribute, applied.original)
-    for module_name, qualname, parameter in target.default_of:
-        _restore_default(module_name, qualname, parameter, applied.replacement, applied.original)
-    # Reverse order: the defining module first recorded, restored last.
-    for module, value in reversed(applied.previous):
-        _put(module, target.attribute, value)
+    return make
 
 
 def patch_pylate() -> bool:
@@ -500,6 +370,8 @@ def patch_pylate() -> bool:
     them (``pylate.scores``, ``pylate.rank.rank``, ``pylate.scores.similarity_functions``, and the
     evaluators and losses if imported). Imports ``pylate.scores`` and ``pylate.rank``.
 
+    The targets go through the plugin's registry (:mod:`tilemaxsim_plaid.plaid.registry`,
+    library ``"pylate"``), which ``import tilemaxsim_plaid`` does not patch on its own.
     Safe to call repeatedly. Each replacement keeps PyLate's function as ``__wrapped__`` and
     calls it wherever the kernels do not apply. A function captured by value while patched (user
     code's ``from pylate.scores import colbert_scores``, a ``Distillation`` made meanwhile)
@@ -509,39 +381,23 @@ def patch_pylate() -> bool:
         True when patched; False when PyLate is missing or its version is not in
         :data:`SUPPORTED_PYLATE_VERSIONS` (a RuntimeWarning names it), and nothing changed.
     """
-    if not _version_guard():
+    if not registry.enable(libraries=_LIBRARY):
         return False
-    with _lock:
-        done = []
-        try:
-            for target in TARGETS:
-                if target.attribute not in _applied:
-                    _apply(target)
-                    done.append(target)
-        except BaseException:
-            for target in reversed(done):
-                _revert(target)
-            raise
     logger.info("tilemaxsim_plaid: PyLate %s scores %s on the TileMaxSim kernels (CUDA tensors)",
-                pylate_version(), ", ".join(t.attribute for t in TARGETS))
+                pylate_version(), ", ".join(_IMPLEMENTATIONS))
     return True
 
 
 def unpatch_pylate() -> None:
     """Restore PyLate exactly as it was before :func:`patch_pylate` (idempotent)."""
-    with _lock:
-        for target in reversed(TARGETS):
-            if target.attribute in _applied:
-                _revert(target)
+    registry.disable(libraries=_LIBRARY)
 
 
 def is_patched() -> bool:
     """True when every PyLate target is patched now."""
-    with _lock:
-        return all(t.attribute in _applied for t in TARGETS)
+    return registry.is_enabled(None, libraries=_LIBRARY)
 
 
 def active_bindings() -> dict[str, Any]:
     """``{"pylate.scores.colbert.<name>": replacement}`` for every function patched now."""
-    with _lock:
-        return {f"{DEFINING_MODULE}.{name}": a.replacement for name, a in _applied.items()}
+    return registry.active_bindings(libraries=_LIBRARY)

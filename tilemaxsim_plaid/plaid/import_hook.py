@@ -1,4 +1,4 @@
-"""Run a function when a top-level package finishes importing: a ``sys.meta_path`` finder.
+"""Run a function when a module finishes importing: a ``sys.meta_path`` finder.
 
 ``import tilemaxsim_plaid`` must patch colbert-ai whichever of the two is imported first,
 without importing colbert-ai (and with it transformers and faiss) itself. When colbert-ai is
@@ -8,6 +8,10 @@ hands the import to the finders after it and wraps the loader it gets, so that t
 runs right after the package's ``__init__`` (which imports every module the patch targets)
 and before the import statement returns to user code. The module keeps its own loader; the
 finder removes itself once the callback ran.
+
+A submodule can be waited for too (RAGatouille's ``ragatouille.models.colbert``, whose
+package ``__init__`` imports LangChain): the callback runs when that module itself has been
+executed, whichever import brought it in.
 """
 
 from __future__ import annotations
@@ -76,13 +80,13 @@ def _finders(name: str) -> list[_PostImportFinder]:
 
 
 def call_after_import(name: str, callback: Callable) -> None:
-    """Call ``callback(module)`` once, when top-level package ``name`` has been imported.
+    """Call ``callback(module)`` once, when module ``name`` has been imported.
 
     Replaces a callback already waiting for ``name``. The caller checks ``sys.modules`` first:
-    a package imported already is not imported again, so the callback would never run.
+    a module imported already is not imported again, so the callback would never run.
     """
-    if "." in name:
-        raise ValueError(f"name must be a top-level package, got {name!r}")
+    if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"name must be a module name such as 'colbert', got {name!r}")
     with _lock:
         for finder in _finders(name):
             sys.meta_path.remove(finder)

@@ -1,19 +1,25 @@
-"""Every colbert-ai 0.2.22 binding the plugin changes, in one list.
+"""Every binding the plugin changes, one tuple per library.
 
-Each entry is a :class:`~tilemaxsim_plaid.plaid.patch_target.PatchTarget`; the registry applies
-and reverts them, and patches/README.md lists the same sites. Extension stand-ins are set
-together with the class's ``loaded_extensions`` flag: colbert-ai's lazy loaders skip
-compiling only when that flag exists, and would otherwise overwrite the stand-ins.
+:data:`TARGETS`: colbert-ai 0.2.22 (patches/README.md lists the same sites);
+:data:`RAGATOUILLE_TARGETS`: RAGatouille 0.0.9's rerank scoring; :data:`PYLATE_TARGETS`: PyLate
+1.6.0's scoring functions (patched on request, :func:`tilemaxsim_plaid.pylate.patch_pylate`).
+Each entry is a :class:`~tilemaxsim_plaid.plaid.patch_target.PatchTarget`; the registry
+(:data:`tilemaxsim_plaid.plaid.registry.LIBRARIES`) applies and reverts them.
+
+Extension stand-ins are set together with the class's ``loaded_extensions`` flag: colbert-ai's
+lazy loaders skip compiling only when that flag exists, and would otherwise overwrite them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+from tilemaxsim_plaid import pylate, ragatouille
 from tilemaxsim_plaid.plaid import encoder_graphs, extensions, query_tokens, scoring, transformers_compat
 from tilemaxsim_plaid.plaid.patch_target import PatchTarget
 
-__all__ = ["TARGETS"]
+__all__ = ["TARGETS", "RAGATOUILLE_TARGETS", "PYLATE_TARGETS", "FunctionTarget"]
 
 
 def _constant(value):
@@ -123,3 +129,51 @@ _SCORING_TARGETS = (
 )
 
 TARGETS = _EXTENSION_TARGETS + _TRANSFORMERS_TARGETS + _SCORING_TARGETS
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionTarget(PatchTarget):
+    """A function that other modules of its package import by value, some of them optionally.
+
+    Attributes (besides :class:`PatchTarget`'s):
+        bound_if_imported: modules that did ``from ... import <attribute>`` but are heavy to
+            import (PyLate's evaluators and losses import sentence-transformers): patched if
+            imported; one imported while patched holds the replacement, and is given the
+            original back when the target is reverted.
+        default_of: ``(module, "Class.method", parameter)`` whose default argument is the
+            function, captured when the class is defined. Not patched (the only one is a
+            training loss, which needs PyLate's autograd path anyway), but restored on revert
+            if the module was imported while patched.
+    """
+
+    bound_if_imported: tuple[str, ...] = ()
+    default_of: tuple[tuple[str, str, str], ...] = ()
+
+
+# RAGatouille 0.0.9: the one scoring function of rerank() and search_encoded_docs().
+RAGATOUILLE_TARGETS = (
+    PatchTarget("ragatouille.models.colbert:ColBERT", "_colbert_score",
+                _method(ragatouille.colbert_score), "scoring", why="RAGatouille's in-memory rerank scoring (upstream: a padded batched "
+                               "matmul, fp16 on GPU), same semantics on the dense kernel"),
+)
+
+_PYLATE_WHY = "PyLate's ColBERT scoring on the dense kernel, PyLate's torch-path semantics"
+# PyLate 1.6.0: the three functions of pylate.scores.colbert and every module importing them.
+PYLATE_TARGETS = (
+    FunctionTarget("pylate.scores.colbert", "colbert_scores",
+                   pylate.replacement_for("colbert_scores"), "scoring",
+                   also_bound_in=("pylate.scores", "pylate.scores.similarity_functions",
+                                  "pylate.rank.rank"),
+                   why=_PYLATE_WHY),
+    FunctionTarget("pylate.scores.colbert", "colbert_scores_pairwise",
+                   pylate.replacement_for("colbert_scores_pairwise"), "scoring",
+                   also_bound_in=("pylate.scores", "pylate.scores.similarity_functions"),
+                   bound_if_imported=("pylate.evaluation.colbert_triplet",), why=_PYLATE_WHY),
+    FunctionTarget("pylate.scores.colbert", "colbert_kd_scores",
+                   pylate.replacement_for("colbert_kd_scores"), "scoring", also_bound_in=("pylate.scores",),
+                   bound_if_imported=("pylate.evaluation.colbert_distillation",
+                                      "pylate.losses.distillation"),
+                   default_of=(("pylate.losses.distillation", "Distillation.__init__",
+                                "score_metric"),),
+                   why=_PYLATE_WHY),
+)
