@@ -70,6 +70,15 @@ def test_interpreter_runs_the_ops_on_the_cpu(clean_env):
     assert "pass --index" in plaid["stages"]["tilemaxsim.exact_scores"]["products"]
 
 
+def test_without_triton_every_op_says_so(clean_env):
+    clean_env.setitem(sys.modules, "triton", None)  # what `import triton` meets when it is absent
+    report = explain.explain(device="cpu")
+    for op in report["ops"].values():
+        assert op["path"] == "unavailable" and "triton cannot be imported" in op["why"], op
+    assert report["machine"]["device"] == "cpu"
+    assert report["plaid"]["backend"] == "torch"
+
+
 def test_default_configs_come_from_the_ops(clean_env):
     """The configs shown are the ops' own choices (for the shapes named), not a copy of them."""
     pytest.importorskip("triton")

@@ -8,7 +8,8 @@ disk. Where the code makes a decision inline, with no side-effect-free function 
 report restates the rule and lists it under ``restated``, so a reader knows which answers could
 drift from the code.
 
-Exit status 2 with one line on stderr for a bad variable value or a bad ``--index``.
+Exit status 2 with one line on stderr for a bad variable value or a bad argument (``--index``,
+``--device``, ``--query-tokens``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ _READERS = {
 # Document counts the ops' default configs are shown for: a PLAID search's stage 4 (at most
 # ndocs // 4 = 1,024 candidates at the k = 1000 defaults), and a large rerank.
 FEW_DOCS, MANY_DOCS = 1024, 1 << 20
-# The shape the PQ mma kernel serves (ops/pq_mma.py): d = 128 as 16 sub-quantizers of 8.
-PQ_SHAPE = (128, 16, 8)
 # Padded documents are shown at this length when no index gives its longest document.
 PADDED_DOC_TOKENS = 128
 
@@ -185,7 +184,8 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
     restated.append("maxsim_residual: a default decode='permute' becomes 'pairs' where byte "
                     "permutes do not apply (inline in ops/residual._launch_kernel)")
     ops["maxsim_residual"] = entry
-    pq_dim, m, sub_dim = PQ_SHAPE
+    # maxsim_pq is shown at the one shape its mma kernel serves.
+    pq_dim, m, sub_dim = pq_mma.DIM, pq_mma.NUM_SUBQUANTIZERS, pq_mma.SUB_DIM
     Q3 = torch.empty(1, lq, pq_dim, dtype=torch.float16, device=device)
     codes = torch.empty(0, m, dtype=torch.uint8, device=device)
     books = torch.empty(m, pq.CODEBOOK_SIZE, sub_dim, dtype=torch.float16, device=device)
@@ -235,6 +235,9 @@ def _plaid(device: torch.device, lq: int, index: IndexFacts | None, restated: li
     backend_why = (f"{environment.BACKEND_ENV_VAR}={backend}" if chosen
                    else f"default for an index on {device.type}")
     triton = backend == "triton"
+    runs, triton_why = _triton_runs(device)
+    if triton and not runs:
+        backend_why += f"; but {triton_why}: a search would fail"
     stages = {}
     (r_centroid, r_candidates, r_interaction, r_exact, r_sort, r_graph, r_transfer) = PROFILER_RANGES
     if device.type == "cuda" and not backends.cublas_fp32_is_exact():
