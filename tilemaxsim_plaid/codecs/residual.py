@@ -29,6 +29,8 @@ __all__ = [
     "pack_buckets",
     "decompress_residuals",
     "residual_inverse_norms",
+    "compress_residuals",
+    "train_bucket_codec",
 ]
 
 SUPPORTED_NBITS = (1, 2, 4)
@@ -37,6 +39,9 @@ NORMALIZE_EPS = 1e-12
 # Tokens decoded per step by the torch paths: bounds the [chunk, d] temporaries (colbert-ai
 # decompresses in 2**15-token batches for the same reason).
 DECODE_CHUNK_TOKENS = 1 << 15
+# Tokens assigned to centroids per step by compress_residuals: a [chunk, C] fp16 score matrix
+# (fast-plaid's Rust create() steps by 2,048 rows; the argmax of a row does not depend on it).
+ENCODE_CHUNK_TOKENS = 1 << 11
 
 
 def check_nbits(nbits: int, dim: int | None = None) -> None:
@@ -192,3 +197,79 @@ def residual_inverse_norms(
         embeddings += weights[buckets.reshape(embeddings.shape[0], -1)]
         out[start:stop] = 1.0 / embeddings.norm(dim=-1).clamp_min(NORMALIZE_EPS)
     return out
+
+
+def compress_residuals(
+    embeddings: torch.Tensor,
+    centroids: torch.Tensor,
+    bucket_cutoffs: torch.Tensor,
+    nbits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual codes of ``embeddings``, as colbert-ai's ``ResidualCodec.compress`` and
+    fast-plaid's ``create()`` compute them on the GPU.
+
+    Each token takes the centroid of highest fp16 inner product (``argmax`` of
+    ``embeddings @ centroids.T``, first index on ties), its residual ``embedding - centroid``
+    is taken in fp16, and every dimension's bucket is ``torch.bucketize(residual, cutoffs)``
+    (right=False): the number of cutoffs strictly below the value.
+
+    Args:
+        embeddings: [T, d] fp16 (other float dtypes are rounded to fp16 first, as both do).
+        centroids: [C, d] fp16.
+        bucket_cutoffs: [2**nbits - 1] ascending.
+        nbits: 1, 2 or 4.
+
+    Returns:
+        ``(codes int64 [T], residuals uint8 [T, d * nbits / 8])`` on ``embeddings.device``.
+    """
+    check_nbits(nbits, centroids.shape[-1])
+    if embeddings.dim() != 2 or embeddings.shape[1] != centroids.shape[1]:
+        raise ValueError(f"embeddings must be [T, {centroids.shape[1]}], got {tuple(embeddings.shape)}")
+    if bucket_cutoffs.numel() != (1 << nbits) - 1:
+        raise ValueError(f"bucket_cutoffs must have {(1 << nbits) - 1} entries, got {bucket_cutoffs.numel()}")
+    E = embeddings.to(torch.float16)
+    C = centroids.to(device=E.device, dtype=torch.float16)
+    cutoffs = bucket_cutoffs.reshape(-1).to(device=E.device, dtype=torch.float32)
+    codes = torch.empty(E.shape[0], dtype=torch.int64, device=E.device)
+    for start in range(0, E.shape[0], ENCODE_CHUNK_TOKENS):
+        codes[start:start + ENCODE_CHUNK_TOKENS] = (E[start:start + ENCODE_CHUNK_TOKENS] @ C.T).argmax(1)
+    residuals = torch.empty(E.shape[0], E.shape[1] * nbits // 8, dtype=torch.uint8, device=E.device)
+    for start in range(0, E.shape[0], DECODE_CHUNK_TOKENS):
+        stop = start + DECODE_CHUNK_TOKENS
+        residual = E[start:stop] - C[codes[start:stop]]
+        residuals[start:stop] = pack_buckets(torch.bucketize(residual.float(), cutoffs), nbits)
+    return codes, residuals
+
+
+def train_bucket_codec(
+    heldout: torch.Tensor,
+    centroids: torch.Tensor,
+    nbits: int,
+) -> dict[str, torch.Tensor]:
+    """Bucket cutoffs and weights from held-out token embeddings, by the rule colbert-ai and
+    fast-plaid share: cutoffs are the ``i / 2**nbits`` quantiles (i = 1 .. 2**nbits - 1) of all
+    residual values, weights the ``(i + 0.5) / 2**nbits`` quantiles, so every bucket is equally
+    likely; also the per-dimension mean absolute residual and (fast-plaid) the 0.75 quantile of
+    the residual norms.
+
+    Quantiles are order statistics (``kthvalue``, as fast-plaid takes them), so every value is
+    one of the fp16 residuals.
+
+    Returns:
+        ``{"bucket_cutoffs", "bucket_weights", "avg_residual", "cluster_threshold"}``, fp32.
+    """
+    codes, _ = compress_residuals(heldout, centroids, torch.zeros((1 << nbits) - 1), nbits)
+    residual = (heldout.to(torch.float16) - centroids.to(heldout.device, torch.float16)[codes]).float()
+    flat = residual.reshape(-1)
+
+    def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
+        k = max(1, min(values.numel(), int(round(q * (values.numel() - 1))) + 1))
+        return values.kthvalue(k).values
+
+    levels = 1 << nbits
+    return {
+        "bucket_cutoffs": torch.stack([quantile(flat, i / levels) for i in range(1, levels)]).cpu(),
+        "bucket_weights": torch.stack([quantile(flat, (i + 0.5) / levels) for i in range(levels)]).cpu(),
+        "avg_residual": residual.abs().mean(0).cpu(),
+        "cluster_threshold": quantile(residual.norm(dim=1), 0.75).reshape(1).cpu(),
+    }
