@@ -51,13 +51,29 @@ __all__ = [
 ]
 
 
+def _import(name: str, module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] != "triton":
+            raise
+        # Where triton has no wheel (it publishes Linux wheels only) the package and the
+        # plugin's exact torch path work; only the kernels need it.
+        raise ImportError(
+            f"{__name__}.{name} needs triton, which cannot be imported here ({error}); Triton "
+            f"publishes wheels for Linux only. The colbert-ai plugin still serves with its "
+            f"exact torch path.",
+            name="triton",
+        ) from error
+
+
 def __getattr__(name: str):
     if name in _SUBPACKAGES:
-        return importlib.import_module(f"{__name__}.{name}")
+        return _import(name, f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_import(name, module), name)
     globals()[name] = value
     return value
 
