@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -137,3 +138,60 @@ def test_environment_variable_turns_auto_enable_off(monkeypatch, value):
         monkeypatch.delenv(registry.DISABLE_ENV_VAR)
         assert registry.auto_enable() is True
         assert registry.is_enabled(["compat", "scoring"])
+
+
+def test_unknown_library_is_rejected():
+    with pytest.raises(ValueError, match="libraries"):
+        registry.enable(libraries=["faiss"])
+    with pytest.raises(TypeError, match="libraries"):
+        registry.enable(libraries="pylate")
+
+
+def test_every_library_lists_targets_of_its_own_package():
+    names = []
+    for name, library in registry.LIBRARIES.items():
+        targets = registry._targets_of(name)
+        assert targets, name
+        for target in targets:
+            assert target.owner.partition(":")[0].partition(".")[0] == library.package, target.name
+            assert target.group in registry.GROUPS, target.name
+            names.append(target.name)
+    assert len(names) == len(set(names))
+    assert set(registry.PLUGIN_LIBRARIES) == {"colbert-ai", "ragatouille"}
+    assert registry._targets_of("colbert-ai") == TARGETS
+
+
+def test_plugin_defaults_leave_pylate_alone(monkeypatch):
+    """enable()/disable() without libraries never import or patch PyLate (patch_pylate() does)."""
+    with patch_state(()):
+        assert registry.enable()
+        assert not any(name.startswith("pylate.") for name in registry.active_bindings())
+        assert not registry.is_pending(["pylate"])
+
+
+def test_import_hook_waits_for_a_submodule(tmp_path, monkeypatch):
+    """A dotted name: the callback runs once that module itself has been executed."""
+    from tilemaxsim_plaid.plaid import import_hook
+
+    package = tmp_path / "hooked_package"
+    (package / "models").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "models" / "__init__.py").write_text("from . import scoring\n")
+    (package / "models" / "scoring.py").write_text("class Scorer:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+    import_hook.call_after_import("hooked_package.models.scoring",
+                                  lambda module: calls.append(hasattr(module, "Scorer")))
+    try:
+        assert import_hook.is_pending("hooked_package.models.scoring")
+        import hooked_package  # noqa: F401  (the parent alone does not fire it)
+        assert calls == []
+        import hooked_package.models  # noqa: F401
+        assert calls == [True]
+        assert not import_hook.is_pending("hooked_package.models.scoring")
+    finally:
+        import_hook.cancel("hooked_package.models.scoring")
+        for name in ("hooked_package.models.scoring", "hooked_package.models", "hooked_package"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ValueError, match="module name"):
+        import_hook.call_after_import("not a module", print)
