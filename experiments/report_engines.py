@@ -151,7 +151,9 @@ def build_report(rows: list[dict], provenances: list[dict], out: pathlib.Path) -
             lines.append(f"- plugin at {_passages(r):,} passages: {r['breakdown']['per_token']:.1f} "
                          f"GPU bytes per token embedding ({parts})")
     for r in rows:
-        if r["suite"] == "build":
+        if r["suite"] == "build" and r["provider"] != "shared":
+            lines.append(f"- {r['provider']} at {_passages(r):,} passages: {r['seconds']:.1f} s")
+        elif r["suite"] == "build":
             lines.append(f"- index build at {_passages(r):,} passages: {r['seconds']:.1f} s "
                          f"({r['num_embeddings']:,} embeddings, C = {r['num_centroids']:,}, "
                          f"centroids from {r['centroids_from']})")
