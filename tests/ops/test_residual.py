@@ -2,11 +2,15 @@
 class, and the decode tables the kernel reads (kernel exactness:
 tests/kernels/test_maxsim_residual.py)."""
 
+import logging
+
 import pytest
 import torch
 
-from tests.kernels.test_maxsim_residual import (NUM_CENTROIDS, norms_of, random_index, score,
+from tests.kernels.test_maxsim_residual import (NUM_CENTROIDS, expected, norms_of,
+                                                poisoned_outputs, random_index, score,
                                                 unit_queries)
+from tests.tolerances import assert_close
 from tilemaxsim_plaid.codecs.residual import bucket_table
 from tilemaxsim_plaid.ops import residual
 from tilemaxsim_plaid.ops.residual import (MANY_DOCS, ResidualConfig, decode_table,
@@ -190,44 +194,84 @@ def _index_at(num_centroids, device, dim=128, nbits=2):
     return index
 
 
-@pytest.mark.parametrize("dtype,table_path,element_size", [
-    pytest.param(torch.float16, True, 2, id="fp16-table-fits-at-2-bytes"),
-    pytest.param(torch.float32, False, 4, id="fp32-judged-at-4-bytes"),
+@pytest.mark.parametrize("dtype,C,tokens_per_launch,table_path", [
+    pytest.param(torch.float16, 1 << 18, [32], True, id="fp16-table-whole-at-2-bytes"),
+    pytest.param(torch.float32, 1 << 18, [16, 16], True, id="fp32-table-in-two-tiles"),
+    pytest.param(torch.float32, 1 << 20, [32], False, id="fp32-tiles-too-narrow-gather"),
 ])
-def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, dtype, table_path,
-                                             element_size):
-    """C = 2**18 and 32 query rows: the fp16 table (16 MiB) fits MAX_CENTROID_TABLE_BYTES and is
-    taken; an fp32 table (32 MiB) does not: centroid rows are gathered, and that is logged once."""
+def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, dtype, C,
+                                             tokens_per_launch, table_path):
+    """32 query rows at MS MARCO's C = 2**18: the fp16 table (16 MiB) fits
+    MAX_CENTROID_TABLE_BYTES whole; the fp32 table (32 MiB) is split into two 16-row tables,
+    still the table path, logged once at INFO. At C = 2**20 even a 16-row fp32 table (16 MiB) is
+    over: centroid rows are gathered, and that slower path is the one WARNING, logged once."""
     kernel = RecordingKernel()
     built = []
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
     monkeypatch.setattr(residual, "MANY_DOCS", 2)
     monkeypatch.setattr(residual, "_logged_no_table", set())
+    monkeypatch.setattr(residual, "_logged_tiles", set())
     monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32: (
-        built.append(dt) or torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1], dtype=dt)))
-    C, rows = 1 << 18, 32
-    assert residual.centroid_table_fits(C, rows, 2)
-    assert not residual.centroid_table_fits(C, rows, 4)
-    assert not residual.centroid_table_fits(C, rows)  # the default is fp32
+        built.append((dt, Q3.shape[1])) or torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1],
+                                                        dtype=dt)))
+    rows = 32
+    assert residual.centroid_table_fits(1 << 18, rows, 2)
+    assert not residual.centroid_table_fits(1 << 18, rows, 4)
+    assert not residual.centroid_table_fits(1 << 18, rows)  # the default is fp32
     index = _index_at(C, device)
     Q = unit_queries(1, rows, 128, dtype, device)
     inv_norms = torch.ones(index["codes"].shape[0], device=device)
     with caplog.at_level("INFO", logger=residual.__name__):
         for _ in range(2):
             score(Q, index, 2, inv_norms=inv_norms)
-    (_, kwargs), _ = kernel.launches
-    assert kwargs["CENTROID_TABLE"] is table_path
+    launches = [kwargs for _, kwargs in kernel.launches]
+    assert [kwargs["LQ"] for kwargs in launches] == tokens_per_launch * 2
+    assert all(kwargs["CENTROID_TABLE"] is table_path for kwargs in launches)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     if table_path:
-        assert built == [torch.float16] * 2
-        assert kwargs["DECODE_GROUP"] == 0  # the permute decoder of the fp16 default
-        assert not caplog.records
+        table_dtype = torch.float16 if dtype == torch.float16 else torch.float32
+        assert built == [(table_dtype, n) for n in tokens_per_launch] * 2
+        assert not warnings
+        if dtype == torch.float16:
+            assert launches[0]["DECODE_GROUP"] == 0  # the permute decoder of the fp16 default
+            assert not infos
+        else:
+            (message,) = infos  # once, not per call
+            assert f"C={C}" in message and "32.0 MiB" in message and "2 launches of 1 x 16" in message
     else:
         assert built == []
-        assert kwargs["DECODE_GROUP"] == 2
-        (record,) = caplog.records  # once, not per call
+        assert launches[0]["DECODE_GROUP"] == 2
+        (record,) = warnings  # once, not per call
         message = record.getMessage()
         assert f"C={C}" in message and f"B*Lq={rows}" in message and "4-byte" in message
-        assert "32.0 MiB" in message and "gathering centroid rows" in message
+        assert "128.0 MiB" in message and "gathering centroid rows" in message
+
+
+@pytest.mark.parametrize("C,B,Lq,element_size,want", [
+    pytest.param(1 << 16, 1, 32, 4, (1, 32), id="C2^16-whole"),
+    pytest.param(1 << 18, 1, 32, 2, (1, 32), id="C2^18-fp16-whole"),
+    pytest.param(1 << 18, 1, 32, 4, (1, 16), id="C2^18-fp32-two-tiles"),
+    pytest.param(1 << 18, 1, 33, 4, (1, 17), id="C2^18-Lq33-two-tiles"),
+    pytest.param(1 << 18, 1, 45, 4, (1, 23), id="C2^18-Lq45-two-tiles"),
+    pytest.param(1 << 18, 1, 64, 4, (1, 22), id="C2^18-Lq64-three-tiles"),
+    pytest.param(1 << 18, 1, 8, 4, (1, 8), id="C2^18-short-query-whole"),
+    pytest.param(1 << 18, 4, 8, 4, (3, 8), id="C2^18-whole-queries-per-launch"),
+    pytest.param(1 << 18, 3, 32, 2, (1, 32), id="C2^18-fp16-one-query-per-launch"),
+    pytest.param(1 << 19, 1, 32, 4, None, id="C2^19-tiles-too-narrow"),
+    pytest.param(1 << 19, 1, 12, 4, (1, 12), id="C2^19-narrow-whole-query"),
+    pytest.param(1 << 30, 1, 1, 4, None, id="no-row-fits"),
+    pytest.param(0, 1, 32, 4, (1, 32), id="no-centroids"),
+])
+def test_centroid_table_tiles(C, B, Lq, element_size, want):
+    """The split of a table over launches: whole queries first, then the fewest equal token
+    tiles; every launch's table fits, and no tile of a query is narrower than 16 rows."""
+    tiles = residual.centroid_table_tiles(C, B, Lq, element_size)
+    assert tiles == want
+    if tiles is not None:
+        queries, tokens = tiles
+        assert residual.centroid_table_fits(C, queries * tokens, element_size)
+        assert tokens == Lq or tokens >= residual.MIN_TABLE_TILE_ROWS
 
 
 def test_caller_table_judged_at_its_own_bytes(device, monkeypatch):
@@ -242,3 +286,88 @@ def test_caller_table_judged_at_its_own_bytes(device, monkeypatch):
     score(Q, index, 2, inv_norms=inv_norms, centroid_scores=table)
     (_, kwargs), = kernel.launches
     assert kwargs["CENTROID_TABLE"] is True
+
+
+def _tile_budget(monkeypatch, rows, element_size, num_centroids=NUM_CENTROIDS):
+    """Make one launch's table hold ``rows`` query rows of this small index, as an fp32 table
+    at C = 2**18 holds 24 (the real budget would need 2**18 centroids under the interpreter);
+    returns the query-token counts the launches are given."""
+    monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", rows * num_centroids * element_size)
+    monkeypatch.setattr(residual, "_logged_tiles", set())
+    launched = []
+    real = residual._launch_kernel
+
+    def recording(Q3, *args):
+        launched.append(tuple(Q3.shape[:2]))
+        return real(Q3, *args)
+
+    monkeypatch.setattr(residual, "_launch_kernel", recording)
+    return launched
+
+
+TILED_INPUTS = [
+    pytest.param(torch.float16, False, id="fp16"),
+    pytest.param(torch.bfloat16, False, id="bf16"),
+    pytest.param(torch.float32, False, id="fp32-tf32x3"),
+    pytest.param(torch.float32, True, id="fp32-split"),
+]
+
+
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dtype,split", TILED_INPUTS)
+@pytest.mark.parametrize("Lq,tokens", [pytest.param(33, 17, id="Lq33"),
+                                       pytest.param(45, 23, id="Lq45")])
+def test_tiled_table_is_exact(device, poisoned_outputs, monkeypatch, nbits, dtype, split, Lq,
+                              tokens):
+    """A table split by query tokens (two tiles per query, as 32 fp32 rows at C = 2**18) gives
+    the float64 reference's scores: an empty document (DOC_LENGTHS) is -inf, a query with no
+    tokens 0, one that ends in its first tile adds nothing from the second; pids repeat."""
+    index = random_index(device, 128, nbits)
+    entry_bytes = 2 if dtype == torch.float16 else 4
+    launched = _tile_budget(monkeypatch, 24, entry_bytes)
+    Q = unit_queries(3, Lq, 128, dtype, device)
+    query_lengths = torch.tensor([Lq, 0, 10], device=device)
+    pids = torch.tensor([5, 0, 2, 0, 4, 1, 3], device=device)
+    out = score(Q, index, nbits, pids=pids, query_lengths=query_lengths,
+                inv_norms=norms_of(index, nbits), split_query=split)
+    assert launched == [(1, tokens), (1, Lq - tokens)] * 3
+    op = "maxsim_residual_split" if split else "maxsim_residual"
+    want = expected(Q, index, nbits, pids=pids, query_lengths=query_lengths)
+    assert_close(out, want, op, dtype)
+    assert torch.isneginf(out[[0, 2], 1]).all() and torch.equal(out[1].cpu(), torch.zeros(7))
+
+
+@pytest.mark.parametrize("dtype,split", TILED_INPUTS)
+def test_tiles_of_a_caller_table(device, poisoned_outputs, monkeypatch, dtype, split):
+    """A caller's table (PLAID's stage 1) split into tiles: each tile's columns are the right
+    ones (a whole table, then the same table in tiles, against the reference), over whole
+    queries per launch as well as token tiles; fp16 tables go with fp16 queries."""
+    index = random_index(device, 128, 2, centroid_dtype=torch.float32)
+    Q = unit_queries(2, 40, 128, dtype, device)
+    norms = norms_of(index, 2)
+    table_dtype = torch.float16 if dtype == torch.float16 else torch.float32
+    table = (index["centroids"].float() @ Q.reshape(-1, 128).float().T).to(table_dtype)
+    op = "maxsim_residual_split" if split else "maxsim_residual"
+    want = expected(Q, index, 2)
+    for rows, launches in ((80, [(2, 40)]), (40, [(1, 40)] * 2), (24, [(1, 20)] * 4)):
+        launched = _tile_budget(monkeypatch, rows, table.element_size())
+        out = score(Q, index, 2, inv_norms=norms, centroid_scores=table, split_query=split)
+        assert launched == launches
+        assert_close(out, want, op, dtype)
+
+
+def test_tiled_table_log_line(device, monkeypatch, caplog):
+    """A split table is logged once at INFO with its launches, never as a WARNING; an explicit
+    config.centroid_table=True keeps the one whole table."""
+    index = random_index(device, 128, 2)
+    norms = norms_of(index, 2)
+    Q = unit_queries(1, 32, 128, torch.float32, device)
+    launched = _tile_budget(monkeypatch, 24, 4)
+    with caplog.at_level("INFO", logger=residual.__name__):
+        tiled = score(Q, index, 2, inv_norms=norms)
+        score(Q, index, 2, inv_norms=norms)
+        whole = score(Q, index, 2, inv_norms=norms, config=ResidualConfig(centroid_table=True))
+    assert launched == [(1, 16)] * 4 + [(1, 32)]
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "2 launches of 1 x 16 query rows" in record.getMessage()
+    assert_close(tiled, whole, "maxsim_residual", torch.float32)

@@ -26,8 +26,9 @@ from tilemaxsim_plaid.ops.launch import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "decode_table", "default_residual_config", "maxsim_residual",
-           "query_centroid_scores", "split_query_centroid_scores"]
+__all__ = ["ResidualConfig", "centroid_table_fits", "centroid_table_tiles", "decode_table",
+           "default_residual_config", "maxsim_residual", "query_centroid_scores",
+           "split_query_centroid_scores"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
 # comfortably; longer queries are scored in chunks and the chunk scores summed.
@@ -37,10 +38,16 @@ MAX_BLOCK_D = 128
 MIN_DOT_DIM = 16
 # The per-query centroid table S = centroids @ Q^T is gathered once per token (one row of B*Lq
 # entries, in the dtype it is built in: fp16 for fp16 queries, else fp32); it pays off while it
-# stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes), so it may take
-# under half of it. Above this size the kernel gathers centroid rows instead (256 B per token at
-# d = 128) and decodes with the pair table: centroid_table_fits is the one place this is judged.
+# stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes), so one
+# launch's table may take under half of it. A larger table is split over launches by query rows
+# (centroid_table_tiles); only where a tile would be narrower than MIN_TABLE_TILE_ROWS does the
+# kernel gather centroid rows instead (256 B per token at d = 128) and decode with the pair
+# table. centroid_table_fits and centroid_table_tiles are the one place this is judged.
 MAX_CENTROID_TABLE_BYTES = 24 << 20
+# The narrowest tile of a split table (a whole query may be narrower): the tensor cores multiply
+# at least 16 query columns, so a narrower tile pays a whole pass over the documents' codes for
+# products that are partly padding.
+MIN_TABLE_TILE_ROWS = MIN_DOT_DIM
 # Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
 TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
 # The split build (fp16 centroids, fp32 query, fp16 tensor cores) streams the fp16 centroids once:
@@ -78,8 +85,10 @@ class ResidualConfig:
         queries_per_block: queries stacked into one tensor-core product.
         docs_per_program: documents one program walks (amortises its query block and weights).
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
-            False: gather centroid rows; None: table when it fits MAX_CENTROID_TABLE_BYTES in
-            the dtype it is built in (fp16 with half_table), else gather (logged once).
+            False: gather centroid rows; None: the table, in the dtype it is built in (fp16
+            with half_table), over as many launches by query rows as it takes for each
+            launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once);
+            gather where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once).
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension) or
             "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
             4-byte aligned residual rows, 16-bit products only). Byte-unit rows in chunks
@@ -310,14 +319,46 @@ def split_query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor
 
 
 def centroid_table_fits(num_centroids: int, num_rows: int, element_size: int = 4) -> bool:
-    """Whether a [C, rows] centroid-score table of ``element_size``-byte entries (4: fp32, 2:
-    fp16) is small enough for the table path (see MAX_CENTROID_TABLE_BYTES); the default
-    configuration gathers centroid rows otherwise."""
+    """Whether one launch's [C, rows] centroid-score table of ``element_size``-byte entries (4:
+    fp32, 2: fp16) fits MAX_CENTROID_TABLE_BYTES."""
     return num_centroids * num_rows * element_size <= MAX_CENTROID_TABLE_BYTES
 
 
-# (C, rows, bytes per entry) already logged as too big for the table path.
+def centroid_table_tiles(num_centroids: int, num_queries: int, query_len: int,
+                         element_size: int = 4) -> tuple[int, int] | None:
+    """How the table path scores ``num_queries`` queries of ``query_len`` rows against C
+    centroids: ``(queries, tokens)`` per launch, each launch's [C, queries * tokens] table
+    fitting :func:`centroid_table_fits`; ``(num_queries, query_len)`` is one launch. None where
+    even a tile of MIN_TABLE_TILE_ROWS query rows does not fit: the centroid rows are gathered.
+
+    Whole queries first: launches over disjoint queries write disjoint rows of the scores, with
+    nothing to sum. A query too wide for one table is cut into the fewest equal tiles of its
+    tokens: a score is a sum of per-token maxima, so each tile is exact MaxSim over its tokens
+    and the tiles' scores add up (an empty document is -inf in every tile, a tile past a query's
+    length adds 0). Every launch is a pass over the documents' codes and residual rows, decoding
+    each token again, hence the fewest and widest tiles the budget allows, and none narrower
+    than MIN_TABLE_TILE_ROWS rows. MS MARCO's C = 2**18 with a 32-token fp32 table (32 MiB, what
+    the plugin's exact fp16x2 products take) is two launches of 16 rows.
+
+    The budget stays one constant rather than a share of the device's L2 size: it already is
+    under half of an H100's or H200's L2, and the 32 MiB table is over half of either, so a
+    per-device budget would not keep that table whole; elsewhere it would only change choices
+    that were never measured.
+    """
+    if num_queries * query_len == 0:
+        return num_queries, query_len
+    rows = MAX_CENTROID_TABLE_BYTES // max(1, num_centroids * element_size)
+    if num_queries * query_len <= rows:
+        return num_queries, query_len
+    if query_len <= rows:
+        return rows // query_len, query_len
+    tokens = triton.cdiv(query_len, triton.cdiv(query_len, max(rows, 1)))
+    return (1, tokens) if tokens >= MIN_TABLE_TILE_ROWS else None
+
+
+# (C, rows, bytes per entry) already logged as too big for the table path, or split over launches.
 _logged_no_table: set[tuple[int, int, int]] = set()
+_logged_tiles: set[tuple[int, int, int]] = set()
 
 
 def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int,
@@ -332,11 +373,11 @@ def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int
             _logged_no_table.add(key)
             logger.warning(
                 "maxsim_residual: the centroid-score table [C=%d, B*Lq=%d] of %d-byte entries "
-                "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB): gathering centroid rows "
-                "with the pair decoder instead (slower); score fewer query rows per call to "
-                "keep the table path", num_centroids, num_rows, element_size,
+                "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB) even in tiles of %d "
+                "query rows: gathering centroid rows with the pair decoder instead (slower)",
+                num_centroids, num_rows, element_size,
                 num_centroids * num_rows * element_size / 2**20,
-                MAX_CENTROID_TABLE_BYTES / 2**20)
+                MAX_CENTROID_TABLE_BYTES / 2**20, MIN_TABLE_TILE_ROWS)
         return False
     if cfg.centroid_table and inv_norms is None:
         raise ValueError(
@@ -346,17 +387,83 @@ def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int
     return cfg.centroid_table
 
 
+def _half_table(Q3, inv_norms, config, centroid_scores, split_query) -> bool:
+    """Whether the kernel builds its centroid-score table in fp16: config.half_table, by default
+    for fp16 queries where it builds the table (no caller's table, no split_query)."""
+    if config is not None and config.half_table is not None:
+        return config.half_table
+    return (centroid_scores is None and not split_query and Q3.dtype == torch.float16
+            and inv_norms is not None)
+
+
+def _table_entry_bytes(centroid_scores, half_table: bool) -> int:
+    """The bytes of one table entry: the table is judged in the dtype it is used in."""
+    if centroid_scores is not None:
+        return centroid_scores.element_size()
+    return 2 if half_table else 4
+
+
 def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, config, centroid_scores=None, split_query=False):
     if Q3.shape[1] > MAX_LQ_PER_LAUNCH:
         centroid_scores = None  # each chunk of query tokens builds its own table
 
     def launch(Q_chunk, chunk_lengths):
-        return _launch_kernel(Q_chunk, codes, residuals, offsets, centroids, bucket_weights, nbits,
-                              pids, inv_norms, chunk_lengths, num_out_docs, config,
-                              centroid_scores, split_query)
+        return _launch_table_tiles(Q_chunk, codes, residuals, offsets, centroids, bucket_weights,
+                                   nbits, pids, inv_norms, chunk_lengths, num_out_docs, config,
+                                   centroid_scores, split_query)
 
     return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+
+
+def _launch_table_tiles(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
+                        inv_norms, query_lengths, num_out_docs, config, centroid_scores,
+                        split_query):
+    """One launch, or one per tile of query rows where the table path's table is split
+    (:func:`centroid_table_tiles`); the tiles' scores make up the whole."""
+    B, Lq, _ = Q3.shape
+    C = centroids.shape[0]
+    index = (codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms)
+    tiles = None
+    if inv_norms is not None and (config is None or config.centroid_table is None):
+        entry_bytes = _table_entry_bytes(
+            centroid_scores, _half_table(Q3, inv_norms, config, centroid_scores, split_query))
+        tiles = centroid_table_tiles(C, B, Lq, entry_bytes)
+    if tiles is None or tiles == (B, Lq):
+        return _launch_kernel(Q3, *index, query_lengths, num_out_docs, config, centroid_scores,
+                              split_query)
+    queries, tokens = tiles
+    key = (C, B * Lq, entry_bytes)
+    if key not in _logged_tiles:
+        _logged_tiles.add(key)
+        logger.info(
+            "maxsim_residual: the centroid-score table [C=%d, B*Lq=%d] of %d-byte entries "
+            "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB): %d launches of %d x %d "
+            "query rows, one table each", C, B * Lq, entry_bytes, C * B * Lq * entry_bytes / 2**20,
+            MAX_CENTROID_TABLE_BYTES / 2**20, triton.cdiv(B, queries) * triton.cdiv(Lq, tokens),
+            queries, tokens)
+    summed = tokens < Lq
+    out = (torch.zeros if summed else torch.empty)(B, num_out_docs, dtype=torch.float32,
+                                                   device=Q3.device)
+    # [C, B, Lq]: column b * Lq + i of the table is query b's token i (Q3.reshape(-1, d)).
+    table = None if centroid_scores is None else centroid_scores.view(C, B, Lq)
+    for b in range(0, B, queries):
+        for t in range(0, Lq, tokens):
+            Q_tile = Q3[b:b + queries, t:t + tokens]
+            tile_lengths = None
+            if query_lengths is not None:
+                tile_lengths = (query_lengths[b:b + queries] - t).clamp(0, Q_tile.shape[1])
+            # Copied into a dense [C, rows] table: gathered from the caller's wider rows, a tile
+            # would spread over the cache lines of the whole table.
+            tile_table = None if table is None else (
+                table[:, b:b + queries, t:t + tokens].reshape(C, -1).contiguous())
+            scores = _launch_kernel(Q_tile, *index, tile_lengths, num_out_docs, config,
+                                    tile_table, split_query)
+            if summed:
+                out[b:b + queries] += scores
+            else:
+                out[b:b + queries] = scores
+    return out
 
 
 def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
@@ -367,13 +474,11 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     # The table path needs inverse norms; only there does the table's dtype (and the prefetch
     # that pays beside an fp16 table) matter.
     builds_table = centroid_scores is None and not split_query
-    half_default = builds_table and Q3.dtype == torch.float16 and inv_norms is not None
+    half_default = _half_table(Q3, inv_norms, None, centroid_scores, split_query)
     cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
                                             half_default)
-    half_table = half_default if cfg.half_table is None else cfg.half_table
-    # The table is judged at the bytes of the dtype it is used in.
-    table_bytes = (centroid_scores.element_size() if centroid_scores is not None
-                   else 2 if half_table else 4)
+    half_table = _half_table(Q3, inv_norms, cfg, centroid_scores, split_query)
+    table_bytes = _table_entry_bytes(centroid_scores, half_table)
     if config is None and cfg.decode == "permute" and not (
             _permute_applies(Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim))
             and _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes)):
@@ -422,7 +527,9 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
             raise ValueError(f"{name} {checks.describe(rows)}: too large for the kernel's int32 "
                              f"element offsets (code * row stride + column)")
     if split_query and not use_table:
-        raise ValueError("split_query needs the centroid-table path (config.centroid_table=False given)")
+        raise ValueError("split_query needs the centroid-table path: config.centroid_table=False "
+                         "was given, or the table does not fit even in tiles of query rows "
+                         "(centroid_table_tiles)")
     if split_query and Q_lo is None:
         # The table above was built from the fp32 query; the tiles see its fp16 head and tail.
         # Contiguous, so that the two share the strides the kernel is given for both.
