@@ -230,7 +230,8 @@ def test_no_device_sync_for_remembered_tensors_on_gpu(device, op):
         torch.cuda.set_sync_debug_mode("default")
 
 
-# NaN policy (ops/checks.py): validate=True refuses NaN or inf in the document-side float inputs.
+# NaN policy (docs/kernels.md): validate=True refuses NaN or inf in the document-side float
+# inputs.
 FLOAT_INPUTS = [("packed", "D"), ("padded", "D"), ("residual", "centroids"),
                 ("residual", "bucket_weights"), ("residual", "inv_norms"), ("pq", "codebooks"),
                 ("pq", "centroids"), ("pq", "inv_norms")]
@@ -282,10 +283,11 @@ def test_packed_rows_past_the_last_document_are_not_checked(device, stub_kernels
         call(dict(t, D=torch.cat([t["D"][:2], D[-1:], t["D"][2:]])))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the kernels' maxima drop NaN: a NaN in Q is not refused "
-                   "(a per-call host sync) and does not reach the scores yet (kernels/)")
 @pytest.mark.parametrize("op", OPS)
 def test_nan_in_the_query_reaches_its_scores(device, op):
+    """validate=True does not read Q (a host sync per call): a NaN there reaches exactly the
+    scores of its query (the NaN policy, docs/kernels.md); tests/kernels/test_nan_policy.py
+    checks every input of every op against the reference."""
     call, t = make(op, device)
     t["Q"] = t["Q"].clone()
     t["Q"][0, 1, 3] = float("nan")

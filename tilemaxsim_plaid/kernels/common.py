@@ -18,6 +18,36 @@ def tile_dot(a, b_t, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def maximum_nan(a, b):
+    """Elementwise max that propagates NaN, as torch's max does (the NaN policy, docs/kernels.md):
+    tl.maximum's default (IEEE maxNum, PTX max.f32) drops a NaN operand and returns the other.
+    PTX max.NaN.f32 (sm_80 on), the same throughput as max.f32. -inf never beats a NaN."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def max_nan_tree(x, axis: tl.constexpr):
+    """tl.max(x, axis) that propagates NaN: tl.max takes no propagate_nan (triton 3.6 to 3.9) and
+    reduces by maxNum; this is tl.max's own reduction with maximum_nan as its combine."""
+    return tl.reduce(x, axis, maximum_nan)
+
+
+@triton.jit
+def max_nan_flagged(x, axis: tl.constexpr):
+    """max_nan_tree's values from the interpreter's vectorised reductions: its tl.max (numpy's
+    nanmax, NaN dropped) and a per-slice NaN flag. The interpreter runs a reduction with a jitted
+    combine one element at a time, which would make the CPU tests many times slower."""
+    has_nan = tl.max((x != x).to(tl.int32), axis=axis)
+    largest = tl.max(tl.where(x != x, float("-inf"), x), axis=axis)
+    return tl.where(has_nan != 0, float("nan"), largest)
+
+
+# The kernels' NaN-propagating reduction: the reduction tree compiled (GPU), the flagged form
+# under TRITON_INTERPRET (the CPU); tests/kernels/test_nan_policy.py holds both to torch.amax.
+max_nan = max_nan_flagged if triton.knobs.runtime.interpret else max_nan_tree
+
+
+@triton.jit
 def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.constexpr):
     """(valid, start, end) token rows of the ``out_idx``-th scored document of a packed corpus:
     document ``pids[out_idx]`` (or ``out_idx``) owns rows ``offsets[doc]:offsets[doc + 1]``.

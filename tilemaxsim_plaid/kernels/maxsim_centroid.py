@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan
+
 
 @triton.jit
 def _centroid_interaction_kernel(
@@ -58,7 +60,7 @@ def _centroid_interaction_kernel(
         b_scores = tl.load(
             p_rows, mask=mask_t[:, None] & mask_q[None, :], other=float("-inf")
         ).to(tl.float32)  # [BLOCK_T, BLOCK_Q]
-        b_max = tl.maximum(b_max, tl.max(b_scores, axis=0))  # [BLOCK_Q]
+        b_max = maximum_nan(b_max, max_nan(b_scores, 0))  # [BLOCK_Q]
     # where(), not a masked max: padded query columns must add 0, and 0 * -inf would be NaN.
     if HAS_UNMATCHED:
         unmatched_q = b_max == float("-inf")

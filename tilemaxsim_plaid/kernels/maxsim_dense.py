@@ -24,7 +24,7 @@ scores -inf, and a query of length 0 scores 0.
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds, tile_dot
+from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan, packed_doc_bounds, tile_dot
 
 
 @triton.jit
@@ -140,7 +140,7 @@ def _maxsim_dense_kernel(
                 # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
                 sim = tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
                 sim = tl.where(mask_t[None, :], sim, float("-inf"))
-                row_max = tl.max(sim, axis=1)
+                row_max = max_nan(sim, 1)
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                                     valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
         else:
@@ -165,7 +165,7 @@ def _maxsim_dense_kernel(
                         sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
                     mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
                     sim = tl.where(mask_t[None, :], sim, float("-inf"))
-                    row_max = tl.maximum(row_max, tl.max(sim, axis=1))
+                    row_max = maximum_nan(row_max, max_nan(sim, 1))
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                                     valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 
@@ -230,8 +230,8 @@ def _maxsim_packed_slots_kernel(
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
         sim = tl.where(mask_row[None, :], sim, float("-inf"))
         # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
-        chunk_max = tl.max(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), axis=2)
-        best = tl.maximum(best, chunk_max)
+        chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), 2)
+        best = maximum_nan(best, chunk_max)
 
     # where(), not a multiply: 0 * -inf is NaN for an empty document.
     contrib = tl.where(mask_q[:, None], best, 0.0)

@@ -52,8 +52,8 @@ Masking as everywhere: a token past its document's end is -inf, a query row past
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import (packed_doc_bounds, tile_dot, unpack_16bit_word_pair,
-                                             unpack_16bit_weights)
+from tilemaxsim_plaid.kernels.common import (max_nan, maximum_nan, packed_doc_bounds, tile_dot,
+                                             unpack_16bit_word_pair, unpack_16bit_weights)
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 from tilemaxsim_plaid.kernels.maxsim_residual import _ptx_load_words
 
@@ -392,11 +392,11 @@ def _score_pq_document(
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, True, WORD_GATHER, PTX_LOADS,
             GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES)
         if REDUCE_PER_TILE:
-            row_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            row_max = maximum_nan(row_max, max_nan(scores, 1))
         else:
-            tile_max = tl.maximum(tile_max, scores)
+            tile_max = maximum_nan(tile_max, scores)
     if not REDUCE_PER_TILE:
-        row_max = tl.max(tile_max, axis=1)
+        row_max = max_nan(tile_max, 1)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _pq_tile_scores(
             t0, end, next_words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
@@ -405,7 +405,7 @@ def _score_pq_document(
             BLOCK_T_TAIL, BLOCK_Q, M_BLOCK, NUM_M_BLOCKS, DSUB, DSUB_PAD, CENTROID_TABLE,
             PRECOMPUTED_NORMS, INPUT_PRECISION, UPCAST, False, WORD_GATHER, PTX_LOADS,
             GATHER_BYTES, HOLD_QUERY, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T)
-        row_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        row_max = maximum_nan(row_max, max_nan(scores, 1))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 

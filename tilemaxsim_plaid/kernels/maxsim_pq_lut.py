@@ -25,7 +25,7 @@ document's end is -inf, a query row past its query's length adds 0; an empty doc
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import packed_doc_bounds
+from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan, packed_doc_bounds
 
 CODEBOOK_SIZE = tl.constexpr(256)
 
@@ -98,7 +98,7 @@ def _maxsim_pq_lut_kernel(
                                       p_centroid_codes, p_centroid_scores, p_inv_norms,
                                       num_subquantizers, stride_pt, stride_sc, BLOCK_T, M_PAD,
                                       LQ_TILE, CENTROID_TABLE, PRECOMPUTED_NORMS)
-            row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+            row_max = maximum_nan(row_max, max_nan(scores, 0))
         # where(), not a multiply: 0 * -inf is NaN for an empty document.
         total = tl.sum(tl.where(mask_rows, row_max, 0.0), axis=0)
         tl.store(p_out + pid_tile * stride_ot + out_idx * stride_on, total, mask=valid_doc)

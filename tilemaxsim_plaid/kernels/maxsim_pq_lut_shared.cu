@@ -16,6 +16,8 @@
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past its query's
 // length adds 0; an empty document scores -inf, an empty query 0.
+// Every max propagates NaN (max_nan): a NaN in an input reaches exactly the scores it touches,
+// as in torch (docs/kernels.md, NaN and inf).
 //
 // Defines: ROWS (query rows per tile: 1, 2, 4, 8 or 16), WARPS (warps per block), CODE_WORDS
 // (1: a token's M codes are read as 32-bit words: M % 4 == 0, 4-byte aligned rows).
@@ -30,6 +32,18 @@
 #define CODE_WORDS 1
 #endif
 #define NEG_INF __int_as_float(0xff800000)
+
+// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand): max.NaN.f32
+// (sm_80 on), the same throughput as max.f32; before sm_80 a NaN operand is passed on by a + b.
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+#else
+    return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
 
 // acc[r] += table row (m, code): ROWS consecutive fp32 in shared memory.
 __device__ __forceinline__ void add_row(float (&acc)[ROWS], const float* table, int m,
@@ -118,7 +132,7 @@ maxsim_pq_lut_shared(const float* __restrict__ lut,             // [tiles, M * 2
                 }
                 const float scale = inv_norms ? inv_norms[t] : 1.f;
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) best[r] = fmaxf(best[r], acc[r] * scale);
+                for (int r = 0; r < ROWS; ++r) best[r] = max_nan(best[r], acc[r] * scale);
             }
             float total = 0.f;
 #pragma unroll
@@ -126,7 +140,7 @@ maxsim_pq_lut_shared(const float* __restrict__ lut,             // [tiles, M * 2
                 float v = best[r];
 #pragma unroll
                 for (int offset = 16; offset > 0; offset >>= 1)
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, offset));
                 total += valid[r] ? v : 0.f;
             }
             if (lane == 0) partial[tile * partial_stride + n] = total;

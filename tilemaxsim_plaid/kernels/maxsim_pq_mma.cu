@@ -35,6 +35,8 @@
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
 // length is zero and adds 0 (also to an empty document's -inf); an empty document is -inf.
+// Every max propagates NaN (max_nan): a NaN in an input reaches exactly the scores it touches,
+// as in torch (docs/kernels.md, NaN and inf).
 //
 // Defines: WARPS (warps per block), ELEM ("f16" or "bf16"), BOOK_F32 (1: the codebook is fp32).
 
@@ -55,6 +57,14 @@
 
 #define QUERY_REGS 64               // 8 k-blocks * 4 column blocks * 2 registers
 #define NEG_INF __int_as_float(0xff800000)
+
+// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand): max.NaN.f32
+// (sm_80 on), the same throughput as max.f32.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
 
 __device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
                                           unsigned a3, unsigned b0, unsigned b1) {
@@ -189,22 +199,14 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
             for (int half = 0; half < 2; ++half) {
                 const int half_left = tile_left - 8 * half;
                 if (half == 1 && half_left <= 0) break;  // the same for the whole warp
-                // Products start from 0 for this lane's tokens 2q, 2q + 1 in the document,
-                // from -inf past its end (the products are finite, so they stay -inf).
-                const float init0 = 2 * quad < half_left ? 0.f : NEG_INF;
-                const float init1 = 2 * quad + 1 < half_left ? 0.f : NEG_INF;
+                // This lane's tokens 2q, 2q + 1 of the half: in the document, or past its end.
+                const bool in0 = 2 * quad < half_left;
+                const bool in1 = 2 * quad + 1 < half_left;
                 // acc[qb] sums the products of sub-quantizer groups h with h % CHAINS == 0,
                 // acc[2 + qb] (CHAINS == 2) the others: independent chains of products.
                 float acc[2 * CHAINS][4];
 #pragma unroll
-                for (int qb = 0; qb < 2; ++qb) {
-                    acc[qb][0] = init0;
-                    acc[qb][1] = init1;
-                    acc[qb][2] = init0;
-                    acc[qb][3] = init1;
-                }
-#pragma unroll
-                for (int k = 2; k < 2 * CHAINS; ++k)
+                for (int k = 0; k < 2 * CHAINS; ++k)
 #pragma unroll
                     for (int j = 0; j < 4; ++j) acc[k][j] = 0.f;
                 const uint4& c = tile_codes[half];
@@ -227,12 +229,16 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
                 for (int k = 2; k < 2 * CHAINS; ++k)
 #pragma unroll
                     for (int j = 0; j < 4; ++j) acc[k - 2][j] += acc[k][j];
+                // A token past the end is -inf, selected after the products: a product may
+                // be NaN or inf (a NaN or inf in Q or the codebook, codes 0 past the end), and
+                // -inf + NaN would let it win the max.
 #pragma unroll
                 for (int qb = 0; qb < 2; ++qb)
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
-                        best[2 * qb + r] = fmaxf(best[2 * qb + r],
-                                                 fmaxf(acc[qb][2 * r], acc[qb][2 * r + 1]));
+                        best[2 * qb + r] = max_nan(best[2 * qb + r],
+                                                   max_nan(in0 ? acc[qb][2 * r] : NEG_INF,
+                                                           in1 ? acc[qb][2 * r + 1] : NEG_INF));
             }
 
             if (doc_done) {
@@ -241,8 +247,8 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     float v = best[i];
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
                     total += row_in_query[i] ? v : 0.f;
                     best[i] = NEG_INF;
                 }

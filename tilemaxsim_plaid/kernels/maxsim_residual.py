@@ -72,8 +72,8 @@ int64; offsets into the centroid table and S are int32 (the host checks they fit
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import (packed_doc_bounds, prefetch_rows_l2, tile_dot,
-                                             unpack_16bit_weights)
+from tilemaxsim_plaid.kernels.common import (max_nan, maximum_nan, packed_doc_bounds,
+                                             prefetch_rows_l2, tile_dot, unpack_16bit_weights)
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 
 
@@ -402,8 +402,8 @@ def _residual_tile_scores(
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
     else:
-        # F.normalize's eps: a zero embedding scores 0 rather than NaN.
-        inv_norm = 1.0 / tl.maximum(tl.sqrt(sum_sq), 1e-12)
+        # F.normalize's eps: a zero embedding scores 0 rather than NaN (a NaN norm stays NaN).
+        inv_norm = 1.0 / maximum_nan(tl.sqrt(sum_sq), 1e-12)
     scores = acc * inv_norm[:, None]
     return tl.where(mask_t[:, None], scores, float("-inf"))
 
@@ -455,8 +455,8 @@ def _score_document(
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS)
-        tile_max = tl.maximum(tile_max, scores)
-    row_max = tl.max(tile_max, axis=0)
+        tile_max = maximum_nan(tile_max, scores)
+    row_max = max_nan(tile_max, 0)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _residual_tile_scores(
             t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
@@ -467,7 +467,7 @@ def _score_document(
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS)
-        row_max = tl.maximum(row_max, tl.max(scores, axis=0))
+        row_max = maximum_nan(row_max, max_nan(scores, 0))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 

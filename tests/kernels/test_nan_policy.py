@@ -1,0 +1,334 @@
+"""The NaN policy (docs/kernels.md, NaN and inf): a NaN in any float input reaches exactly the
+scores it touches as NaN, as in the float64 reference (torch's max propagates NaN), and +inf/-inf
+give what float64 torch gives. Each input of each op is poisoned at one element, with
+validate=False; the output must have the reference's NaN pattern exactly and its other entries
+(finite or infinite) must match it.
+
+fp32 products run as tf32x3 on a GPU, whose head/tail split turns an inf into NaN (docs/
+kernels.md), so the inf cases use 16-bit inputs where the value enters a product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tests.conftest import ON_GPU
+from tests.kernels.test_maxsim_pq import random_pq_index
+from tests.kernels.test_maxsim_residual import norms_of, random_index
+from tests.tolerances import TOLERANCES
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.codecs.residual import decompress_residuals
+from tilemaxsim_plaid.kernels.common import max_nan_flagged, max_nan_tree, maximum_nan
+from tilemaxsim_plaid.ops import centroid, dense, pq, residual
+from tilemaxsim_plaid.ops.dense import MaxSimConfig
+from tilemaxsim_plaid.ops.pq import PQConfig
+from tilemaxsim_plaid.ops.residual import ResidualConfig
+
+NAN, INF = float("nan"), float("inf")
+VALUES = [pytest.param(NAN, id="nan"), pytest.param(INF, id="inf"), pytest.param(-INF, id="-inf")]
+# An empty document (always -inf), a one-token one, and longer ones over several tiles.
+LENGTHS = [0, 1, 17, 40, 5]
+B, LQ = 2, 5
+POISONED_DOC = 2  # the document a document-side poison lands in
+
+
+def assert_same_pattern(out, ref, op, dtype, value):
+    """NaN exactly where the reference has NaN; everything else equal to the reference within
+    the op's tolerance (infinities equal)."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), (
+        f"NaN pattern differs:\nout {torch.isnan(out).int().tolist()}\n"
+        f"ref {torch.isnan(ref).int().tolist()}")
+    if value != value:
+        assert torch.isnan(ref).any(), "the poison reached no score: the test tests nothing"
+    rtol, atol = TOLERANCES[(op, dtype)]
+    keep = ~torch.isnan(ref)
+    torch.testing.assert_close(out[keep], ref[keep], rtol=rtol, atol=atol)
+
+
+def _offsets(lengths):
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    return offsets
+
+
+def _poisoned(x, index, value):
+    x = x.clone()
+    x[index] = value
+    return x
+
+
+# Reductions: both forms of max_nan (compiled on a GPU; flagged under the interpreter) against
+# torch.amax, on rows with NaN, +inf, -inf, all -inf and all NaN.
+@triton.jit
+def _reduce_rows(p_x, p_out, TREE: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    x = tl.load(p_x + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :])
+    if TREE:
+        row_max = max_nan_tree(x, 1)
+    else:
+        row_max = max_nan_flagged(x, 1)
+    # An elementwise max against -inf and against a row of NaN, as the kernels' running maxima.
+    row_max = maximum_nan(row_max, float("-inf"))
+    tl.store(p_out + tl.arange(0, R), row_max)
+
+
+@pytest.mark.parametrize("tree", [pytest.param(True, id="tree"), pytest.param(False, id="flagged")])
+def test_both_reductions_propagate_nan_as_torch(device, tree):
+    x = torch.randn(8, 16)
+    x[1, 3] = NAN
+    x[2, 5] = INF
+    x[3] = -INF
+    x[4] = NAN
+    x[5, 0], x[5, 1] = NAN, INF
+    x[6, 7], x[6, 8] = -INF, NAN
+    out = torch.empty(8, device=device)
+    _reduce_rows[(1,)](x.to(device), out, tree, 8, 16)
+    expected = x.amax(1)
+    assert torch.equal(torch.isnan(out.cpu()), torch.isnan(expected))
+    keep = ~torch.isnan(expected)
+    assert torch.equal(out.cpu()[keep], expected[keep])
+
+
+# Dense: every path of maxsim_packed / maxsim_padded.
+DENSE_CONFIGS = [
+    pytest.param(None, id="default"),
+    pytest.param(MaxSimConfig(block_t=16), id="tiled"),
+    pytest.param(MaxSimConfig(block_t=16, hold_query=True), id="hold_query"),
+    pytest.param(MaxSimConfig(block_t=64, single_tile=True, q_blocks_per_program=2), id="single_tile"),
+    pytest.param(MaxSimConfig(block_t=16, slots=True, docs_per_program=4), id="slots"),
+]
+
+
+def _dense_inputs(dtype, device):
+    offsets = _offsets(LENGTHS)
+    Q = torch.randn(B, LQ, 64).to(dtype)
+    D = torch.randn(int(offsets[-1]), 64).to(dtype)
+    return Q.to(device), D.to(device), offsets.to(device)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.float32, id="fp32")])
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q", "D_packed"])
+@pytest.mark.parametrize("config", DENSE_CONFIGS)
+def test_packed(device, config, where, value, dtype):
+    if math.isinf(value) and dtype == torch.float32 and ON_GPU:
+        pytest.skip("fp32 products are tf32x3 on a GPU: an inf is NaN there (module docstring)")
+    Q, D, offsets = _dense_inputs(dtype, device)
+    if where == "Q":
+        Q = _poisoned(Q, (0, 1, 3), value)
+    else:
+        D = _poisoned(D, (int(offsets[POISONED_DOC]) + 4, 5), value)
+    out = dense.maxsim_packed(Q, D, offsets, config=config, max_doc_len=max(LENGTHS),
+                              validate=False)
+    ref = reference.maxsim_packed(Q, D, offsets)
+    assert_same_pattern(out, ref, "maxsim_dense", dtype, value)
+
+
+@pytest.mark.parametrize("config", DENSE_CONFIGS[:4])
+def test_packed_unscored_rows_do_not_reach_the_scores(device, config):
+    """Rows past offsets[-1] (PLAID's uninitialised tail) and rows of documents not in pids are
+    never read: NaN there changes nothing."""
+    Q, D, offsets = _dense_inputs(torch.float16, device)
+    D = torch.cat([D, torch.full((7, 64), NAN, dtype=D.dtype, device=device)])
+    D[int(offsets[POISONED_DOC]):int(offsets[POISONED_DOC + 1])] = NAN
+    pids = torch.tensor([3, 0, 1, 4], device=device)
+    out = dense.maxsim_packed(Q, D, offsets, pids, config=config, max_doc_len=max(LENGTHS),
+                              validate=False)
+    ref = reference.maxsim_packed(Q, D, offsets, pids)
+    assert not torch.isnan(ref).any()
+    assert_same_pattern(out, ref, "maxsim_dense", torch.float16, 0.0)
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q", "D", "D_past_length"])
+@pytest.mark.parametrize("config", DENSE_CONFIGS[:4])
+def test_padded(device, config, where, value):
+    Q = torch.randn(B, LQ, 64).half().to(device)
+    D = torch.randn(4, 40, 64).half().to(device)
+    doc_lengths = torch.tensor([40, 0, 17, 3], device=device)
+    if where == "Q":
+        Q = _poisoned(Q, (1, 4, 0), value)
+    elif where == "D":
+        D = _poisoned(D, (2, 16, 63), value)
+    else:  # a token at or past its document's length is never read
+        D = _poisoned(D, (3, 3, 1), value)
+        D = _poisoned(D, (1, 0, 1), value)
+    if config is not None and config.single_tile:
+        config = MaxSimConfig(block_t=64, single_tile=True)
+    out = dense.maxsim_padded(Q, D, doc_lengths, config=config, validate=False)
+    ref = reference.maxsim_padded(Q, D, doc_lengths)
+    assert_same_pattern(out, ref, "maxsim_dense", torch.float16,
+                        0.0 if where == "D_past_length" else value)
+
+
+# Residual codes: Q, centroids, bucket weights, inverse norms, a caller's centroid-score table.
+RESIDUAL_CONFIGS = [
+    pytest.param(dict(centroid_table=False), id="gather"),
+    pytest.param(dict(centroid_table=True), id="table"),
+    pytest.param(dict(centroid_table=True, decode="permute"), id="table-permute"),
+    pytest.param(dict(centroid_table=False, decode="select"), id="gather-select"),
+]
+
+
+def _residual_case(device, where, value, dtype=torch.float16):
+    index = random_index(device, 128, 2, lengths=LENGTHS)
+    Q = torch.nn.functional.normalize(torch.randn(B, LQ, 128), dim=-1).to(dtype).to(device)
+    token = int(index["offsets"][POISONED_DOC]) + 4
+    if where == "Q":
+        Q = _poisoned(Q, (0, 2, 7), value)
+    elif where == "centroids":
+        index["centroids"] = _poisoned(index["centroids"], (int(index["codes"][token]), 9), value)
+    elif where == "bucket_weights":
+        index["bucket_weights"] = _poisoned(index["bucket_weights"], 3, value)
+    return index, Q, token
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q", "centroids", "bucket_weights"])
+@pytest.mark.parametrize("kwargs", RESIDUAL_CONFIGS)
+def test_residual(device, kwargs, where, value):
+    index, Q, _ = _residual_case(device, where, value)
+    inv_norms = norms_of(index, 2) if kwargs["centroid_table"] else None
+    out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                   index["centroids"], index["bucket_weights"], 2,
+                                   inv_norms=inv_norms, config=ResidualConfig(**kwargs),
+                                   validate=False)
+    if inv_norms is None:
+        ref = reference.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                        index["centroids"], index["bucket_weights"], 2)
+    else:
+        # The table path computes (<q, c> + <q, r>) * inv_norm, with the inverse norms as given
+        # (NaN or 0 where the poison touched them): inf - inf is NaN there where <q, c + r> is
+        # +-inf (docs/kernels.md, NaN and inf).
+        ref = _table_reference(Q, index, inv_norms, None)
+    assert_same_pattern(out, ref, "maxsim_residual", torch.float16, value)
+
+
+def _table_reference(Q, index, inv_norms, S):
+    """float64 MaxSim as the table path computes it: (S[code_t] + <q, r_t>) * inv_norm_t, with
+    S = centroids @ Q^T unless given."""
+    Q64 = Q.double().cpu().reshape(-1, Q.shape[-1])  # [B * Lq, d]
+    codes = index["codes"].cpu().long()
+    zero = torch.zeros_like(index["centroids"].cpu().double())
+    r = decompress_residuals(index["codes"].cpu(), index["residuals"].cpu(), zero,
+                             index["bucket_weights"].cpu().double(), 2, normalize=False)
+    if S is None:
+        S = index["centroids"].cpu().double() @ Q64.T
+    sim = (S.double().cpu()[codes] + r.double() @ Q64.T) * inv_norms.double().cpu()[:, None]
+    lengths = index["offsets"].cpu().diff()
+    Lq = Q.shape[1]
+    return torch.stack([reference.segment_maxsim(sim[:, b * Lq:(b + 1) * Lq], lengths)
+                        for b in range(Q.shape[0])])
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_residual_inverse_norms(device, value):
+    index, Q, token = _residual_case(device, "none", value)
+    inv_norms = _poisoned(norms_of(index, 2), token, value)
+    out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                   index["centroids"], index["bucket_weights"], 2,
+                                   inv_norms=inv_norms,
+                                   config=ResidualConfig(centroid_table=True), validate=False)
+    assert_same_pattern(out, _table_reference(Q, index, inv_norms, None), "maxsim_residual",
+                        torch.float16, value)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_residual_centroid_scores(device, value):
+    index, Q, token = _residual_case(device, "none", value, torch.float32)
+    inv_norms = norms_of(index, 2)
+    S = (index["centroids"].float() @ Q.reshape(-1, 128).T).contiguous()
+    S = _poisoned(S, (int(index["codes"][token]), 1 * LQ + 3), value)
+    out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                   index["centroids"], index["bucket_weights"], 2,
+                                   inv_norms=inv_norms, centroid_scores=S, validate=False)
+    assert_same_pattern(out, _table_reference(Q, index, inv_norms, S), "maxsim_residual",
+                        torch.float32, value)
+
+
+def test_residual_split_query_nan(device):
+    """split_query (fp32 Q as fp16 head + tail): a NaN in Q is NaN in both halves."""
+    index, Q, _ = _residual_case(device, "Q", NAN, torch.float32)
+    inv_norms = norms_of(index, 2)
+    out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                   index["centroids"], index["bucket_weights"], 2,
+                                   inv_norms=inv_norms, split_query=True, validate=False)
+    ref = reference.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                    index["centroids"], index["bucket_weights"], 2)
+    assert_same_pattern(out, ref, "maxsim_residual_split", torch.float32, NAN)
+
+
+# Product quantization: Q, codebooks, centroids, inverse norms; the decode and lut scorings.
+PQ_CONFIGS = [pytest.param(PQConfig(), id="decode"),
+              pytest.param(PQConfig(block_t=16, reduce_per_tile=True), id="decode-reduce_per_tile"),
+              pytest.param(PQConfig(scoring="lut", lut_rows=4), id="lut")]
+if ON_GPU:
+    PQ_CONFIGS.append(pytest.param(PQConfig(scoring="mma"), id="mma"))
+
+
+PQ_CASES = [pytest.param(where, value, id=f"{where}-{name}")
+            for where in ("Q", "codebooks", "centroids", "inv_norms")
+            for value, name in ((NAN, "nan"), (INF, "inf"), (-INF, "-inf"))
+            # The kernels scale a token's products by its inverse norm (s_t <q, x_t>), the
+            # reference its vector (<q, s_t x_t>): for an infinite s_t they differ
+            # (docs/kernels.md, NaN and inf), so that input is poisoned with NaN only.
+            if where != "inv_norms" or value != value]
+
+
+@pytest.mark.parametrize("where,value", PQ_CASES)
+@pytest.mark.parametrize("config", PQ_CONFIGS)
+def test_pq(device, config, where, value):
+    residual_mode = where in ("centroids", "inv_norms")
+    if config.scoring == "mma" and residual_mode:
+        pytest.skip("the mma kernel scores PQ codes of embeddings only")
+    index = random_pq_index(device, 128, 16, lengths=LENGTHS, num_centroids=8 if residual_mode else 0)
+    Q = torch.nn.functional.normalize(torch.randn(B, LQ, 128), dim=-1).half().to(device)
+    token = int(index["offsets"][POISONED_DOC]) + 4
+    if where == "Q":
+        Q = _poisoned(Q, (1, 0, 100), value)
+    elif where == "codebooks":
+        index["codebooks"] = _poisoned(index["codebooks"], (5, int(index["pq_codes"][token, 5]), 2),
+                                       value)
+    elif where == "centroids":
+        index["centroids"] = _poisoned(index["centroids"],
+                                       (int(index["centroid_codes"][token]), 40), value)
+    else:
+        index["inv_norms"] = _poisoned(index["inv_norms"], token, value)
+    extra = {k: index[k] for k in ("centroid_codes", "centroids", "inv_norms") if k in index}
+    args = (index["pq_codes"], index["offsets"], index["codebooks"])
+    out = pq.maxsim_pq(Q, *args, **extra, config=config, validate=False)
+    if config.scoring in ("decode", "mma"):
+        # The decode kernels multiply codebooks rounded to Q's dtype (fp16 here), as the
+        # reference is given them.
+        args = (args[0], args[1], args[2].to(Q.dtype))
+    ref = reference.maxsim_pq(Q, *args, **extra)
+    assert_same_pattern(out, ref, "maxsim_pq", torch.float16, value)
+
+
+# Candidate generation: the centroid-interaction kernel over a centroid-score table.
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("pruned", [pytest.param(False, id="all"), pytest.param(True, id="keep")])
+def test_centroid_interaction(device, pruned, value):
+    offsets = _offsets(LENGTHS)
+    codes = torch.randint(0, 15, (int(offsets[-1]),), dtype=torch.int32)
+    scores = torch.randn(16, 32)
+    keep = torch.rand(16) > 0.3 if pruned else None
+    code = 15
+    codes[int(offsets[POISONED_DOC]) + 4] = code
+    if keep is not None:
+        keep[code] = True
+        pruned_code = int(codes[int(offsets[3])])
+        keep[pruned_code] = False  # a pruned code: its poison is never read
+        scores = _poisoned(scores, (pruned_code, 0), value)
+    scores = _poisoned(scores, (code, 6), value)
+    args = [x.to(device) for x in (scores, codes, offsets)]
+    kw = {} if keep is None else {"keep": keep.to(device)}
+    out = centroid.centroid_interaction(*args, **kw, validate=False)
+    ref = reference.centroid_interaction(*args, **kw)
+    assert_same_pattern(out, ref, "centroid_interaction", torch.float32, value)
