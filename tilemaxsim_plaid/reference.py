@@ -9,7 +9,12 @@ and computes in float64 by default. Masking follows the exact MaxSim definition:
 * A padded query token (``i >= query_lengths[b]``) contributes nothing (0 to the sum).
 * An empty document (length 0) scores ``-inf`` against any query with at least one token, so it
   ranks below every real document; against a query with no tokens every document scores 0
-  (the empty sum). No combination produces NaN.
+  (the empty sum). Masking alone never produces NaN.
+* NaN and inf (the policy of every op, docs/kernels.md): torch's own semantics. Masked values are
+  replaced by ``-inf`` (``masked_fill``, ``where``) before any max, so a NaN or inf that is never
+  read counts for nothing; ``amax`` and ``scatter_reduce("amax")`` propagate NaN, so a NaN that is
+  read reaches exactly the scores it touches, as NaN, and an inf gives what float64 arithmetic
+  gives (inf - inf and 0 * inf are NaN).
 """
 
 from __future__ import annotations

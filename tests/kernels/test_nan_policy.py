@@ -29,6 +29,9 @@ from tilemaxsim_plaid.ops.dense import MaxSimConfig
 from tilemaxsim_plaid.ops.pq import PQConfig
 from tilemaxsim_plaid.ops.residual import ResidualConfig
 
+# numpy warns of inf - inf and 0 * inf in the interpreter's products: those are the cases tested.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
 NAN, INF = float("nan"), float("inf")
 VALUES = [pytest.param(NAN, id="nan"), pytest.param(INF, id="inf"), pytest.param(-INF, id="-inf")]
 # An empty document (always -inf), a one-token one, and longer ones over several tiles.
@@ -99,7 +102,8 @@ DENSE_CONFIGS = [
     pytest.param(None, id="default"),
     pytest.param(MaxSimConfig(block_t=16), id="tiled"),
     pytest.param(MaxSimConfig(block_t=16, hold_query=True), id="hold_query"),
-    pytest.param(MaxSimConfig(block_t=64, single_tile=True, q_blocks_per_program=2), id="single_tile"),
+    pytest.param(MaxSimConfig(block_t=64, single_tile=True, q_blocks_per_program=2),
+                 id="single_tile"),
     pytest.param(MaxSimConfig(block_t=16, slots=True, docs_per_program=4), id="slots"),
 ]
 
@@ -287,7 +291,8 @@ def test_pq(device, config, where, value):
     residual_mode = where in ("centroids", "inv_norms")
     if config.scoring == "mma" and residual_mode:
         pytest.skip("the mma kernel scores PQ codes of embeddings only")
-    index = random_pq_index(device, 128, 16, lengths=LENGTHS, num_centroids=8 if residual_mode else 0)
+    index = random_pq_index(device, 128, 16, lengths=LENGTHS,
+                            num_centroids=8 if residual_mode else 0)
     Q = torch.nn.functional.normalize(torch.randn(B, LQ, 128), dim=-1).half().to(device)
     token = int(index["offsets"][POISONED_DOC]) + 4
     if where == "Q":

@@ -9,13 +9,13 @@ a host sync. :class:`DataChecks` gathers all of one call's into one small device
 once, and remembers each tensor's result by identity and version (see :func:`_signature`), so a
 tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again.
 
-NaN policy: torch's float64 semantics give NaN to exactly the scores a NaN touches; the kernels'
-max does not propagate NaN, so with ``validate=True`` every op refuses a NaN or inf in its
-document-side float inputs (D, centroids, bucket_weights, inv_norms, codebooks, centroid_scores,
-and D_packed's rows before offsets[-1] when every document is scored) with a ValueError, checked
-once per tensor like the other value checks. Not checked yet, so outside the exactness guarantee
-until the kernels propagate NaN through their maxima: the query Q (a host sync on every call),
-and D_packed with pids (only the scored documents' rows matter, which differ per call).
+NaN policy (docs/kernels.md, NaN and inf): a NaN in an input reaches exactly the scores it
+touches, as NaN, as in torch (every max in the kernels propagates NaN). With ``validate=True``
+every op refuses instead a NaN or inf in its document-side float inputs (D, centroids,
+bucket_weights, inv_norms, codebooks, centroid_scores, and D_packed's rows before offsets[-1]
+when every document is scored) with a ValueError, checked once per tensor like the other value
+checks. The query Q is not checked (a host sync on every call), nor D_packed with pids (only
+the scored documents' rows matter, which differ per call): there the NaN rule holds.
 """
 
 from __future__ import annotations

@@ -247,10 +247,12 @@ def maxsim_padded(
             one host sync, and a tensor passed again unchanged (same object and version,
             ``checks.DataChecks``) is not read again, so repeated calls with the same
             D, doc_lengths and query_lengths do not synchronise. A NaN or inf anywhere in D is
-            refused (ops/checks.py: NaN policy).
+            refused; Q is not read.
 
     Returns:
-        fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0.
+        fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0. A NaN
+        in Q or in a token of D that is read makes exactly the scores it touches NaN, as in
+        torch; inf as torch gives it (docs/kernels.md, NaN and inf).
     """
     checks.check_query(Q)
     checks.check_tensor("D", D, dims=(3,), dtypes=checks.FLOAT_DTYPES, device=Q.device)
@@ -302,13 +304,14 @@ def maxsim_packed(
             without a device sync); computed from ``offsets`` when ``validate`` is True.
         config: a fixed :class:`MaxSimConfig`.
         validate: check values (offsets monotone and in range, pids and query_lengths in
-            range; without pids, no NaN or inf in rows before offsets[-1] of D_packed:
-            ops/checks.py, NaN policy) with
-            one host sync per call, none when every checked tensor was checked before unchanged
-            (same object and version: an index's offsets are read once).
+            range; without pids, no NaN or inf in rows before offsets[-1] of D_packed; Q is
+            not read) with one host sync per call, none when every checked tensor was checked
+            before unchanged (same object and version: an index's offsets are read once).
 
     Returns:
-        fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N.
+        fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
+        an empty query 0. A NaN in Q or in a scored document's row makes exactly the scores it
+        touches NaN, as in torch; inf as torch gives it (docs/kernels.md, NaN and inf).
     """
     checks.check_query(Q)
     checks.check_tensor("D_packed", D_packed, dims=(2,), dtypes=checks.FLOAT_DTYPES, device=Q.device)

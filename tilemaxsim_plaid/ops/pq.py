@@ -348,9 +348,9 @@ def maxsim_pq(
         query_lengths: optional int32/int64 [B] (3-D Q only).
         config: a fixed :class:`PQConfig`; None: ``MMA_DEFAULT`` or ``default_pq_config``.
         validate: check values (offsets, pids, centroid_codes, query_lengths in range; no NaN
-            or inf in the float inputs but Q: ops/checks.py, NaN policy) with one host sync per
-            call, none when every checked tensor was checked before unchanged
-            (same object and version: an index's offsets and codes are read once).
+            or inf in the float inputs but Q, which is not read) with one host sync per call,
+            none when every checked tensor was checked before unchanged (same object and
+            version: an index's offsets and codes are read once).
 
     Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
     4-byte pairs). The other tensors are made contiguous here when they are not (a copy per call
@@ -360,6 +360,9 @@ def maxsim_pq(
 
     Returns:
         fp32 [B, M'] (or [M'] for a 2-D Q). An empty document scores -inf, an empty query 0.
+        A NaN in Q, a codebook entry, a centroid or an inverse norm makes exactly the scores it
+        touches NaN, as in torch; inf as torch gives it, except that an infinite inverse norm
+        scales the token's products, not its vector (docs/kernels.md, NaN and inf).
     """
     checks.check_query(Q)
     dim = Q.shape[-1]
