@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 
 import torch
@@ -19,6 +20,9 @@ import torch
 from . import harness, packed_read
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed, maxsim_padded
+
+# Progress and checks go to stderr through logging; the result table goes to stdout.
+log = logging.getLogger(__name__)
 
 SUITE = "dense"
 OURS = "tilemaxsim"
@@ -249,7 +253,7 @@ def check_output(name: str, case: Case, out: torch.Tensor, ref: torch.Tensor) ->
     # score for others, demand fp32-accumulation accuracy of ours.
     limit = 1e-3 if name.startswith(OURS) else 2e-2
     status = "ok" if err <= limit and not torch.isnan(got).any() else "WRONG"
-    print(f"  check {name:<26} max rel err {err:.2e} [{status}]")
+    (log.info if status == "ok" else log.warning)("  check %-26s max rel err %.2e [%s]", name, err, status)
     return err if status == "ok" else float("nan")
 
 
@@ -265,8 +269,8 @@ def run_case(case: Case, ceilings: dict, providers: list[str]) -> list[dict]:
     nbytes, flops = bytes_and_flops(case, x)
     ref = reference_slice(case, x)
     rows = []
-    print(f"[{case.name}] B={case.B} Lq={case.Lq} N={case.N} Ld={case.Ld} d={case.d} "
-          f"packed={case.packed} doc bytes={x.doc_bytes / 1e9:.2f} GB")
+    log.info("[%s] B=%d Lq=%d N=%d Ld=%d d=%d packed=%s doc bytes=%.2f GB", case.name, case.B,
+             case.Lq, case.N, case.Ld, case.d, case.packed, x.doc_bytes / 1e9)
     for name in providers:
         fn = PROVIDERS[name](case, x)
         if fn is None:
@@ -275,7 +279,7 @@ def run_case(case: Case, ceilings: dict, providers: list[str]) -> list[dict]:
             err = check_output(name, case, fn(), ref)
             timing = harness.time_ms(fn)
         except Exception as exc:  # a public kernel that cannot take a shape is reported, not fatal
-            print(f"  {name} failed: {type(exc).__name__}: {str(exc)[:200]}")
+            log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
             continue
         rows.append(harness.make_row(SUITE, case.name, name, timing, num_docs=case.B * case.N,
                                      nbytes=nbytes, flops=flops, ceilings=ceilings,
@@ -307,7 +311,7 @@ def _per_document_read_row(case: Case, x: Inputs, nbytes: int, ceilings: dict,
         lambda c: packed_read.per_document_read(x.D_packed, x.offsets, *c, query=query, product=product),
         lambda out: torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-2))
     config = {"block_t": block_t, "num_warps": warps, "num_stages": stages}
-    print(f"  {variant} best {timing[0]:.4f} ms with {config}")
+    log.info("  %s best %.4f ms with %s", variant, timing[0], config)
     return harness.make_row(SUITE, case.name, variant, timing, num_docs=case.N, nbytes=nbytes,
                             flops=0.0, ceilings=ceilings, sweep=case.sweep, B=case.B, Lq=case.Lq,
                             N=case.N, Ld=case.Ld, d=case.d, packed=case.packed, config=config)
@@ -369,18 +373,18 @@ def run_sweep(cases: list[Case], ceilings: dict) -> list[dict]:
         nbytes, flops = bytes_and_flops(case, x)
         max_len = int(x.lengths.max()) if case.packed else case.Ld
         ref = reference_slice(case, x)
-        print(f"[sweep {case.name}]")
+        log.info("[sweep %s]", case.name)
         for cfg in config_candidates(case, max_len):
             fn = provider_ours(case, x, cfg)
             try:
                 out = fn()
                 got = out.reshape(case.B, -1)[:, :ref.shape[1]].double().cpu()
                 if not torch.allclose(got, ref, rtol=1e-3, atol=1e-3):
-                    print(f"  WRONG {cfg}")
+                    log.warning("  WRONG %s", cfg)
                     continue
                 timing = harness.time_ms(fn, rep_ms=60)
             except Exception as exc:
-                print(f"  failed {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+                log.warning("  failed %s: %s: %s", cfg, type(exc).__name__, str(exc)[:120])
                 continue
             rows.append(harness.make_row("dense_config_sweep", case.name, OURS, timing,
                                          num_docs=case.B * case.N, nbytes=nbytes, flops=flops,
@@ -388,9 +392,9 @@ def run_sweep(cases: list[Case], ceilings: dict) -> list[dict]:
         mine = sorted((r for r in rows if r["shape"] == case.name), key=lambda r: r["ms"])[:5]
         default = default_config(case.B, case.Lq, max_len, case.d, variable_lengths=case.packed,
                                  num_docs=case.N)
-        print(f"  default {default}")
+        log.info("  default %s", default)
         for r in mine:
-            print(f"  {r['ms']:.4f} ms {r['pct_read_bw']:.1f}% BW {r['tflops']:.0f} TF {r['config']}")
+            log.info("  %.4f ms %.1f%% BW %.0f TF %s", r["ms"], r["pct_read_bw"], r["tflops"], r["config"])
         del x
         torch.cuda.empty_cache()
     return rows
@@ -406,6 +410,9 @@ def main(argv=None) -> None:
     parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--out", default="results/bench")
     args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:  # a caller that configured logging keeps its own
+        logging.basicConfig(format="%(message)s")
+    log.setLevel(logging.INFO)
     if not torch.cuda.is_available():
         raise SystemExit("tilemaxsim bench times GPU kernels and needs a CUDA device")
     providers = [p for p in args.providers.split(",") if p]
@@ -414,9 +421,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"unknown providers {sorted(unknown)}; known: {sorted(PROVIDERS)}")
 
     ceilings = harness.measure_ceilings()
-    print("ceilings:", {k: round(v, 1) for k, v in ceilings.items()})
+    log.info("ceilings: %s", {k: round(v, 1) for k, v in ceilings.items()})
     prov = harness.provenance()
-    print("provenance:", prov)
+    log.info("provenance: %s", prov)
     rows: list[dict] = []
     if args.sweep:
         swept = ([c for c in main_cases(args.quick) if c.name in args.sweep_shapes.split(";")]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -53,6 +54,9 @@ import warnings
 import torch
 
 __all__ = ["main", "prepare_bundle", "run_benchmark"]
+
+# Diagnostics go to stderr through logging; the summary table and JSON go to stdout.
+log = logging.getLogger(__name__)
 
 BUNDLE_INDEX_NAME = "wiki.nbits2"
 BUNDLE_QUERIES = "queries.pt"
@@ -240,15 +244,21 @@ _SEARCH_KEYS = ("search", "search_call", "encode", "dense_search", "candidates",
 
 
 def _search_latency(searcher, texts, Qs, k, provider, cuda, warmup=3):
-    """Per-query wall time of encode + dense_search, and the median of each stage (None for the
-    plugin's graph path, whose stages run inside one replay)."""
+    """Per-query wall time of encode + dense_search, and the median and mean of each stage (None
+    for the plugin's graph path, whose stages run inside one replay)."""
     return _stage_medians(_search_spans(searcher, texts, Qs, k, provider, cuda, warmup), provider)
 
 
 def _stage_medians(rows: list[dict], provider: str) -> dict:
+    """``{key: median}`` and ``{"mean_" + key: mean}`` over the queries: each query's stages add
+    up to its encode + dense_search, so the means do too (the stage plot draws them)."""
     staged = provider != PATCHED
-    return {key: (_median([r.get(key, 0.0) for r in rows]) if staged or key in rows[0] else None)
-            for key in _SEARCH_KEYS}
+    summary = {}
+    for key in _SEARCH_KEYS:
+        values = [r.get(key, 0.0) for r in rows] if staged or key in rows[0] else None
+        summary[key] = _median(values) if values else None
+        summary[f"mean_{key}"] = statistics.fmean(values) if values else None
+    return summary
 
 
 def _search_spans(searcher, texts, Qs, k, provider, cuda, warmup=3) -> list[dict]:
@@ -526,7 +536,8 @@ def _prepare_colbert_imports() -> None:
     modules["scipy"].cluster = modules["scipy.cluster"]
     modules["scipy.cluster"].hierarchy = modules["scipy.cluster.hierarchy"]
     sys.modules.update(modules)
-    print("bench_plaid: scipy is not installed; colbert-ai's token pooling is disabled (search does not use it)")
+    log.warning("bench_plaid: scipy is not installed; colbert-ai's token pooling is disabled "
+                "(search does not use it)")
 
 
 def run_benchmark(args) -> list[dict]:
@@ -665,6 +676,8 @@ def main(argv=None) -> int:
     run.add_argument("--stock-rerank-max", type=int, default=RERANK_SIZES[-1],
                      help="largest pids= list to time stock colbert-ai on")
     args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:  # a caller that configured logging keeps its own
+        logging.basicConfig(format="%(message)s")
     if args.command == "prepare":
         print(json.dumps(prepare_bundle(pathlib.Path(args.out), args.passages)))
         return 0

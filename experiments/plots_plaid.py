@@ -9,7 +9,8 @@ Writes, into ``--out`` (default: beside the first run's file):
 * ``search_latency.png``: whole ``Searcher.search(text)`` per index and k, stock colbert-ai
   against the plugin, one point per run, and the speedup against the 10x line;
 * ``search_stages.png``: where the time goes in the first run: stock's stages, the plugin's same
-  stages run eagerly, and the plugin as it runs (encoder graph, then the search graph);
+  stages run eagerly, and the plugin as it runs (encoder graph, then the search graph), as means
+  that add up to each row's mean encode + dense_search (runs that recorded them);
 * ``rerank.png``: scoring time of a ``pids=`` rerank in the last run against the number of
   candidates for each way stage 4 multiplies, and stock colbert-ai's whole ``rank(pids=)`` where
   it was timed.
@@ -22,7 +23,8 @@ import csv
 import json
 import pathlib
 
-__all__ = ["load_run", "plot_search_latency", "plot_search_stages", "plot_rerank", "plot_all", "main"]
+__all__ = ["load_run", "plot_search_latency", "search_stage_bars", "plot_search_stages",
+           "rerank_line_style", "plot_rerank", "plot_all", "main"]
 
 STOCK, PATCHED, PATCHED_EAGER = "colbert-ai", "tilemaxsim", "tilemaxsim-eager"
 STAGES = ("encode", "candidates", "stages_2_3", "stage_4", "sort")
@@ -33,6 +35,8 @@ PRODUCTS = ("tf32x3", "fp16x2", "fp16")
 # Runs written before the "auto" default name no default_products: theirs was tf32x3.
 DEFAULT_BEFORE_AUTO = "tf32x3"
 TARGET_SPEEDUP = 10.0
+# A line through fewer points shows no trend: fewer rerank sizes are drawn as points alone.
+MIN_LINE_POINTS = 3
 
 
 def _pyplot():
@@ -154,20 +158,33 @@ def plot_search_latency(runs: list[dict], path) -> pathlib.Path | None:
     return _save(plt, figure, pathlib.Path(path))
 
 
-def plot_search_stages(run: dict, path) -> pathlib.Path | None:
-    """Stacked per-stage ms of one run: stock, the plugin eagerly, and the plugin's graphs."""
+def search_stage_bars(run: dict) -> tuple[list[str], list[list[float]], str]:
+    """``(labels, bars, statistic)`` of the stage plot: per bar one ms per segment of ``STAGES``
+    and a last one for the plugin's graph replay. ``statistic`` is ``"mean"`` when every row
+    records its stage means (each bar then adds up to the row's mean encode + dense_search), else
+    ``"median"`` (runs written before the means were: medians of each stage need not add up)."""
+    rows = [row for providers in _search_rows(run).values() for row in providers.values()]
+    statistic = "mean" if rows and all(row.get("mean_encode") is not None for row in rows) else "median"
+    prefix = "mean_" if statistic == "mean" else ""
     bars, labels = [], []
     for shape, providers in _search_rows(run).items():
         for provider in (STOCK, PATCHED_EAGER):
             row = providers.get(provider)
-            if row is not None and row.get("stage_4") is not None:
-                bars.append([row.get(stage) or 0.0 for stage in STAGES] + [0.0])
+            if row is not None and row.get(f"{prefix}stage_4") is not None:
+                bars.append([row.get(f"{prefix}{stage}") or 0.0 for stage in STAGES] + [0.0])
                 labels.append(f"{shape} | {'stock' if provider == STOCK else 'plugin, eager'}")
         row = providers.get(PATCHED)
-        if row is not None and row.get("encode") is not None and row.get("dense_search") is not None:
+        if (row is not None and row.get(f"{prefix}encode") is not None
+                and row.get(f"{prefix}dense_search") is not None):
             # Under CUDA graphs the stages after encoding are one replay: one segment.
-            bars.append([row["encode"], 0.0, 0.0, 0.0, 0.0, row["dense_search"]])
+            bars.append([row[f"{prefix}encode"], 0.0, 0.0, 0.0, 0.0, row[f"{prefix}dense_search"]])
             labels.append(f"{shape} | plugin")
+    return labels, bars, statistic
+
+
+def plot_search_stages(run: dict, path) -> pathlib.Path | None:
+    """Stacked per-stage ms of one run: stock, the plugin eagerly, and the plugin's graphs."""
+    labels, bars, statistic = search_stage_bars(run)
     if not bars:
         return None
     plt = _pyplot()
@@ -180,15 +197,23 @@ def plot_search_stages(run: dict, path) -> pathlib.Path | None:
         left = [a + b for a, b in zip(left, widths)]
     axis.set_yticks(range(len(bars)), labels, fontsize="x-small")
     axis.invert_yaxis()
-    axis.set_xlabel("median ms per query (encode and dense_search timed as two spans)")
+    axis.set_xlabel("mean ms per query; a bar adds up to the mean encode + dense_search"
+                    if statistic == "mean" else
+                    "median ms of each stage (medians need not add up to the median total)")
     axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axis.grid(axis="x", alpha=0.3)
     axis.set_title(_title([run], f"Where a search spends its time ({run['name']})"), fontsize="medium")
     return _save(plt, figure, pathlib.Path(path))
 
 
+def rerank_line_style(sizes) -> str:
+    """Matplotlib's line style for the rerank sizes: joined from MIN_LINE_POINTS sizes on."""
+    return "-" if len(set(sizes)) >= MIN_LINE_POINTS else "none"
+
+
 def plot_rerank(run: dict, path) -> pathlib.Path | None:
-    """Rerank scoring ms against candidates per products mode (log-log), with stock's rank()."""
+    """Rerank scoring ms against candidates per products mode (log-log), with stock's rank();
+    the points are joined by a line only from ``MIN_LINE_POINTS`` sizes on."""
     rows = sorted((r for r in run["rows"] if r.get("suite") == "rerank"), key=lambda r: r["size"])
     if not rows:
         return None
@@ -196,6 +221,7 @@ def plot_rerank(run: dict, path) -> pathlib.Path | None:
     figure, axis = plt.subplots(figsize=(7, 4.5))
     colors = {"tf32x3": "#1f77b4", "fp16x2": "#d62728", "fp16": "#ff7f0e"}
     sizes = [r["size"] for r in rows]
+    line = rerank_line_style(sizes)
     default_products = rows[0].get("default_products") or DEFAULT_BEFORE_AUTO
     for products in PRODUCTS:
         if products == default_products:
@@ -205,7 +231,8 @@ def plot_rerank(run: dict, path) -> pathlib.Path | None:
         if any(t is None for t in times):
             continue
         default = " (default)" if products == default_products else ""
-        axis.plot(sizes, times, "-", marker="s", color=colors[products], label=f"plugin, {products}{default}")
+        axis.plot(sizes, times, linestyle=line, marker="s", color=colors[products],
+                  label=f"plugin, {products}{default}")
     stock = [(r["size"], r["stock_rank_wall_ms"]) for r in rows if r.get("stock_rank_wall_ms")]
     if stock:
         axis.plot(*zip(*stock), "o", color=SYSTEM_COLORS[STOCK], label="stock colbert-ai, whole rank(pids=)")

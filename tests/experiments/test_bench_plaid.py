@@ -48,6 +48,12 @@ def test_run_writes_search_encoder_and_equivalence_rows(bundle, tmp_path, capsys
                                                  bench_plaid.PATCHED_EAGER}
     assert all(r["ms"] > 0 for r in searches)
     assert all(r["search_call"] > 0 for r in searches), "Searcher.search itself is timed too"
+    # The stage means a plot stacks add up to the row's mean encode + dense_search.
+    for row in searches:
+        if row["provider"] != bench_plaid.PATCHED:
+            stages = ("candidates", "stages_2_3", "stage_4", "sort")
+            assert sum(row[f"mean_{s}"] for s in stages) == pytest.approx(row["mean_dense_search"])
+        assert row["mean_encode"] > 0 and row["mean_dense_search"] > 0
     encoder_rows = [r for r in searches if "encoder=tiny" in r["shape"]]
     assert len(encoder_rows) == 2
     assert all(r["queries"] == 2 * 2 for r in encoder_rows), "both rounds of 2 queries pooled"

@@ -91,3 +91,35 @@ def test_a_run_without_search_or_rerank_rows_draws_nothing_for_them(tmp_path):
 def test_bad_runs_are_named(tmp_path, make, match):
     with pytest.raises((FileNotFoundError, ValueError), match=match):
         plots_plaid.load_run(make(tmp_path))
+
+
+def test_rerank_sizes_are_joined_by_a_line_only_from_three_on():
+    assert plots_plaid.rerank_line_style([100_000, 1_000_000]) == "none"
+    assert plots_plaid.rerank_line_style([100_000, 100_000, 1_000_000]) == "none"
+    assert plots_plaid.rerank_line_style([10_000, 100_000, 1_000_000]) == "-"
+
+
+def test_stage_bars_are_means_that_add_up_to_the_rows_total(tmp_path):
+    rows = _rows(12.0, "fp16x2")
+    for row in rows:
+        if row["suite"] != "search":
+            continue
+        if row["provider"] == "tilemaxsim":
+            row |= {"mean_encode": 0.6, "mean_dense_search": 0.35}
+        else:  # stages of each query add up to its encode + dense_search, so the means do
+            stages = {"candidates": 1.5, "stages_2_3": 2.5, "stage_4": 3.0, "sort": 0.5}
+            row |= {f"mean_{stage}": value for stage, value in stages.items()}
+            row |= {"mean_encode": 4.5, "mean_dense_search": sum(stages.values())}
+    run = plots_plaid.load_run(_write_json(tmp_path / "means", rows))
+    labels, bars, statistic = plots_plaid.search_stage_bars(run)
+    assert statistic == "mean" and len(bars) == 6
+    by_label = dict(zip(labels, bars))
+    for shape in ("wiki2000 k=10", "synthetic1000000 k=100"):
+        for provider, name in (("colbert-ai", "stock"), ("tilemaxsim-eager", "plugin, eager"),
+                               ("tilemaxsim", "plugin")):
+            row = next(r for r in rows if r.get("shape") == shape and r["provider"] == provider)
+            assert sum(by_label[f"{shape} | {name}"]) == pytest.approx(
+                row["mean_encode"] + row["mean_dense_search"])
+    # A run written before the means were: medians, and the axis says they need not add up.
+    old = plots_plaid.load_run(_write_json(tmp_path / "medians", _rows(12.0, "fp16x2")))
+    assert plots_plaid.search_stage_bars(old)[2] == "median"
