@@ -63,15 +63,26 @@ _warned_no_table: dict[str, bool] = {}
 
 
 def _table_path(index: DeviceIndex, num_query_tokens: int) -> bool:
-    """Whether stage 4 takes the centroid part of its scores from one centroid-score table for
-    the whole query: precomputed inverse norms, a query the kernel scores in one launch, and a
-    table that fits the table path (colbert-ai gives MS MARCO's full index 2**18 centroids:
-    a 32-token table of 32 MB does not)."""
+    """Whether stage 4 takes the centroid part of its scores from centroid-score tables of the
+    query (fp32: the fp16 products are multiplied against an fp32 query's table): precomputed
+    inverse norms, a query the kernel scores in one launch, and a table the residual op serves,
+    whole or split by query rows (``ops.residual.centroid_table_tiles``: MS MARCO's full index,
+    2**18 centroids, takes a 32-token query as two tables of 16 rows)."""
     from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
-    from tilemaxsim_plaid.ops.residual import centroid_table_fits
+    from tilemaxsim_plaid.ops.residual import centroid_table_tiles
 
     return (index.inv_norms is not None and num_query_tokens <= MAX_LQ_PER_LAUNCH
-            and centroid_table_fits(index.centroids.shape[0], num_query_tokens))
+            and centroid_table_tiles(index.centroids.shape[0], 1, num_query_tokens,
+                                     element_size=4) is not None)
+
+
+def _gathers_centroid_rows(index: DeviceIndex, num_query_tokens: int) -> bool:
+    """Whether the residual op gathers centroid rows for this query instead of reading a table
+    (it logs that once): inverse norms, one launch's tokens, and no table tiles that fit."""
+    from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
+
+    return (index.inv_norms is not None and num_query_tokens <= MAX_LQ_PER_LAUNCH
+            and not _table_path(index, num_query_tokens))
 
 
 def resolved_products(index: DeviceIndex, num_query_tokens: int) -> tuple[str, bool]:
@@ -86,6 +97,8 @@ def resolved_products(index: DeviceIndex, num_query_tokens: int) -> tuple[str, b
 
 
 _NO_TABLE = "stage 4 multiplied as tf32x3: the fp16 products need a centroid-score table"
+_GATHERED = ("stage 4 gathered centroid rows: the query's centroid-score table does not fit "
+             "even split by query rows")
 
 
 def products_for(index: DeviceIndex, num_query_tokens: int) -> str:
@@ -98,10 +111,10 @@ def products_for(index: DeviceIndex, num_query_tokens: int) -> str:
         counters.count_fallback(_NO_TABLE)
         if not _warned_no_table.get(choice):
             _warned_no_table[choice] = True
-            logger.warning("%s=%s needs one centroid-score table per query, which this index or "
-                           "query cannot use (%d centroids, %d query tokens): stage 4 multiplies "
-                           "as tf32x3", PRODUCTS_ENV_VAR, choice, index.centroids.shape[0],
-                           num_query_tokens)
+            logger.warning("%s=%s needs the query's centroid-score tables, which this index or "
+                           "query cannot use even split by query rows (%d centroids, %d query "
+                           "tokens): stage 4 multiplies as tf32x3", PRODUCTS_ENV_VAR, choice,
+                           index.centroids.shape[0], num_query_tokens)
     return products
 
 
@@ -249,6 +262,8 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
         products = products_for(index, Q.shape[0])
+        if _gathers_centroid_rows(index, Q.shape[0]):
+            counters.count_fallback(_GATHERED)
         centroids = index.centroids
         if centroid_scores is None and _table_path(index, Q.shape[0]):
             if products == "fp16x2" and index.centroids_half is not None:
