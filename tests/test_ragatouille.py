@@ -63,6 +63,7 @@ except ImportError as error:
     pytest.skip(f"ragatouille.models.colbert does not import ({error}; CI: {_INSTALL})",
                 allow_module_level=True)
 
+from tests.conftest import ON_GPU  # noqa: E402
 from tilemaxsim_plaid import pylate as tp  # noqa: E402
 from tilemaxsim_plaid import ragatouille as tr  # noqa: E402
 from tilemaxsim_plaid import stats  # noqa: E402
@@ -224,6 +225,8 @@ def test_index_free_search_ranks_as_ragatouille():
 @pytest.mark.parametrize("case", ["pairwise", "cpu", "grad", "float64", "no_documents",
                                   "no_tokens", "2d"])
 def test_fallbacks_are_ragatouilles_own_result(case):
+    if case == "cpu" and ON_GPU:
+        pytest.skip("with a GPU visible, upstream (and so the patch) moves the tensors to CUDA")
     Q, D, mask = _inputs(torch.float32, lengths=(5, 3, 1))
     forced = case != "cpu"
     if case == "pairwise":
@@ -326,6 +329,16 @@ def test_rank_end_to_end_as_ragatouille(ragatouille_model):
     with tp._kernels_on_cpu():
         ours = ragatouille_model.rank(query, documents, k=3)
     assert _fallbacks() == before
+    if ON_GPU:
+        # colbert-ai encodes in fp16 on a GPU, and upstream scores in fp16: ours is rounded once,
+        # so scores agree to fp16 rounding and the ranking up to near-ties.
+        theirs = {r["result_index"]: r["score"] for r in expected}
+        common = [r for r in ours if r["result_index"] in theirs]
+        assert ours[0]["result_index"] == expected[0]["result_index"] and len(common) >= 2
+        torch.testing.assert_close(torch.tensor([r["score"] for r in common]),
+                                   torch.tensor([theirs[r["result_index"]] for r in common]),
+                                   rtol=2.0**-8, atol=1e-3)
+        return
     assert [r["result_index"] for r in ours] == [r["result_index"] for r in expected]
     torch.testing.assert_close(torch.tensor([r["score"] for r in ours]),
                                torch.tensor([r["score"] for r in expected]), rtol=1e-5, atol=1e-5)

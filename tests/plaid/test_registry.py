@@ -68,7 +68,8 @@ def test_enable_and_disable_are_idempotent():
         first = dict(registry.active_bindings())
         assert registry.enable()
         assert registry.active_bindings() == first
-        assert set(first) == {t.name for t in TARGETS}
+        # RAGatouille's target is in `first` too where another test imported RAGatouille.
+        assert set(registry.active_bindings(["colbert-ai"])) == {t.name for t in TARGETS}
         registry.disable()
         registry.disable()
         assert registry.active_bindings() == {}
@@ -126,7 +127,9 @@ def test_missing_colbert_is_a_quiet_no_op(monkeypatch):
             warnings.simplefilter("error")
             assert registry.enable() is False
             assert registry.auto_enable() is False
-        assert registry.active_bindings() == {}
+        # colbert-ai's bindings only: RAGatouille (a library of its own, imported by another
+        # test in this process) cannot be imported without colbert-ai outside this fake.
+        assert registry.active_bindings(["colbert-ai"]) == {}
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES"])
