@@ -19,6 +19,12 @@ EAGER_SEARCH = {scoring.CENTROID_SCORES, scoring.CANDIDATES, scoring.CENTROID_IN
                 scoring.EXACT_SCORES, scoring.SORT, scoring.TRANSFER}
 
 
+@pytest.fixture(autouse=True)
+def eager_search(monkeypatch):
+    """Searches run stage by stage (on a GPU they would replay a CUDA graph)."""
+    monkeypatch.setenv(graphs.GRAPHS_ENV_VAR, "0")
+
+
 def _range_names(prof) -> list[str]:
     return [event.name for event in prof.events() if event.name.startswith("tilemaxsim.")]
 
