@@ -66,8 +66,9 @@ def test_interpreter_runs_the_ops_on_the_cpu(clean_env):
     plaid = report["plaid"]
     assert plaid["backend"] == "triton"
     assert plaid["backend_why"] == f"{environment.BACKEND_ENV_VAR}=triton"
-    assert plaid["stages"]["tilemaxsim.exact_scores"]["path"].startswith("ops.residual.maxsim_residual")
-    assert "pass --index" in plaid["stages"]["tilemaxsim.exact_scores"]["products"]
+    stage_4 = plaid["stages"]["tilemaxsim.exact_scores"]
+    assert stage_4["path"].startswith("ops.residual.maxsim_residual")
+    assert "pass --index" in stage_4["products"]
 
 
 def test_without_triton_every_op_says_so(clean_env):
@@ -91,11 +92,13 @@ def test_default_configs_come_from_the_ops(clean_env):
     assert ops["maxsim_packed"]["default_config"][
         f"fp16, >= {dense.MANY_DOCS:,} docs"] == explain._non_defaults(many)
     few = residual.default_residual_config(1, 32, False, explain.FEW_DOCS, 2, half_table=True)
-    assert ops["maxsim_residual"]["default_config"]["fp16, 1,024 docs"] == explain._non_defaults(few)
+    shown = ops["maxsim_residual"]["default_config"]["fp16, 1,024 docs"]
+    assert shown == explain._non_defaults(few)
 
 
 @pytest.mark.parametrize("name, value, expected", [
-    pytest.param(environment.BACKEND_ENV_VAR, "cuda", "must be one of ('triton', 'torch')", id="backend"),
+    pytest.param(environment.BACKEND_ENV_VAR, "cuda", "must be one of ('triton', 'torch')",
+                 id="backend"),
     pytest.param(environment.PRODUCTS_ENV_VAR, "fp8", "must be one of ('auto',", id="products"),
     pytest.param(environment.GRAPHS_ENV_VAR, "maybe", "must be one of ('1',", id="graphs"),
     pytest.param(environment.DISABLE_ENV_VAR, "2", "must be one of ('1',", id="disable"),
@@ -143,8 +146,10 @@ def test_json_parses_and_names_every_stage(clean_env, capsys):
 def test_command_table_imports_lazily():
     """``tilemaxsim --help`` stays fast: the CLI imports neither torch nor a command's module."""
     code = ("import sys, tilemaxsim_plaid.cli as cli; cli.build_parser(); "
-            "print(sorted(m for m in ('torch', 'colbert', 'tilemaxsim_plaid.explain') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            "print(sorted(m for m in ('torch', 'colbert', 'tilemaxsim_plaid.explain') "
+            "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
     assert result.stdout.strip() == "[]"
     assert "explain" in cli.COMMANDS
 

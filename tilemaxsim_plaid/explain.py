@@ -239,7 +239,8 @@ def _plaid(device: torch.device, lq: int, index: IndexFacts | None, restated: li
     if triton and not runs:
         backend_why += f"; but {triton_why}: a search would fail"
     stages = {}
-    (r_centroid, r_candidates, r_interaction, r_exact, r_sort, r_graph, r_transfer) = PROFILER_RANGES
+    r_centroid, r_candidates, r_interaction, r_exact, r_sort, r_graph, r_transfer = (
+        PROFILER_RANGES)
     if device.type == "cuda" and not backends.cublas_fp32_is_exact():
         stages[r_centroid] = {"path": "ops.residual.query_centroid_scores (tf32x3 Triton kernel)",
                               "why": "torch lets cuBLAS multiply fp32 as TF32, which would round "
@@ -265,7 +266,8 @@ def _plaid(device: torch.device, lq: int, index: IndexFacts | None, restated: li
     stages[r_sort] = ({"path": sort_rule, "why": f"backend triton ({backend_why})"} if triton else
                       {"path": "torch.sort", "why": f"backend torch ({backend_why})"})
     if triton:
-        restated.append("sort and cuts: the one-program rule is plaid/backends._sorts_in_one_program")
+        restated.append("sort and cuts: the one-program rule is "
+                        "plaid/backends._sorts_in_one_program")
     capturable = graphs.capturable(types.SimpleNamespace(device=device))
     if capturable:
         graph_why = (f"a GPU index on the Triton backend, {environment.GRAPHS_ENV_VAR} not off: "
@@ -403,8 +405,8 @@ def format_report(report: dict) -> str:
     for name in env["unknown"]:
         lines.append(f"  {name}  not a variable the plugin reads (misspelt?): ignored")
     plugin = report["plugin"]
-    lines += ["", "Plugin", f"  patches colbert-ai: {'yes' if plugin['patches_colbert_ai'] else 'no'}"
-              f" ({plugin['why']})"]
+    patches = "yes" if plugin["patches_colbert_ai"] else "no"
+    lines += ["", "Plugin", f"  patches colbert-ai: {patches} ({plugin['why']})"]
     if report["index"]:
         lines += ["", "Index"] + _lines({k: v for k, v in report["index"].items()
                                           if k != "bucket_weights"}, "  ")
