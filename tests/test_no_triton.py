@@ -85,7 +85,8 @@ def test_the_plugin_scores_with_its_exact_torch_path():
         print(json.dumps(dict(
             enabled=registry.is_enabled(["compat", "scoring"]),
             packed=colbert_score_packed is active["colbert.modeling.colbert.colbert_score_packed"],
-            rank=vars(IndexScorer)["rank"] is active["colbert.search.index_storage:IndexScorer.rank"],
+            rank=vars(IndexScorer)["rank"]
+                 is active["colbert.search.index_storage:IndexScorer.rank"],
             fallbacks=tilemaxsim_plaid.stats().fallbacks,
             triton_loaded=sys.modules.get("triton") is not None)))
     """)

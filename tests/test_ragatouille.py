@@ -81,7 +81,7 @@ def _raw_score():
 
 @pytest.fixture(autouse=True)
 def _unpatched():
-    """RAGatouille unpatched inside each test (its original in ORIGINAL), the state put back after."""
+    """RAGatouille unpatched inside each test (its original: ORIGINAL); the state put back after."""
     was = registry.is_enabled(libraries=LIBRARY)
     registry.disable(libraries=LIBRARY)
     yield
@@ -318,7 +318,7 @@ def ragatouille_model(tmp_path_factory):
 
 
 def test_rank_end_to_end_as_ragatouille(ragatouille_model):
-    """RAGPretrainedModel.rerank()'s body (ColBERT.rank: encode, then score) on a real checkpoint."""
+    """RAGPretrainedModel.rerank()'s body (ColBERT.rank: encode, score) on a real checkpoint."""
     query = "a film about space travel"
     documents = ["2001: A Space Odyssey is a 1968 science fiction film.",
                  "The cat sat on the mat.", "Apollo 11 landed on the Moon in 1969.",

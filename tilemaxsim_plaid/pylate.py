@@ -31,8 +31,9 @@ and any input requires grad, PyLate's torch path computes the scores and their g
 ``pylate`` is imported only when a call needs it (a fallback, or patching); the kernel path itself
 needs only torch and triton. :func:`patch_pylate` and :func:`unpatch_pylate` apply and revert the
 registry's PyLate targets (:data:`tilemaxsim_plaid.plaid.targets.PYLATE_TARGETS`). Module graph:
-this module -> :mod:`tilemaxsim_plaid.ops.dense` (kernel path), :mod:`tilemaxsim_plaid.plaid.counters`,
-:mod:`tilemaxsim_plaid.plaid.registry`, ``pylate.scores.colbert``.
+this module -> :mod:`tilemaxsim_plaid.ops.dense` (kernel path),
+:mod:`tilemaxsim_plaid.plaid.counters`, :mod:`tilemaxsim_plaid.plaid.registry`,
+``pylate.scores.colbert``.
 """
 
 from __future__ import annotations

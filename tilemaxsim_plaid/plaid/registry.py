@@ -109,10 +109,12 @@ LIBRARIES = {
     "colbert-ai": Library("colbert-ai", COLBERT_PACKAGE, "TARGETS", SUPPORTED_COLBERT_VERSIONS,
                           f"{__name__}:colbert_version", imported_by_enable=True),
     "ragatouille": Library("ragatouille", "ragatouille.models.colbert", "RAGATOUILLE_TARGETS",
-                           SUPPORTED_RAGATOUILLE_VERSIONS, "tilemaxsim_plaid.ragatouille:ragatouille_version",
+                           SUPPORTED_RAGATOUILLE_VERSIONS,
+                           "tilemaxsim_plaid.ragatouille:ragatouille_version",
                            imported_by_enable=False),
-    "pylate": Library("pylate", "pylate.scores.colbert", "PYLATE_TARGETS", SUPPORTED_PYLATE_VERSIONS,
-                      "tilemaxsim_plaid.pylate:pylate_version", imported_by_enable=True),
+    "pylate": Library("pylate", "pylate.scores.colbert", "PYLATE_TARGETS",
+                      SUPPORTED_PYLATE_VERSIONS, "tilemaxsim_plaid.pylate:pylate_version",
+                      imported_by_enable=True),
 }
 # What `import tilemaxsim_plaid`, enable() and disable() patch by default.
 PLUGIN_LIBRARIES = ("colbert-ai", "ragatouille")
@@ -214,7 +216,8 @@ def _libraries(libraries: Iterable[str] | None) -> tuple[str, ...]:
     return chosen
 
 
-def _select(groups: Iterable[str] | None, libraries: Iterable[str] | None = None) -> list[PatchTarget]:
+def _select(groups: Iterable[str] | None,
+            libraries: Iterable[str] | None = None) -> list[PatchTarget]:
     chosen = _groups(groups)
     return [t for library in _libraries(libraries) for t in _targets_of(library)
             if t.group in chosen]
