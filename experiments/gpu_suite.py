@@ -131,10 +131,32 @@ def plaid(work: Path, opts) -> list[Step]:
 
 
 def reproduce_gpu(work: Path, opts) -> list[Step]:
-    conditions = "rerank-1k,rerank-10k,rerank-100k,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"
+    conditions = "rerank,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"  # "rerank": every point of its sweep
     return [Step("reproduce-wiki", reproduce("wiki-vital-h200", "search", "runs/wvgpu"), 220),
             Step("reproduce-synthetic",
                  reproduce("synthetic-scale", "prepare,search", "runs/syngpu", conditions), 330)]
+
+
+ENGINES_FAST = ("--latency-queries", "100", "--exact-queries", "100", "--work", "/tmp/engines")
+
+
+def engines(work: Path, opts) -> list[Step]:
+    """The three engines at 100k and 1M passages (about 4 minutes on the H200)."""
+    return [Step("bench-engines", module("experiments.bench_engines", "--passages", "100000", "1000000",
+                                         "--fairness", "--fast-plaid-create-max", "100000",
+                                         "--stock-queries", "30", *ENGINES_FAST,
+                                         "--out", str(work / "engines")), 560)]
+
+
+def engines_msmarco(work: Path, opts) -> list[Step]:
+    """MS MARCO's size, 8.8M passages: the index and ground truth (about 8 minutes), then the
+    engines (about 4), each step within one device command's 10 minutes."""
+    size = ("--passages", "8841823")
+    return [Step("engines-build", module("experiments.bench_engines", *size, "--build-only", *ENGINES_FAST,
+                                         "--out", str(work / "engines-build")), 590),
+            Step("bench-engines", module("experiments.bench_engines", *size, "--fairness",
+                                         "--stock-queries", "20", *ENGINES_FAST,
+                                         "--out", str(work / "engines")), 560)]
 
 
 def json_rows(filename: str, keep: Callable[[dict], bool]) -> Callable[[Path, Path], list[dict]]:
@@ -228,6 +250,11 @@ SUITES = {
         Step("bench-distributed", (PY, "-m", "torch.distributed.run", "--nproc-per-node=gpu",
                                    "-m", "experiments.bench_distributed", "--residual-size", "8GiB",
                                    "--out", str(work / "distributed")), 400)]),
+    "engines": Suite("stock colbert-ai, the plugin and fast-plaid on one index, 100k and 1M passages "
+                     "(fast-plaid and its needs as wheels)", engines),
+    "engines-msmarco": Suite("the three engines at MS MARCO's size, 8.8M passages (two device calls' "
+                             "worth: run the steps with --only in two calls on one warm machine)",
+                             engines_msmarco),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "
                           "this tree, alternated", before_after, report=compare,
                           needs=("{before}/tilemaxsim_plaid", "{before}/experiments")),

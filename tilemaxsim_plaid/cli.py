@@ -19,6 +19,8 @@ COMMANDS = {
     "bench-plaid": ("bench_plaid", "end-to-end PLAID search and rerank, stock vs patched (GPU)"),
     "bench-grid": ("bench_grid", "dense ops over a grid of shapes, dtypes and length distributions (GPU)"),
     "bench-distributed": ("bench_distributed", "multi-GPU sharded scoring (torchrun)"),
+    "bench-engines": ("bench_engines", "stock colbert-ai, the plugin and fast-plaid on one compressed index (GPU)"),
+    "report-engines": ("report_engines", "the engines report and plots from engines.json files"),
     "reproduce": ("reproduce", "a reproduction table from a config (path or shipped name)"),
     "synthesize": ("synthesize", "a synthetic PLAID index in colbert-ai's on-disk format"),
     "pq-agreement": ("pq_agreement", "PQ ranking agreement with exact MaxSim"),

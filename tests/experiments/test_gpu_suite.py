@@ -46,7 +46,7 @@ EXPECTED = {
                            "--out", "runs/wvgpu"],
         "reproduce-synthetic": ["-m", "experiments.reproduce", "configs/synthetic-scale.yaml", "--steps",
                                 "prepare,search", "--out", "runs/syngpu", "--conditions",
-                                "rerank-1k,rerank-10k,rerank-100k,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"],
+                                "rerank,rerank-1m,plaid-k10,plaid-k100,plaid-k1000"],
     },
     "reproduce-d384": {
         "reproduce-d384": ["-m", "experiments.reproduce", "configs/wiki-vital-h200-d384.yaml", "--steps",
@@ -61,6 +61,19 @@ EXPECTED = {
         "equivalence": ["-m", "experiments.equivalence", "configs/wiki-vital-h200.yaml", "--condition",
                         "d128-k10", "--ks", "10", "100", "1000", "--runs", "runs/wvgpu", "--out",
                         "W/equivalence", "--device", "cuda"],
+    },
+    "engines": {
+        "bench-engines": ["-m", "experiments.bench_engines", "--passages", "100000", "1000000", "--fairness",
+                          "--fast-plaid-create-max", "100000", "--stock-queries", "30", "--latency-queries",
+                          "100", "--exact-queries", "100", "--work", "/tmp/engines", "--out", "W/engines"],
+    },
+    "engines-msmarco": {
+        "engines-build": ["-m", "experiments.bench_engines", "--passages", "8841823", "--build-only",
+                          "--latency-queries", "100", "--exact-queries", "100", "--work", "/tmp/engines",
+                          "--out", "W/engines-build"],
+        "bench-engines": ["-m", "experiments.bench_engines", "--passages", "8841823", "--fairness",
+                          "--stock-queries", "20", "--latency-queries", "100", "--exact-queries", "100",
+                          "--work", "/tmp/engines", "--out", "W/engines"],
     },
     "distributed": {
         "bench-distributed": ["-m", "torch.distributed.run", "--nproc-per-node=gpu",
@@ -111,7 +124,8 @@ def test_every_flag_is_one_its_script_defines():
     """The suites pass only flags the benchmark scripts' argparse defines (read from source)."""
     scripts = {"experiments.bench": "bench", "experiments.bench_compressed": "bench_compressed",
                "experiments.bench_plaid": "bench_plaid", "experiments.reproduce": "reproduce",
-               "experiments.equivalence": "equivalence", "experiments.bench_distributed": "bench_distributed"}
+               "experiments.equivalence": "equivalence", "experiments.bench_distributed": "bench_distributed",
+               "experiments.bench_engines": "bench_engines"}
     opts = argparse.Namespace(before="/old", rounds=1, only=None)
     steps = [s for name in gpu_suite.SUITES for s in steps_of(name, opts)]
     checked = set()
