@@ -20,6 +20,15 @@ if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Hypothesis profiles: its built-in "ci" (derandomized: the same examples every run) is the
+# default of tests/kernels/test_properties.py; HYPOTHESIS_PROFILE=thorough draws more examples
+# there, fresh each run (print_blob: a failure prints how to replay it), and, set, applies to
+# every property test.
+settings.register_profile("thorough", settings.get_profile("ci"), derandomize=False)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 pytest_plugins = ["tests.fixtures_plaid"]
 
