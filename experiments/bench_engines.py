@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import json
 import logging
 import math
@@ -358,11 +359,12 @@ def run_size(args, passages: int, out: pathlib.Path) -> list[dict]:
              **{key: value for key, value in manifest.items() if key not in ("key", "seconds")},
              "phase_seconds": manifest["seconds"], "seconds": manifest["seconds"]["total"],
              "reused": build_s < manifest["seconds"]["total"]}]
-    if FAST_PLAID in args.engines and passages <= args.fast_plaid_create_max:
+    has_fast_plaid = importlib.util.find_spec("fast_plaid") is not None
+    if FAST_PLAID in args.engines and passages <= args.fast_plaid_create_max and has_fast_plaid:
         rows.append(_fast_plaid_create(corpus, root, index.manifest["nbits"], size))
     if args.build_only:
         return rows
-    if args.fairness and FAST_PLAID in args.engines:
+    if args.fairness and FAST_PLAID in args.engines and has_fast_plaid:
         rows.append({"suite": "fairness", "shape": size, "provider": FAST_PLAID,
                      **fairness_check(corpus, root, index)})
         logger.info("fairness: %s", rows[-1])
