@@ -51,21 +51,16 @@ import numpy as np
 import torch
 
 from tilemaxsim_plaid.codecs.residual import compress_residuals, train_bucket_codec
+from tilemaxsim_plaid.synthetic import colbert_ivf, ivf_from_pairs, num_partitions_for
 
 
-__all__ = ["SharedIndex", "write_shared_index", "num_partitions_for", "kmeans_sample_pids",
-           "MERGED_HEADER_LEN"]
+__all__ = ["SharedIndex", "write_shared_index", "kmeans_sample_pids", "MERGED_HEADER_LEN"]
 
 # fast-plaid's storage.MERGED_HEADER_LEN: merged files carry a fixed-length npy prologue so that
 # fast-plaid can grow them in place.
 MERGED_HEADER_LEN = 192
 # fast-plaid's create(): at most this many held-out embeddings train the codec (5 % of the sample).
 HELDOUT_EMBEDDINGS = 50_000
-
-
-def num_partitions_for(num_embeddings: float) -> int:
-    """C = 2**floor(log2(16 * sqrt(embeddings))): colbert-ai's and fast-plaid's rule."""
-    return int(2 ** math.floor(math.log2(16 * math.sqrt(num_embeddings))))
 
 
 def kmeans_sample_pids(num_passages: int, seed: int) -> np.ndarray:
@@ -209,7 +204,7 @@ def write_shared_index(corpus, root, *, nbits: int = 2, num_centroids: int | Non
     started = time.perf_counter()
     T, N, d = corpus.num_embeddings, corpus.num_passages, corpus.dim
     if codec is None:
-        C = num_centroids or num_partitions_for(T)
+        C = num_centroids or num_partitions_for(T)  # colbert-ai's rule, which fast-plaid shares
         centroids, heldout, how = _centroids(corpus, C, seed, kmeans_iters, corpus.device)
         codec = train_bucket_codec(heldout.to(corpus.device), centroids.to(corpus.device), nbits)
         codec["centroids"] = centroids.cpu()
@@ -274,14 +269,10 @@ def write_shared_index(corpus, root, *, nbits: int = 2, num_centroids: int | Non
     del merged_codes, merged_residuals
     compress_s = time.perf_counter() - started - kmeans_s
 
-    ivf, lengths = _ivf_lists(pair_codes, pair_pids, C)
+    ivf, lengths = ivf_from_pairs(pair_codes, pair_pids, C)
     _write_npy(fp / "ivf.npy", ivf.astype(np.int64))
     _write_npy(fp / "ivf_lengths.npy", lengths.astype(np.int32))
-    colbert_ivf = torch.from_numpy(ivf)
-    max_stride = int(lengths.max())
-    if int(lengths[:-1].sum()) + max_stride > ivf.shape[0]:  # colbert-ai's optimize_ivf padding
-        colbert_ivf = torch.cat((colbert_ivf, torch.zeros(max_stride, dtype=colbert_ivf.dtype)))
-    torch.save((colbert_ivf, torch.from_numpy(lengths.astype(np.int64))), cb / "ivf.pid.pt")
+    torch.save(colbert_ivf(ivf, lengths), cb / "ivf.pid.pt")
 
     for suffix in ("codes", "residuals"):
         (fp / f"merged_{suffix}.manifest.json").write_text(json.dumps(
@@ -307,21 +298,3 @@ def write_shared_index(corpus, root, *, nbits: int = 2, num_centroids: int | Non
                             "total": time.perf_counter() - started}}
     index.manifest_path.write_text(json.dumps(manifest, indent=2))
     return manifest
-
-
-def _ivf_lists(pair_codes: list[np.ndarray], pair_pids: list[np.ndarray],
-               num_centroids: int) -> tuple[np.ndarray, np.ndarray]:
-    """Unique pids per centroid, ascending, from each chunk's unique (centroid, pid) pairs
-    (chunks in pid order; the lists are emptied on the way): a counting sort, no global argsort."""
-    lengths = np.zeros(num_centroids, dtype=np.int64)
-    for codes in pair_codes:
-        lengths += np.bincount(codes, minlength=num_centroids)
-    cursor = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    ivf = np.empty(int(lengths.sum()), dtype=np.int32)
-    while pair_codes:
-        codes, pids = pair_codes.pop(0), pair_pids.pop(0)
-        present, first, counts = np.unique(codes, return_index=True, return_counts=True)
-        rank = np.arange(codes.shape[0]) - np.repeat(first, counts)
-        ivf[cursor[codes] + rank] = pids
-        cursor[present] += counts
-    return ivf, lengths

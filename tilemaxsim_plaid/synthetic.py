@@ -61,6 +61,8 @@ __all__ = [
     "write_synthetic_index",
     "load_synthetic_queries",
     "synthetic_index_complete",
+    "ivf_from_pairs",
+    "colbert_ivf",
 ]
 
 # MS MARCO passage ranking's collection size, the scale the generator must be able to reach.
@@ -411,10 +413,10 @@ def write_synthetic_index(spec: SyntheticIndexSpec, index_path, *, progress: boo
     return manifest
 
 
-def _write_ivf(index_path: pathlib.Path, chunk_codes: list[np.ndarray],
-               chunk_pids: list[np.ndarray], num_centroids: int) -> None:
-    """``ivf.pid.pt`` as colbert-ai's ``optimize_ivf`` writes it, from each chunk's unique
-    (centroid, pid) pairs (the lists are emptied on the way).
+def ivf_from_pairs(chunk_codes: list[np.ndarray], chunk_pids: list[np.ndarray],
+                   num_centroids: int) -> tuple[np.ndarray, np.ndarray]:
+    """PLAID's inverted lists (int32 pids per centroid, ascending; int64 lengths) from each chunk's
+    unique (centroid, pid) pairs, chunks in pid order (the lists are emptied on the way).
 
     Each chunk's pairs come sorted by centroid, then pid (np.unique), and chunks come in pid
     order, so placing every chunk's pids after the earlier chunks' pids of the same centroid (a
@@ -432,14 +434,24 @@ def _write_ivf(index_path: pathlib.Path, chunk_codes: list[np.ndarray],
         rank_in_list = np.arange(codes.shape[0]) - np.repeat(first, counts)
         ivf[cursor[codes] + rank_in_list] = pids
         cursor[centroids] += counts
-    ivf = torch.from_numpy(ivf)
-    ivf_lengths = torch.from_numpy(lengths)
-    # optimize_ivf pads with max_stride zeros when the last list's stride would run past the end.
-    max_stride = int(ivf_lengths.max())
-    last_offset = int(ivf_lengths[:-1].sum())
-    if last_offset + max_stride > ivf.shape[0]:
-        ivf = torch.cat((ivf, torch.zeros(max_stride, dtype=ivf.dtype)))
-    _save_atomically((ivf, ivf_lengths), index_path / "ivf.pid.pt")
+    return ivf, lengths
+
+
+def colbert_ivf(ivf: np.ndarray, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ivf.pid.pt``'s tensors as colbert-ai's ``optimize_ivf`` saves them: padded with
+    ``max(lengths)`` zeros when the last list's stride would run past the end."""
+    ivf_t, lengths_t = torch.from_numpy(ivf), torch.from_numpy(lengths.astype(np.int64))
+    max_stride = int(lengths_t.max())
+    if int(lengths_t[:-1].sum()) + max_stride > ivf_t.shape[0]:
+        ivf_t = torch.cat((ivf_t, torch.zeros(max_stride, dtype=ivf_t.dtype)))
+    return ivf_t, lengths_t
+
+
+def _write_ivf(index_path: pathlib.Path, chunk_codes: list[np.ndarray],
+               chunk_pids: list[np.ndarray], num_centroids: int) -> None:
+    """``ivf.pid.pt`` as colbert-ai's ``optimize_ivf`` writes it (:func:`ivf_from_pairs`)."""
+    _save_atomically(colbert_ivf(*ivf_from_pairs(chunk_codes, chunk_pids, num_centroids)),
+                     index_path / "ivf.pid.pt")
 
 
 def _write_queries(index_path: pathlib.Path, spec: SyntheticIndexSpec, codec: _Codec,
