@@ -1,10 +1,11 @@
 """Where a rerank's scoring time goes: the part that grows with the candidates, and the part that does not.
 
     python -m experiments.profile_rerank [--sizes 100000 1000000] [--num-docs 1000000]
+        [--num-centroids 65536] [--nbits 2]
 
 The plugin's stage 4 (``backends.exact_scores``, the path ``rank(pids=...)`` takes) on a random
-residual index of MS MARCO-like lengths (``bench_compressed.make_index``: C = 65,536, nbits = 2,
-d = 128, fp16-valued bucket weights as colbert-ai's GPU codec holds them), one 32-token fp32
+residual index of MS MARCO-like lengths (``bench_compressed.make_index``: C = 65,536 and
+nbits = 2 unless --num-centroids / --nbits, d = 128, fp16-valued bucket weights as colbert-ai's GPU codec holds them), one 32-token fp32
 query, ``size`` random pids. For each size it prints:
 
 * the call's median time from Python and replayed as a CUDA graph;
@@ -44,22 +45,23 @@ from tilemaxsim_plaid.ops.residual import (
 QUERY_LEN, DIM, NBITS, NUM_CENTROIDS = 32, 128, 2, 65_536
 
 
-def random_device_index(num_docs: int, device: torch.device) -> DeviceIndex:
+def random_device_index(num_docs: int, device: torch.device, num_centroids: int = NUM_CENTROIDS,
+                        nbits: int = NBITS) -> DeviceIndex:
     """A DeviceIndex over random codes, with what stage 4 reads; no IVF (a rerank needs none)."""
-    parts = make_index(num_docs, NUM_CENTROIDS, DIM, NBITS, device)
+    parts = make_index(num_docs, num_centroids, DIM, nbits, device)
     offsets = parts["offsets"]
     doclens = offsets[1:] - offsets[:-1]
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     # colbert-ai's GPU codec holds bucket weights in fp16: make them fp16 values.
     weights = parts["bucket_weights"].half().float()
     inv_norms = residual_inverse_norms(parts["codes"], parts["residuals"], parts["centroids"],
-                                       weights, NBITS)
+                                       weights, nbits)
     return DeviceIndex(
         device=device, codes=parts["codes"], residuals=parts["residuals"], offsets=offsets,
         doclens=doclens, centroids=parts["centroids"].float(), bucket_weights=weights,
-        bucket_table=bucket_table(NBITS, device).to(torch.uint8),
+        bucket_table=bucket_table(nbits, device).to(torch.uint8),
         ivf_pids=empty.int(), ivf_offsets=torch.zeros(1, dtype=torch.int64, device=device),
-        ivf_lengths=empty, dim=DIM, nbits=NBITS, num_docs=num_docs,
+        ivf_lengths=empty, dim=DIM, nbits=nbits, num_docs=num_docs,
         num_tokens=parts["codes"].numel(), max_doclen=int(doclens.max()), max_ivf_length=0,
         ivf_lengths_desc_cumsum=torch.zeros(0, dtype=torch.int64), source_key=("random", num_docs),
         inv_norms=inv_norms.float(), bucket_weights_in_fp16=True,
@@ -83,11 +85,14 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--num-docs", type=int, default=1_000_000)
+    parser.add_argument("--num-centroids", type=int, default=NUM_CENTROIDS,
+                        help="C; MS MARCO's full index has 262,144")
+    parser.add_argument("--nbits", type=int, choices=(1, 2, 4), default=NBITS)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_rerank times GPU kernels and needs a CUDA device")
     device = torch.device("cuda")
-    index = random_device_index(args.num_docs, device)
+    index = random_device_index(args.num_docs, device, args.num_centroids, args.nbits)
     Q = queries(1, QUERY_LEN, DIM, device)[0].float()
     generator = torch.Generator().manual_seed(0)
     summary = []
@@ -126,7 +131,7 @@ def main(argv=None) -> None:
                 cfg = dataclasses.replace(base, docs_per_program=docs, persistent=persistent)
                 kernel_ms = time_ms(lambda cfg=cfg: maxsim_residual(
                     Q[None], index.codes, index.residuals, index.offsets, index.centroids,
-                    index.bucket_weights, NBITS, pids, inv_norms=index.inv_norms,
+                    index.bucket_weights, args.nbits, pids, inv_norms=index.inv_norms,
                     centroid_scores=table, split_query=True, config=cfg, validate=False),
                     warmup_ms=30, rep_ms=300)[0]
                 grid = "persistent grid" if persistent else "one program per chunk"
