@@ -155,12 +155,12 @@ class QuerySide:
 
 
 @st.composite
-def query_sides(draw, dims=DIMS, dtypes=DTYPES, max_rows: int = BATCH_SIZES[-1] * MAX_LQ
-                ) -> QuerySide:
+def query_sides(draw, max_rows: int = BATCH_SIZES[-1] * MAX_LQ) -> QuerySide:
+    """B queries of Lq tokens (B * Lq <= max_rows) of one dimension and dtype."""
     B = draw(st.sampled_from(BATCH_SIZES))
     Lq = draw(st.integers(1, min(MAX_LQ, max_rows // B)))
-    d = draw(st.sampled_from(dims))
-    dtype = draw(st.sampled_from(dtypes))
+    d = draw(st.sampled_from(DIMS))
+    dtype = draw(st.sampled_from(DTYPES))
     lengths = None
     if draw(st.booleans()):  # a length of 0 is an empty query row (it scores 0)
         lengths = tuple(draw(st.lists(st.integers(0, Lq), min_size=B, max_size=B)))
@@ -253,7 +253,7 @@ def dense_problems(draw) -> DenseProblem:
     packed = draw(st.booleans())
     dist, lengths = draw(doc_lengths(q.dense_tokens()))
     with_doc_lengths = not packed and draw(st.booleans())
-    # Padded without lengths: every document is Ld tokens of the same budget.
+    # Padded without lengths every document has Ld tokens: the longest drawn length.
     padded_len = max(lengths) + (draw(st.integers(0, 3)) if with_doc_lengths else 0)
     return DenseProblem(
         query=q, packed=packed, dist=dist, lengths=tuple(lengths), padded_len=padded_len,
