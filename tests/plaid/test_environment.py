@@ -53,3 +53,20 @@ def test_triton_backend_without_a_gpu_is_a_clear_error(monkeypatch):
     assert environment.backend_for(CUDA) == "triton"
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' interpreter runs it on the CPU
     assert environment.backend_for(CPU) == "triton"
+
+
+def test_cuda_without_triton_serves_with_torch(monkeypatch):
+    """A CUDA machine without triton (Windows) takes the exact torch path; asking for triton
+    there is refused naming the package."""
+    from tilemaxsim_plaid.plaid import environment
+
+    monkeypatch.delenv(environment.BACKEND_ENV_VAR, raising=False)
+    monkeypatch.setattr(environment, "_triton_installed", lambda: False)
+    assert environment.backend_for(torch.device("cuda", 0)) == "torch"
+    assert environment.backend_for(torch.device("cpu")) == "torch"
+    monkeypatch.setenv(environment.BACKEND_ENV_VAR, "triton")
+    with pytest.raises(ValueError, match="needs the triton package"):
+        environment.backend_for(torch.device("cuda", 0))
+    monkeypatch.setattr(environment, "_triton_installed", lambda: True)
+    monkeypatch.delenv(environment.BACKEND_ENV_VAR)
+    assert environment.backend_for(torch.device("cuda", 0)) == "triton"

@@ -11,7 +11,11 @@ This module imports nothing but the standard library: the registry reads it at i
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DISABLE_ENV_VAR",
@@ -82,9 +86,10 @@ def _triton_interpreted() -> bool:
 def backend_for(device) -> str:
     """``"triton"`` or ``"torch"`` for tensors on ``device`` (a ``torch.device``).
 
-    Default: triton on CUDA, torch elsewhere. :data:`BACKEND_ENV_VAR` overrides it; ``triton``
-    for CPU tensors is accepted only under ``TRITON_INTERPRET=1`` (the tests), since Triton
-    kernels run on a GPU.
+    Default: triton on CUDA where triton is installed, torch elsewhere (a CUDA machine without
+    triton, e.g. Windows, serves with the exact torch path, said once at INFO).
+    :data:`BACKEND_ENV_VAR` overrides it; ``triton`` needs triton installed, and for CPU tensors
+    is accepted only under ``TRITON_INTERPRET=1`` (the tests), since Triton kernels run on a GPU.
     """
     choice = _read(BACKEND_ENV_VAR)
     if choice and choice not in BACKENDS:
@@ -96,9 +101,33 @@ def backend_for(device) -> str:
             f"Triton kernels run on a GPU (on the CPU only under TRITON_INTERPRET=1, for tests). "
             f"Unset {BACKEND_ENV_VAR} or set it to 'torch'."
         )
+    if choice == "triton" and not _triton_installed():
+        raise ValueError(f"{BACKEND_ENV_VAR}=triton needs the triton package, which is not installed: "
+                         f"install it (Linux) or unset {BACKEND_ENV_VAR} to serve with the torch path")
     if choice:
         return choice
-    return "triton" if device.type == "cuda" else "torch"
+    if device.type != "cuda":
+        return "torch"
+    if not _triton_installed():
+        if not _said_no_triton:
+            _said_no_triton.append(True)
+            logger.info("triton is not installed: the plugin scores CUDA tensors with its exact "
+                        "torch path")
+        return "torch"
+    return "triton"
+
+
+_said_no_triton: list[bool] = []
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except ValueError:  # sys.modules["triton"] is None: made unimportable
+        return False
 
 
 def stage_4_products() -> str:
