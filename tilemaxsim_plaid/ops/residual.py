@@ -668,7 +668,7 @@ def maxsim_residual(
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
         config: a fixed :class:`ResidualConfig`.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
-            the float inputs but Q: ops/checks.py, NaN policy) with one host sync per call,
+            the float inputs but Q, which is not read) with one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
             version: an index's offsets and codes are read once).
 
@@ -678,7 +678,10 @@ def maxsim_residual(
 
     Returns:
         fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
-        an empty query 0.
+        an empty query 0. A NaN in Q, a centroid, a bucket weight, an inverse norm or a
+        centroid_scores entry makes exactly the scores it touches NaN, as in torch; inf as torch
+        gives it, except where the centroid-score table adds <q, c> + <q, r> (docs/kernels.md,
+        NaN and inf).
     """
     check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights, nbits, inv_norms)
     num_docs = offsets.numel() - 1
