@@ -567,9 +567,10 @@ def prepare_data(experiment: Experiment, condition: Condition, *, dry_run=False)
 
     source = load_dataset(dataset["ir_datasets"])
     queries = {q.query_id: _clean_text(q.default_text()) for q in source.queries_iter()}
-    qrels = {}
-    for qrel in source.qrels_iter():
-        qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+    # Not ranx.Qrels.from_ir_datasets: it calls ir_datasets.load itself, past load_dataset's
+    # offline check, so a missing public dataset would start a download.
+    qrels = {qid: {doc: int(rel) for doc, rel in judged.items()}
+             for qid, judged in source.qrels_dict().items()}
     doc_ids = [doc.doc_id for doc in tqdm(source.docs_iter(), desc="doc ids", unit="doc",
                                           total=source.docs_count())]
     kept_ids, kept_queries, kept_qrels = _subsample(dataset, doc_ids, queries, qrels)
