@@ -4,8 +4,8 @@
 
 Shape (the issue's): one 32-token query, N = 100k candidate documents with MS MARCO-like lengths
 (the clipped log-normal of experiments/bench.py: median 66, sigma 0.35, clipped to [8, 180],
-mean ~70), C = 65,536 unit centroids, nbits = 2, d = 128, codes uniform over the centroids (the
-worst case for L2 locality of centroid-side gathers).
+mean ~70), C = 65,536 unit centroids, nbits = 2 (``--num-centroids``, ``--nbits``), d = 128,
+codes uniform over the centroids (the worst case for L2 locality of centroid-side gathers).
 
 Providers:
 * tilemaxsim_residual: maxsim_residual with the index's precomputed inverse norms (centroid part
@@ -84,6 +84,7 @@ def make_index(num_docs: int, num_centroids: int, dim: int, nbits: int, device, 
     index["inv_norms"] = residual_inverse_norms(index["codes"], index["residuals"],
                                                 index["centroids"], index["bucket_weights"], nbits)
     index["lengths"] = lengths.to(device)
+    index["nbits"] = nbits
     return index
 
 
@@ -201,16 +202,16 @@ def classify_bound(row: dict, ceilings: dict) -> str:
 
 def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
     num_docs = args.num_docs or (10_000 if args.quick else NUM_DOCS)
-    num_centroids = args.num_centroids
+    num_centroids, nbits = args.num_centroids, args.nbits
     time_ms = _timer(device)
-    index = make_index(num_docs, num_centroids, DIM, NBITS, device)
+    index = make_index(num_docs, num_centroids, DIM, nbits, device)
     Q = queries(1, QUERY_LEN, DIM, device)
     Q2 = Q[0]
     T = int(index["offsets"][-1])
     max_len = int(index["lengths"].max())
-    shape = f"1q N={num_docs // 1000}k mean{T / num_docs:.0f} C={num_centroids} nbits={NBITS} d={DIM}"
+    shape = f"1q N={num_docs // 1000}k mean{T / num_docs:.0f} C={num_centroids} nbits={nbits} d={DIM}"
     flops = 2.0 * QUERY_LEN * DIM * T
-    nb = DIM * NBITS // 8
+    nb = DIM * nbits // 8
     doc_offsets = num_docs * 8
     # Read C, write and read S: fp16 entries for fp16 queries (ops/residual.py, half_table).
     table_bytes = num_centroids * DIM * 2 + 2 * num_centroids * QUERY_LEN * 2
@@ -225,7 +226,7 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
         "tilemaxsim_dense_decoded": T * DIM * 2 + doc_offsets,
     }
     residual_args = (Q2, index["codes"], index["residuals"], index["offsets"], index["centroids"],
-                     index["bucket_weights"], NBITS)
+                     index["bucket_weights"], nbits)
     runs = {
         "tilemaxsim_residual": lambda: maxsim_residual(*residual_args, inv_norms=index["inv_norms"],
                                                        validate=False),
@@ -242,10 +243,10 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
                                        decode="pairs")),
     }
     D16 = decompress_residuals(index["codes"], index["residuals"], index["centroids"],
-                               index["bucket_weights"], NBITS)
+                               index["bucket_weights"], nbits)
     runs["tilemaxsim_dense_decoded"] = lambda: maxsim_packed(Q2, D16, index["offsets"],
                                                              max_doc_len=max_len, validate=False)
-    runs["torch_decompress_score"] = lambda: torch_decompress_score(Q2, index, NBITS)
+    runs["torch_decompress_score"] = lambda: torch_decompress_score(Q2, index, nbits)
     sample = D16[torch.randperm(T, device=device)[:PQ_TRAIN_TOKENS]].float()
     pq_data = {}
     for M in PQ_SUBQUANTIZERS:
@@ -255,7 +256,7 @@ def main_rows(args, device, ceilings) -> tuple[list[dict], dict]:
         runs[name] = (lambda c=pq_data[M][0], b=pq_data[M][1]:
                       maxsim_pq(Q2, c, index["offsets"], b, validate=False))
         bytes_of[name] = T * M + doc_offsets + 256 * DIM * 2
-    lik = lik_provider(Q2, index, NBITS, max_len)
+    lik = lik_provider(Q2, index, nbits, max_len)
     if lik is not None:
         runs["late_interaction_kernels"] = lik
 
@@ -296,7 +297,7 @@ def floor_rows(shape, Q, index, nbytes, num_docs, ceilings, time_ms) -> list[dic
     gathers; + decode) the fastest launch configuration, each checked against float64 torch."""
     scores = query_centroid_scores(Q, index["centroids"])
     args = (index["codes"], index["residuals"], index["inv_norms"], index["offsets"], scores,
-            index["bucket_weights"], NBITS)
+            index["bucket_weights"], index["nbits"])
     rows = []
     for stage in residual_floors.STAGES:
         expected = residual_floors.expected_floor(stage, *args)
@@ -347,7 +348,7 @@ def sweep_rows(shape, Q2, index, pq_data, bytes_of, flops, num_docs, ceilings, t
     """Time a grid of launch configs of the residual and PQ kernels (to pick the defaults)."""
     rows = []
     residual_args = (Q2, index["codes"], index["residuals"], index["offsets"], index["centroids"],
-                     index["bucket_weights"], NBITS)
+                     index["bucket_weights"], index["nbits"])
     residual_fields = ("decode", "block_t", "block_t_tail", "docs_per_program", "num_warps",
                        "num_stages", "maxnreg")
     expected = maxsim_residual(*residual_args, inv_norms=index["inv_norms"])
@@ -431,6 +432,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="N = 10k documents")
     parser.add_argument("--num-docs", type=int, default=0, help="override N")
     parser.add_argument("--num-centroids", type=int, default=NUM_CENTROIDS)
+    parser.add_argument("--nbits", type=int, choices=(1, 2, 4), default=NBITS,
+                        help="residual bits per dimension of the benchmark index")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of kernel configs")
     parser.add_argument("--skip-check", action="store_true",
                         help="skip the float64 reference check (never for published numbers)")
