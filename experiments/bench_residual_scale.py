@@ -1,0 +1,83 @@
+"""Residual codes at colbert-ai's centroid counts and bit widths, as a user calls them.
+
+``python -m experiments.bench_residual_scale [--num-docs 100000] [--out DIR]`` (GPU)
+
+For C in {2^16, 2^18} (MS MARCO's full index) and nbits in {1, 2, 4}, on the random index of
+``bench_compressed.make_index`` (MS MARCO-like lengths, one 32-token fp16 query):
+``maxsim_residual`` with its defaults (``validate=True``) and with ``validate=False``, beside our
+dense kernel on the same documents decoded to fp16 (``maxsim_packed``, the "decode, then score"
+alternative); and ``maxsim_pq`` (M = 16) with and without validation. Rows go to
+``OUT/residual_scale.json`` (harness format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from . import harness
+from .bench_compressed import DIM, QUERY_LEN, make_index, queries
+
+__all__ = ["main"]
+
+SUITE = "residual_scale"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_residual_scale",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--num-docs", type=int, default=100_000)
+    parser.add_argument("--centroids", type=int, nargs="+", default=[1 << 16, 1 << 18])
+    parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4))
+    parser.add_argument("--out", default="results/residual_scale")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_residual_scale times GPU kernels and needs a CUDA device")
+    from tilemaxsim_plaid import maxsim_packed, maxsim_pq, maxsim_residual
+    from tilemaxsim_plaid.codecs.pq import PQCodec
+    from tilemaxsim_plaid.codecs.residual import decompress_residuals
+
+    device = torch.device("cuda")
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    rows = []
+
+    def timed(shape, provider, fn, **extra):
+        median, p20, p80 = harness.time_ms(fn)
+        rows.append({"suite": SUITE, "shape": shape, "provider": provider, "ms": median,
+                     "p20_ms": p20, "p80_ms": p80, "docs_per_s": args.num_docs / median * 1e3, **extra})
+        print(f"{shape:<44} {provider:<34} {median:8.4f} ms", flush=True)
+
+    for nbits in args.nbits:
+        for C in args.centroids:
+            index = make_index(args.num_docs, C, DIM, nbits, device)
+            shape = f"1q N={args.num_docs // 1000}k C={C} nbits={nbits} d={DIM}"
+            call = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
+                    index["bucket_weights"], nbits)
+            timed(shape, "maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))
+            timed(shape, "maxsim_residual validate=False",
+                  lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False))
+            if C == args.centroids[0]:
+                D16 = decompress_residuals(index["codes"], index["residuals"], index["centroids"],
+                                           index["bucket_weights"], nbits)
+                max_len = int(index["lengths"].max())
+                timed(shape, "maxsim_packed on decoded fp16",
+                      lambda: maxsim_packed(Q, D16, index["offsets"], max_doc_len=max_len))
+                if nbits == 2:
+                    sample = D16[torch.randperm(D16.shape[0], device=device)[:200_000]].float()
+                    codec = PQCodec.train(sample, 16, niter=10, backend="torch")
+                    codes, books = codec.encode(D16), codec.codebooks
+                    timed(shape, "maxsim_pq M=16", lambda: maxsim_pq(Q, codes, index["offsets"], books))
+                    timed(shape, "maxsim_pq M=16 validate=False",
+                          lambda: maxsim_pq(Q, codes, index["offsets"], books, validate=False))
+                del D16
+            del index
+            torch.cuda.empty_cache()
+    path = harness.write_results(rows, args.out, SUITE, meta={"argv": sys.argv if argv is None else argv})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
