@@ -180,6 +180,10 @@ def build_report(rows: list[dict], provenances: list[dict], out: pathlib.Path) -
             lines.append(f"- plugin exactness at {r['shape']}: top-10 scores within "
                          f"{r['max_abs_score_diff']:.2g} of exact fp32 MaxSim over the decompressed "
                          f"embeddings on {r['queries']} queries; {r['unsorted_lists']} lists out of order")
+            if "rerank_not_exact_top10" in r:
+                lines.append(f"  - a rerank of a known candidate set (its top 10 and {r['rerank_candidates']} "
+                             f"random pids) returned the exact top 10 up to ties on all but "
+                             f"{r['rerank_not_exact_top10']} of {r['queries']} queries")
     lines.append("")
     lines += [f"![latency vs corpus size]({_plot_latency(rows, sizes, engines, out).name})",
               f"![QPS vs batch]({_plot_qps(rows, engines, out).name})",

@@ -167,6 +167,7 @@ def test_bench_engines_end_to_end_on_cpu(tmp_path):
             ("load", "tilemaxsim"), ("build", "shared"), ("exactness", "tilemaxsim")} <= suites
     exactness = next(r for r in rows if r["suite"] == "exactness")
     assert exactness["unsorted_lists"] == 0 and exactness["max_abs_score_diff"] < 1e-4
+    assert exactness["queries"] == 3 and exactness["rerank_not_exact_top10"] == 0
     latency = [r for r in rows if r["suite"] == "latency"]
     assert all(0.0 <= r["recall@10"] <= 1.0 and r["p50_ms"] > 0 for r in latency)
     report = report_engines.build_report(rows, [{"file": "x"}], tmp_path / "report")
