@@ -87,6 +87,32 @@ def test_random_codes_fp16(device, poisoned_outputs, dim, num_subquantizers, res
     assert torch.isneginf(out[:, 0]).all()
 
 
+@pytest.mark.parametrize("dim,num_subquantizers", [
+    pytest.param(64, 1, id="d64-M1"),
+    pytest.param(64, 2, id="d64-M2"),
+    pytest.param(96, 2, id="d96-M2-dsub48"),
+    pytest.param(384, 6, id="d384-M6-dsub64"),
+    pytest.param(768, 16, id="d768-M16-dsub48"),
+])
+@residual_modes
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
+                                   pytest.param(torch.float32, id="fp32")])
+def test_chunks_narrower_than_a_code_word(device, poisoned_outputs, dim, num_subquantizers,
+                                          residual_mode, dtype):
+    """Chunks of fewer sub-quantizers than a 32-bit code word holds (M < 4, or d/M > 32, so
+    M_BLOCK < 4): byte gathers, by 4-warp programs and by one-warp ones that hold the query."""
+    index = random_pq_index(device, dim, num_subquantizers, [0, 1, 17, 40, 5, 16],
+                            num_centroids=7 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(2, 9, dim, dtype, device)
+    query_lengths = torch.tensor([9, 3], device=device)
+    want = reference.maxsim_pq(Q, *args, query_lengths=query_lengths, **extra)
+    for config in (None, PQConfig(block_t=16, num_warps=1, docs_per_program=2)):
+        out = maxsim_pq(Q, *args, query_lengths=query_lengths, **extra, config=config)
+        assert_close(out, want, "maxsim_pq", dtype)
+        assert torch.isneginf(out[:, 0]).all()
+
+
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
                                    pytest.param(torch.float32, id="fp32")])
 def test_other_dtypes(device, poisoned_outputs, dtype):
@@ -353,6 +379,16 @@ def test_lookup_tables_match_the_reference(device, poisoned_outputs, dim, num_su
             assert_close(out, want, "maxsim_pq", torch.float32)
     assert torch.equal(out[1].cpu(), torch.zeros(len(pids)))
     assert torch.isneginf(out[0, 1]) and torch.isneginf(out[2, 1])
+
+
+@pytest.mark.parametrize("block_t", [1, 2, 8])
+def test_lookup_tables_in_tiles_under_16_tokens(device, poisoned_outputs, block_t):
+    """The lookup-table kernel has no tensor-core product: tiles of any power of two."""
+    index = random_pq_index(device, 64, 8, [0, 1, 3, 9, 17])
+    args, _ = split(index)
+    Q = unit_queries(2, 5, 64, torch.float16, device)
+    out = maxsim_pq(Q, *args, config=PQConfig(scoring="lut", block_t=block_t, lut_shared=False))
+    assert_close(out, reference.maxsim_pq(Q, *args), "maxsim_pq", torch.float32)
 
 
 def test_lookup_tables_for_a_long_query(device, poisoned_outputs):

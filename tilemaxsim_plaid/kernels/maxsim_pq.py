@@ -374,7 +374,12 @@ def _score_pq_document(
     # does not wait for its HBM read; rows past the document's end are masked. When tails are
     # tiles of BLOCK_T too (at most one per document), the last load is the tail's.
     offs_next = start + tl.arange(0, BLOCK_T)
-    next_words = tl.zeros([BLOCK_T, M_BLOCK // CODES_PER_WORD], tl.int32)
+    if M_BLOCK >= CODES_PER_WORD:
+        next_words = tl.zeros([BLOCK_T, M_BLOCK // CODES_PER_WORD], tl.int32)
+    else:
+        # A chunk of fewer sub-quantizers than a code word holds (M < 4, or d/M > 32) has no
+        # word gathers, so no code words to pipeline: a placeholder of a legal shape, never read.
+        next_words = tl.zeros([BLOCK_T, 1], tl.int32)
     if PIPELINE_CODES:
         next_words = _load_pq_code_words(0, offs_next, offs_next < end, p_pq_codes, stride_pt,
                                          BLOCK_T, M_BLOCK, True, PTX_LOADS)
