@@ -341,10 +341,11 @@ def test_dense_over_the_grid(problem):
 
 # ---- residual codes: maxsim_residual and ResidualConfig ----
 
-# Values no launch takes (ops/residual._launch_kernel refuses them). block_d = 0 is not here:
-# like None, it means default_block_d.
-RESIDUAL_MALFORMED = {"block_t": (0, 8, 24), "block_t_tail": (8, 12), "block_d": (8, 48),
-                      "decode": ("lut", ""), "maxnreg": (8, 300)}
+# Values no launch takes (ops/residual.check_config refuses them whatever the input).
+RESIDUAL_MALFORMED = {"block_t": (0, 8, 24), "block_t_tail": (8, 12), "block_d": (0, 8, 48),
+                      "queries_per_block": (0, 3), "docs_per_program": (0, -1),
+                      "decode": ("lut", ""), "num_warps": (0, 3), "num_stages": (0,),
+                      "maxnreg": (8, 300)}
 MAX_CENTROIDS = 40
 
 
@@ -420,30 +421,34 @@ def _residual_rows(p: ResidualProblem, g: torch.Generator, num_tokens: int) -> t
 
 
 def residual_refusal(p: ResidualProblem, residuals: torch.Tensor) -> str | None:
-    """Why the op must refuse ``p.config`` here (None: it must not): ResidualConfig's docstring
-    and ops/residual._launch_kernel."""
+    """Why the op must refuse ``p.config`` here (None: it must not): ResidualConfig's docstring,
+    ops/residual.check_config and _launch_kernel."""
     cfg, q = p.config, p.query
     if cfg is None:
         return None
+    if cfg.block_d is not None and (cfg.block_d < MIN_DOT_DIM or not _pow2(cfg.block_d)):
+        return f"block_d={cfg.block_d}"
+    if any(v < MIN_DOT_DIM or not _pow2(v) for v in (cfg.block_t, cfg.block_t_tail)):
+        return f"block_t={cfg.block_t}, block_t_tail={cfg.block_t_tail}"
+    if not _pow2(cfg.queries_per_block) or cfg.docs_per_program < 1:
+        return f"queries_per_block={cfg.queries_per_block}, docs={cfg.docs_per_program}"
+    if not _pow2(cfg.num_warps) or cfg.num_stages < 1:
+        return f"num_warps={cfg.num_warps}, num_stages={cfg.num_stages}"
+    if cfg.decode not in DECODERS:
+        return f"decode={cfg.decode!r}"
+    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
+        return f"maxnreg={cfg.maxnreg}"
     builds_table = p.table == "kernel" and not p.split_query
     half_table = (builds_table and q.dtype == torch.float16 and p.with_norms
                   if cfg.half_table is None else cfg.half_table)
     if half_table and (q.dtype != torch.float16 or not builds_table):
         return "half_table: fp16 queries and a table built by the op"
-    block_d = cfg.block_d or default_block_d(q.d)
-    if block_d < MIN_DOT_DIM or not _pow2(block_d):
-        return f"block_d={cfg.block_d}"
-    if any(v < MIN_DOT_DIM or not _pow2(v) for v in (cfg.block_t, cfg.block_t_tail)):
-        return f"block_t={cfg.block_t}, block_t_tail={cfg.block_t_tail}"
-    if cfg.decode not in DECODERS:
-        return f"decode={cfg.decode!r}"
+    block_d = default_block_d(q.d) if cfg.block_d is None else cfg.block_d
     word_rows = (residuals.shape[1] % 4 == 0 and residuals.stride(0) % 4 == 0
                  and residuals.data_ptr() % 4 == 0 and block_d * p.nbits % 32 == 0)
     sixteen_bit = q.dtype != torch.float32 or p.split_query
     if cfg.decode == "permute" and not (p.nbits == 2 and sixteen_bit and word_rows):
         return "permute: nbits = 2, 16-bit products, 4-byte aligned rows"
-    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
-        return f"maxnreg={cfg.maxnreg}"
     if cfg.centroid_table and not p.with_norms:
         return "centroid_table=True without inv_norms"
     if p.split_query and cfg.centroid_table is False:
@@ -519,21 +524,16 @@ def test_residual_over_the_grid(problem):
 
 # ---- PQ codes: maxsim_pq and PQConfig ----
 
-# Values no launch takes (ops/pq._launch_kernel and _launch_lut refuse them).
+# Values no launch takes (ops/pq.check_config refuses them whatever the input): tiles of the
+# decode kernel under 16 tokens or not powers of two (block_t = 8 is refused with decode only).
 PQ_DECODE_MALFORMED = {"block_t": (8, 24), "block_t_tail": (8, 12), "maxnreg": (8, 300),
-                       "scoring": ("tables", "")}
-# The decode kernel's fields, which scoring="lut" refuses, and lut_rows outside LUT_ROWS.
+                       "queries_per_block": (0, 3), "docs_per_program": (0,),
+                       "num_warps": (3,), "num_stages": (0,), "scoring": ("tables", "")}
+# The decode kernel's fields, which scoring="lut" refuses, lut_rows outside LUT_ROWS, and tiles
+# that are not powers of two.
 PQ_LUT_MALFORMED = {"persistent": (True,), "pipeline_codes": (True,), "reduce_per_tile": (True,),
-                    "maxnreg": (128,), "lut_rows": (2, 64)}
-# Codes per 32-bit code word of the decode kernel (kernels/maxsim_pq.py, CODES_PER_WORD).
-CODES_PER_WORD = 4
-
-
-def decode_handles(d: int, M: int) -> bool:
-    """Whether the decode kernel compiles for M sub-quantizers of d / M dims: its chunks of
-    sub-quantizers must hold a whole code word (M_BLOCK >= 4), which fails for M < 4 or
-    sub-vectors of more than 32 dims (test_pq_decode_of_wide_subvectors)."""
-    return subquantizer_blocking(M, d // M)[0] >= CODES_PER_WORD
+                    "maxnreg": (128,), "lut_rows": (2, 64), "block_t": (0, 24),
+                    "docs_per_program": (0,)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,7 +560,8 @@ def pq_configs(draw) -> PQConfig | None:
                   docs_per_program=draw(st.sampled_from([4, 1, 2, 3])),
                   num_warps=draw(st.sampled_from([4, 1, 2])),
                   num_stages=draw(st.sampled_from([2, 1])))
-    if scoring == "lut":
+    if scoring == "lut":  # no tensor-core product: tiles of any power of two
+        common["block_t"] = draw(st.sampled_from([32, 16, 64, 8, 1]))
         config = PQConfig(lut_rows=draw(st.sampled_from(LUT_ROWS)),
                           lut_shared=draw(st.sampled_from([None, False, True])), **common)
         return _maybe_malformed(draw, config, PQ_LUT_MALFORMED)
@@ -579,8 +580,6 @@ def pq_problems(draw) -> PQProblem:
     q = draw(query_sides(max_rows=COMPRESSED_MAX_ROWS))
     config = draw(pq_configs())
     divisors = [m for m in range(1, q.d + 1) if q.d % m == 0]
-    if config is None or config.scoring != "lut":  # the decode kernel, or a refusal
-        divisors = [m for m in divisors if decode_handles(q.d, m)]
     dist, lengths = draw(doc_lengths(q.compressed_tokens()))
     return PQProblem(
         query=q, M=draw(st.sampled_from(divisors)),
@@ -592,17 +591,26 @@ def pq_problems(draw) -> PQProblem:
 
 def pq_refusal(p: PQProblem, Q: torch.Tensor, pq_codes: torch.Tensor, extra: dict) -> str | None:
     """Why the op must refuse ``p.config`` here (None: it must not): PQConfig's docstring,
-    ops/pq._launch_kernel and _launch_lut, and the mma and shared-table kernels' own rules."""
+    ops/pq.check_config, _launch_kernel and _launch_lut, and the mma and shared-table kernels'
+    own rules."""
     cfg, q = p.config, p.query
     if cfg is None:
         return None
     if cfg.scoring not in SCORING:
         return f"scoring={cfg.scoring!r}"
+    # Every field, whatever the scoring.
+    if not all(_pow2(v) for v in (cfg.block_t, cfg.block_t_tail, cfg.queries_per_block,
+                                  cfg.num_warps)):
+        return "block_t, block_t_tail, queries_per_block and num_warps: powers of two"
+    if cfg.docs_per_program < 1 or cfg.num_stages < 1:
+        return f"docs_per_program={cfg.docs_per_program}, num_stages={cfg.num_stages}"
+    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
+        return f"maxnreg={cfg.maxnreg}"
+    if cfg.lut_rows not in LUT_ROWS:
+        return f"lut_rows={cfg.lut_rows}"
     if cfg.scoring == "lut":
         if cfg.persistent or cfg.pipeline_codes or cfg.reduce_per_tile or cfg.maxnreg is not None:
             return "lut: none of the decode kernel's fields"
-        if cfg.lut_rows not in LUT_ROWS:
-            return f"lut_rows={cfg.lut_rows}"
         if cfg.lut_shared and pq_lut_shared.reasons_not_to_apply(Q, p.M, cfg.lut_rows):
             return "lut_shared=True where the shared-memory kernel does not apply"
         return None
@@ -610,10 +618,8 @@ def pq_refusal(p: PQProblem, Q: torch.Tensor, pq_codes: torch.Tensor, extra: dic
         reasons = pq_mma.reasons_not_to_apply(Q, pq_codes.contiguous(), torch.empty(
             p.M, 256, q.d // p.M), extra.get("centroid_codes"), extra.get("inv_norms"))
         return "mma: " + "; ".join(reasons) if reasons or not nvrtc.available() else None
-    if any(v < MIN_DOT_DIM or not _pow2(v) for v in (cfg.block_t, cfg.block_t_tail)):
-        return f"block_t={cfg.block_t}, block_t_tail={cfg.block_t_tail}"
-    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
-        return f"maxnreg={cfg.maxnreg}"
+    if min(cfg.block_t, cfg.block_t_tail) < MIN_DOT_DIM:
+        return f"decode: block_t={cfg.block_t}, block_t_tail={cfg.block_t_tail} >= 16"
     # Word gathers: 16-bit queries, an even power-of-two d/M and whole chunks of a multiple of 4
     # sub-quantizers (the op copies pq_codes and the codebooks to aligned tensors).
     sub_dim = q.d // p.M
@@ -715,34 +721,44 @@ def test_strategies_span_the_grid_axes():
         assert set(malformed) <= {f.name for f in dataclasses.fields(cls)}
 
 
-# ---- properties that fail today: each the smallest failing example, fix in the op named ----
+# ---- the smallest example of each rule the properties found broken ----
 
-@pytest.mark.xfail(strict=True, reason="kernels/maxsim_pq.py (_score_pq_document) builds "
-                   "tl.zeros([BLOCK_T, M_BLOCK // CODES_PER_WORD]), a zero extent when a chunk "
-                   "holds fewer than 4 sub-quantizers (M < 4, or d/M > 32), so the decode "
-                   "kernel does not compile for shapes maxsim_pq accepts")
 @pytest.mark.parametrize("d,M", [pytest.param(64, 2, id="d64-M2"),
-                                 pytest.param(768, 16, id="d768-M16-dsub48")])
-def test_pq_decode_of_wide_subvectors(d, M):
+                                 pytest.param(64, 1, id="d64-M1"),
+                                 pytest.param(96, 2, id="d96-M2-dsub48"),
+                                 pytest.param(768, 16, id="d768-M16-dsub48"),
+                                 pytest.param(768, 3, id="d768-M3-dsub256")])
+@pytest.mark.parametrize("config", [
+    pytest.param(None, id="default"),
+    pytest.param(PQConfig(block_t=16, num_warps=1, docs_per_program=2, reduce_per_tile=True),
+                 id="one-warp-reduced"),
+    pytest.param(PQConfig(block_t=32, block_t_tail=32, persistent=True), id="persistent")])
+def test_pq_decode_of_wide_subvectors(d, M, config):
+    """Chunks of fewer sub-quantizers than a code word holds (M < 4, or d/M > 32: byte
+    gathers) decode like any other: the kernel's code-word placeholder has a legal shape."""
     problem = PQProblem(QuerySide(1, 3, d, torch.float16, None), M, "embeddings", 1,
-                        "lognormal-30", (5, 3), None, False, None, 0)
+                        "lognormal-30", (5, 3, 0, 40), None, False, config, 0)
     call, expected, *_ = _pq_case(problem)
     _check(call, None, expected, "maxsim_pq", torch.float16)
 
 
-@pytest.mark.xfail(strict=True, reason="ops/residual.py and ops/pq.py do not check "
-                   "docs_per_program >= 1 (ZeroDivisionError in triton.cdiv), queries_per_block "
-                   "a power of two, or the lut scoring's block_t (tl.arange fails to compile); "
-                   "ops/dense._check_config checks the same fields of MaxSimConfig")
 @pytest.mark.parametrize("op,config", [
     pytest.param("residual", ResidualConfig(docs_per_program=0), id="residual-docs0"),
     pytest.param("residual", ResidualConfig(queries_per_block=3), id="residual-qpb3"),
+    pytest.param("residual", ResidualConfig(block_d=0), id="residual-block_d0"),
+    pytest.param("residual", ResidualConfig(num_warps=3), id="residual-warps3"),
+    pytest.param("residual", ResidualConfig(prefetch="yes"), id="residual-prefetch-str"),
     pytest.param("pq", PQConfig(docs_per_program=0), id="pq-docs0"),
     pytest.param("pq", PQConfig(queries_per_block=3), id="pq-qpb3"),
+    pytest.param("pq", PQConfig(num_stages=0), id="pq-stages0"),
+    pytest.param("pq", PQConfig(lut_rows=5), id="pq-lut_rows5"),
     pytest.param("pq", PQConfig(scoring="lut", docs_per_program=0), id="pq-lut-docs0"),
     pytest.param("pq", PQConfig(scoring="lut", block_t=24), id="pq-lut-block_t24"),
+    pytest.param("pq", PQConfig(scoring="mma", block_t=24), id="pq-mma-block_t24"),
 ])
 def test_compressed_config_fields_refused(op, config):
+    """Every field of ResidualConfig and PQConfig is checked, whichever path would ignore it,
+    with a ValueError naming the config."""
     q = QuerySide(2, 9, 64, torch.float16, None)
     if op == "residual":
         call, expected, _ = _residual_case(ResidualProblem(
@@ -754,12 +770,14 @@ def test_compressed_config_fields_refused(op, config):
     _check(call, "malformed", expected, "maxsim_" + op, torch.float16)
 
 
-@pytest.mark.xfail(strict=True, reason="ops/launch.launch_in_query_chunks returns before the "
-                   "host functions check their config when there is nothing to score, so a "
-                   "malformed config passes silently; the check belongs before it (ops/dense.py, "
-                   "ops/residual.py, ops/pq.py)")
-@pytest.mark.parametrize("op", ["dense", "residual", "pq"])
+@pytest.mark.parametrize("op", [
+    pytest.param("dense", marks=pytest.mark.xfail(
+        strict=True, reason="ops/dense._launch does not hand its config and _check_config to "
+        "ops/launch.launch_in_query_chunks (config=config, check_config=_check_config), which "
+        "returns before _launch_kernel checks the config when there is nothing to score")),
+    "residual", "pq"])
 def test_malformed_config_refused_with_nothing_to_score(op):
+    """No documents to score: the config is checked all the same."""
     q = QuerySide(1, 4, 64, torch.float16, None)
     if op == "dense":
         call, expected = _dense_case(DenseProblem(q, True, "lognormal-30", (), 0, False, None,

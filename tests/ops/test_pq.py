@@ -109,6 +109,11 @@ def test_decode_configs_that_cannot_apply_are_refused(device):
                   *split(random_pq_index(device, 96, 16))[0], config=PQConfig(pipeline_codes=True))
     with pytest.raises(ValueError, match="config.pipeline_codes=True"):  # fp32: byte gathers
         maxsim_pq(Q.float(), *args, config=PQConfig(pipeline_codes=True))
+    # M = 24 of d/M = 8: chunks of 16, which M is not a multiple of (byte gathers).
+    with pytest.raises(ValueError, match="M a multiple of the chunk's sub-quantizer count.*"
+                                         "2 chunks of 16 sub-quantizers"):
+        maxsim_pq(unit_queries(1, 8, 192, torch.float16, device),
+                  *split(random_pq_index(device, 192, 24))[0], config=PQConfig(pipeline_codes=True))
     with pytest.raises(ValueError, match="config.persistent"):
         maxsim_pq(unit_queries(2, 32, 128, torch.float16, device), *args,
                   config=PQConfig(queries_per_block=1, persistent=True))
@@ -129,6 +134,50 @@ def test_lookup_table_configs_that_cannot_apply_are_refused(device):
                            "config.lut_shared=True does not cover: .*(lower lut_rows|a CUDA GPU)")):
         with pytest.raises(ValueError, match=match):
             maxsim_pq(Q, *args, config=config)
+
+
+@pytest.mark.parametrize("config,match", [
+    pytest.param(PQConfig(block_t=0), "config.block_t must be a power of two", id="block_t0"),
+    pytest.param(PQConfig(block_t=8), "config.block_t .*scoring='decode'", id="decode-block_t8"),
+    pytest.param(PQConfig(block_t_tail=12), "config.block_t_tail", id="tail12"),
+    pytest.param(PQConfig(queries_per_block=6), "config.queries_per_block", id="qpb6"),
+    pytest.param(PQConfig(docs_per_program=-1), "config.docs_per_program", id="docs-1"),
+    pytest.param(PQConfig(num_warps=6), "config.num_warps", id="warps6"),
+    pytest.param(PQConfig(num_stages=0), "config.num_stages", id="stages0"),
+    pytest.param(PQConfig(persistent=1), "config.persistent must be True or False",
+                 id="persistent-int"),
+    pytest.param(PQConfig(reduce_per_tile=None), "config.reduce_per_tile", id="reduce-None"),
+    pytest.param(PQConfig(pipeline_codes="no"), "config.pipeline_codes", id="pipeline-str"),
+    pytest.param(PQConfig(maxnreg=256), "config.maxnreg", id="maxnreg256"),
+    pytest.param(PQConfig(lut_rows=12), r"config.lut_rows must be one of \(4, 8, 16, 32\)",
+                 id="lut_rows12"),
+    pytest.param(PQConfig(scoring="lut", lut_shared=0), "config.lut_shared", id="shared-int"),
+    pytest.param(PQConfig(scoring="lut", block_t=48), "config.block_t", id="lut-block_t48"),
+    pytest.param(PQConfig(scoring="mma", docs_per_program=0), "config.docs_per_program",
+                 id="mma-docs0"),
+])
+def test_every_config_field_is_checked(config, match):
+    """check_config names the field and what it takes; maxsim_pq refuses the same config
+    before it looks at the documents (here: none)."""
+    with pytest.raises(ValueError, match=match):
+        pq_ops.check_config(config)
+    Q = torch.zeros(1, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=match):
+        maxsim_pq(Q, **index_of(0, 64, 8), config=config)
+
+
+def test_config_rules_name_every_field_and_take_the_defaults():
+    assert set(pq_ops.CONFIG_FIELDS) == {f.name for f in dataclasses.fields(PQConfig)}
+    assert set(pq_ops.DECODE_ONLY) <= set(pq_ops.CONFIG_FIELDS)
+    pq_ops.check_config(PQConfig())
+    pq_ops.check_config(MMA_DEFAULT)
+    for B, Lq, num_docs, element_size, (M, sub_dim) in [
+            (1, 32, 100, 2, (16, 8)), (1, 32, MANY_DOCS, 2, (16, 8)), (1, 32, MANY_DOCS, 2, (32, 4)),
+            (1, 32, MANY_DOCS, 2, (48, 8)), (8, 32, MANY_DOCS, 2, (16, 8)), (3, 1, 5, 4, (2, 32))]:
+        pq_ops.check_config(default_pq_config(B, Lq, num_docs, element_size, M, sub_dim))
+    # Lookup tables sum on the CUDA cores: tiles of any power of two.
+    for block_t in (1, 2, 8):
+        pq_ops.check_config(PQConfig(scoring="lut", block_t=block_t))
 
 
 def test_mma_refusals_name_what_does_not_apply(device):

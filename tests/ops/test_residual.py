@@ -2,6 +2,7 @@
 class, and the decode tables the kernel reads (kernel exactness:
 tests/kernels/test_maxsim_residual.py)."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -38,6 +39,48 @@ def test_default_config_by_number_of_documents():
     # tf32x3 tiles need ~200 registers: no cap for them.
     assert default_residual_config(1, 32, num_docs=many, element_size=4) == ResidualConfig()
     assert default_residual_config(8, 32, num_docs=many).num_warps == 4
+
+
+@pytest.mark.parametrize("config,match", [
+    pytest.param(ResidualConfig(block_t=24), "config.block_t must be a power of two >= 16",
+                 id="block_t24"),
+    pytest.param(ResidualConfig(block_t_tail=8), "config.block_t_tail", id="tail8"),
+    pytest.param(ResidualConfig(block_d=0), "config.block_d must be None or a power of two",
+                 id="block_d0"),
+    pytest.param(ResidualConfig(block_d=96), "config.block_d", id="block_d96"),
+    pytest.param(ResidualConfig(queries_per_block=0), "config.queries_per_block", id="qpb0"),
+    pytest.param(ResidualConfig(docs_per_program=0), "config.docs_per_program must be an "
+                 "integer >= 1", id="docs0"),
+    pytest.param(ResidualConfig(docs_per_program=2.0), "config.docs_per_program", id="docs-float"),
+    pytest.param(ResidualConfig(centroid_table="yes"), "config.centroid_table", id="table-str"),
+    pytest.param(ResidualConfig(decode="lookup"), "config.decode must be one of", id="decode"),
+    pytest.param(ResidualConfig(num_warps=0), "config.num_warps", id="warps0"),
+    pytest.param(ResidualConfig(num_stages=0), "config.num_stages", id="stages0"),
+    pytest.param(ResidualConfig(maxnreg=16), r"config.maxnreg must be None or an integer in "
+                 r"\[24, 255\]", id="maxnreg16"),
+    pytest.param(ResidualConfig(ptx_loads=1), "config.ptx_loads", id="ptx-int"),
+    pytest.param(ResidualConfig(persistent=None), "config.persistent", id="persistent-None"),
+    pytest.param(ResidualConfig(prefetch=1), "config.prefetch", id="prefetch-int"),
+    pytest.param(ResidualConfig(half_table="fp16"), "config.half_table", id="half-str"),
+])
+def test_every_config_field_is_checked(device, config, match):
+    """check_config names the field and what it takes; maxsim_residual refuses the same config
+    before it looks at the documents (here: none)."""
+    with pytest.raises(ValueError, match=match):
+        residual.check_config(config)
+    index = random_index(device, 64, 2, lengths=[])
+    with pytest.raises(ValueError, match=match):
+        score(unit_queries(1, 4, 64, torch.float16, device), index, 2, config=config)
+
+
+def test_config_rules_name_every_field_and_take_the_defaults():
+    assert set(residual.CONFIG_FIELDS) == {f.name for f in dataclasses.fields(ResidualConfig)}
+    residual.check_config(ResidualConfig())
+    for B, Lq, split, num_docs, element_size, half in [
+            (1, 32, False, 10, 2, False), (1, 32, False, MANY_DOCS, 2, False),
+            (1, 32, False, MANY_DOCS, 2, True), (1, 32, True, MANY_DOCS, 4, False),
+            (8, 32, False, MANY_DOCS, 2, False), (3, 1, False, 5, 4, False)]:
+        residual.check_config(default_residual_config(B, Lq, split, num_docs, element_size, half))
 
 
 def test_ptx_loads_only_on_a_gpu(monkeypatch):

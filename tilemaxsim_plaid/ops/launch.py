@@ -1,6 +1,10 @@
-"""Launch parameters that depend on the dtype and on where the kernels run."""
+"""Launch parameters that depend on the dtype and on where the kernels run, the rules a launch
+configuration's fields obey, and the outer layer every MaxSim host function shares."""
+
+from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -61,20 +65,73 @@ def document_grid(cfg, num_chunks: int, num_qblocks: int, queries_per_block: int
 MAX_LQ_PER_LAUNCH = 128
 
 
-def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch):
+# A rule for one field of a launch configuration: (accepts(value), what it accepts, in words).
+FieldRule = tuple[Callable[[object], bool], str]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def power_of_two(minimum: int = 1) -> FieldRule:
+    """An int power of two >= minimum: a tl.arange extent (>= 16 where it is a tl.dot one)."""
+    return (lambda v: _is_int(v) and v >= minimum and v & (v - 1) == 0,
+            f"a power of two >= {minimum}")
+
+
+def at_least(minimum: int) -> FieldRule:
+    return lambda v: _is_int(v) and v >= minimum, f"an integer >= {minimum}"
+
+
+def one_of(values) -> FieldRule:
+    values = tuple(values)
+    return lambda v: v in values, f"one of {values}"
+
+
+def optional_range(low: int, high: int) -> FieldRule:
+    return (lambda v: v is None or (_is_int(v) and low <= v <= high),
+            f"None or an integer in [{low}, {high}]")
+
+
+FLAG: FieldRule = (lambda v: isinstance(v, bool), "True or False")
+OPTIONAL_FLAG: FieldRule = (lambda v: v is None or isinstance(v, bool), "None, True or False")
+# Triton's own rules for its launch parameters: the compiler asserts num_warps is a power of two
+# (on a GPU only: the interpreter ignores both); one stage is no software pipelining.
+NUM_WARPS: FieldRule = power_of_two(1)
+NUM_STAGES: FieldRule = at_least(1)
+
+
+def check_config_fields(config, rules: Mapping[str, FieldRule]) -> None:
+    """A ValueError naming the first field of ``config`` that its rule refuses, with what the
+    rule accepts. ``rules`` holds one rule per field of the config class."""
+    for name, (accepts, allowed) in rules.items():
+        value = getattr(config, name)
+        if not accepts(value):
+            raise ValueError(f"config.{name} must be {allowed}, got {value!r}")
+
+
+def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch,
+                           config=None, check_config: Callable[[object], None] | None = None):
     """Shared outer layer of every MaxSim host function.
 
-    Handles the empty cases (no documents or no queries: an empty [B, M]; no query tokens: zeros,
-    the empty sum) and splits queries longer than MAX_LQ_PER_LAUNCH into chunks of query tokens.
-    Each chunk is exact MaxSim over its own tokens and the sum over tokens is associative, so the
-    chunk scores add up to the whole.
+    First ``check_config(config)`` where both are given, so that a malformed config is refused
+    whatever the input, also when there is nothing to score. Then the empty cases (no documents
+    or no queries: an empty [B, M]; no query tokens: zeros, the empty sum), and queries longer
+    than MAX_LQ_PER_LAUNCH split into chunks of query tokens. Each chunk is exact MaxSim over its
+    own tokens and the sum over tokens is associative, so the chunk scores add up to the whole.
 
     Args:
         Q3: [B, Lq, d] queries.
         query_lengths: optional [B] lengths.
         num_out_docs: M, documents scored.
         launch: ``launch(Q_chunk, chunk_lengths) -> fp32 [B, M]`` for Lq <= MAX_LQ_PER_LAUNCH.
+        config: the caller's launch configuration, or None (the op's default, valid by
+            construction).
+        check_config: the op's check of a config's own fields (no input needed); raises
+            ValueError naming the config.
     """
+    if config is not None and check_config is not None:
+        check_config(config)
     B, Lq, _ = Q3.shape
     if num_out_docs == 0 or B == 0:
         return torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)

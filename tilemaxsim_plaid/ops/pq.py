@@ -29,11 +29,14 @@ import triton
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.ops import checks, nvrtc, pq_lut_shared, pq_mma
-from tilemaxsim_plaid.ops.launch import (document_grid, dot_precision, interpreter_upcast,
-                                         interpreting, launch_in_query_chunks)
+from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least,
+                                         check_config_fields, document_grid, dot_precision,
+                                         interpreter_upcast, interpreting,
+                                         launch_in_query_chunks, one_of, optional_range,
+                                         power_of_two)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 
-__all__ = ["PQConfig", "MMA_DEFAULT", "default_pq_config", "maxsim_pq"]
+__all__ = ["PQConfig", "MMA_DEFAULT", "check_config", "default_pq_config", "maxsim_pq"]
 
 # Decoded columns per tensor-core product: M_BLOCK sub-quantizers of DSUB_PAD elements.
 MAX_BLOCK_D = 128
@@ -55,19 +58,27 @@ LUT_ROWS = (4, 8, 16, 32)
 class PQConfig:
     """One fixed launch configuration for :func:`maxsim_pq`.
 
+    Every field is checked against CONFIG_FIELDS, and the scoring's own rules (check_config),
+    before anything is scored (a ValueError naming it); whether a valid config applies to the
+    input (pipeline_codes, persistent, lut_shared=True, mma) is judged at launch.
+
     Attributes:
         scoring: "decode", "mma" or "lut" (see the module docstring).
-        block_t: tokens per main tile of a document, a power of two >= 16 (decode, lut).
+        block_t: tokens per main tile of a document, a power of two: >= 16 with decode (the
+            tensor-core product's rows), any with lut (tables summed on the CUDA cores).
         block_t_tail: tokens per tile of a document's remainder, a power of two >= 16 (decode).
-        queries_per_block: queries stacked into one tensor-core product (decode).
+        queries_per_block: queries stacked into one tensor-core product, a power of two
+            (decode).
         docs_per_program: documents a program walks (decode; with persistent, per chunk taken),
-            or a warp (mma) or a block (lut in shared memory) takes per grab.
-        num_warps, num_stages: Triton launch parameters (decode, lut).
+            or a warp (mma) or a block (lut in shared memory) takes per grab; at least 1.
+        num_warps, num_stages: Triton launch parameters, a power of two and at least 1
+            (decode, lut).
         persistent: decode on a fixed grid of programs that take chunks of docs_per_program
             documents from an atomic counter (ops.launch.document_grid); one query block only.
-        maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
-            choice (decode). Registers are allocated per scheduler, so a one-warp program's cap
-            buys occupancy in steps: 128 fits 4 warps per scheduler, 144 and 168 fit 3.
+        maxnreg: a cap on registers per thread (ptx .maxnreg, MIN_MAXNREG..MAX_MAXNREG), or
+            None for the compiler's choice (decode). Registers are allocated per scheduler,
+            so a one-warp program's cap buys occupancy in steps: 128 fits 4 warps per
+            scheduler, 144 and 168 fit 3.
         reduce_per_tile: reduce each full tile's scores over its tokens as it comes, instead of
             an elementwise running max reduced once per document: 32 fewer live registers per
             lane at 32 x 32 tiles, for a register cap (decode).
@@ -95,6 +106,45 @@ class PQConfig:
     pipeline_codes: bool = False
     lut_rows: int = 8
     lut_shared: bool | None = None
+
+
+# What each field of a PQConfig takes, whatever the scoring (ops.launch.check_config_fields);
+# check_config adds each scoring's own rules. Tile sizes are tl.arange extents.
+CONFIG_FIELDS = {
+    "scoring": one_of(SCORING),
+    "block_t": power_of_two(1),
+    "block_t_tail": power_of_two(1),
+    "queries_per_block": power_of_two(1),
+    "docs_per_program": at_least(1),
+    "num_warps": NUM_WARPS,
+    "num_stages": NUM_STAGES,
+    "persistent": FLAG,
+    "maxnreg": optional_range(MIN_MAXNREG, MAX_MAXNREG),
+    "reduce_per_tile": FLAG,
+    "pipeline_codes": FLAG,
+    "lut_rows": one_of(LUT_ROWS),
+    "lut_shared": OPTIONAL_FLAG,
+}
+# Fields of the decode kernel alone, which scoring="lut" refuses when set.
+DECODE_ONLY = ("persistent", "pipeline_codes", "reduce_per_tile", "maxnreg")
+
+
+def check_config(cfg: PQConfig) -> None:
+    """A ValueError naming the first field of ``cfg`` outside CONFIG_FIELDS' rules or its
+    scoring's: decode's tiles are tensor-core products (block_t and block_t_tail >= 16); the
+    lookup tables take none of the decode kernel's fields (DECODE_ONLY)."""
+    check_config_fields(cfg, CONFIG_FIELDS)
+    if cfg.scoring == "decode":
+        for name in ("block_t", "block_t_tail"):
+            value = getattr(cfg, name)
+            if value < MIN_DOT_DIM:
+                raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM} with "
+                                 f"scoring='decode', got {value}")
+    decode_fields = [f"{name}={getattr(cfg, name)!r}" for name in DECODE_ONLY
+                     if getattr(cfg, name) not in (False, None)]
+    if cfg.scoring == "lut" and decode_fields:
+        raise ValueError(f"config.scoring='lut' takes none of the decode kernel's fields "
+                         f"{DECODE_ONLY}; got {', '.join(decode_fields)}")
 
 
 # The default where scoring="mma" applies and at least MANY_DOCS documents are scored: 4
@@ -174,13 +224,15 @@ def _word_gather(Q3, pq_codes, codebooks, num_subquantizers, sub_dim, m_block,
     return words, next(g for g in widths[::-1] if g == WORD_BYTES or wide_applies(g))
 
 
-def _pipeline_codes(cfg: PQConfig, words: bool, num_m_blocks: int) -> bool:
+def _pipeline_codes(cfg: PQConfig, words: bool, m_block: int, num_m_blocks: int) -> bool:
     """cfg.pipeline_codes, or a ValueError where it cannot apply."""
     if cfg.pipeline_codes and not (words and num_m_blocks == 1):
         raise ValueError(f"config.pipeline_codes=True needs word gathers (16-bit queries, an even "
-                         f"power-of-two d/M, M a multiple of 4) and all sub-quantizers in one "
-                         f"chunk of <= {MAX_BLOCK_D} columns; got word gathers "
-                         f"{'on' if words else 'off'}, {num_m_blocks} chunks")
+                         f"power-of-two d/M, chunks of a multiple of 4 sub-quantizers, M a "
+                         f"multiple of the chunk's sub-quantizer count, 4-byte aligned code "
+                         f"rows) and all sub-quantizers in one chunk of <= {MAX_BLOCK_D} "
+                         f"columns; got word gathers {'on' if words else 'off'}, "
+                         f"{num_m_blocks} chunks of {m_block} sub-quantizers")
     return bool(cfg.pipeline_codes)
 
 
@@ -190,18 +242,13 @@ def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, i
         return _launch_kernel(Q_chunk, pq_codes, offsets, codebooks, pids, centroid_codes,
                               centroids, inv_norms, chunk_lengths, num_out_docs, config)
 
-    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, check_config)
 
 
 def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                 query_lengths, num_out_docs, cfg):
     """Lookup-table scoring: tables of each tile of cfg.lut_rows query rows, one program per
     (row tile, chunk of documents), row tiles summed per query here."""
-    if cfg.persistent or cfg.pipeline_codes or cfg.reduce_per_tile or cfg.maxnreg is not None:
-        raise ValueError("config.scoring='lut' takes no persistent grid, pipeline_codes, "
-                         "reduce_per_tile or maxnreg (those are the decode kernel's)")
-    if cfg.lut_rows not in LUT_ROWS:
-        raise ValueError(f"config.lut_rows must be one of {LUT_ROWS}, got {cfg.lut_rows}")
     B, Lq, dim = Q3.shape
     M, _, sub_dim = codebooks.shape
     rows = cfg.lut_rows
@@ -255,8 +302,6 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     num_subquantizers, _, sub_dim = codebooks.shape
     cfg = config or default_pq_config(B, Lq, num_out_docs, Q3.element_size(),
                                       num_subquantizers, sub_dim)
-    if cfg.scoring not in SCORING:
-        raise ValueError(f"config.scoring must be one of {SCORING}, got {cfg.scoring!r}")
     if cfg.scoring == "lut":
         return _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids,
                            inv_norms, query_lengths, num_out_docs, cfg)
@@ -265,13 +310,6 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         return pq_mma.launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths,
                                     num_out_docs, grab=cfg.docs_per_program)
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    for name in ("block_t", "block_t_tail"):
-        value = getattr(cfg, name)
-        if value < MIN_DOT_DIM or value & (value - 1):
-            raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
-    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
-        raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
-                         f"got {cfg.maxnreg}")
     m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim)
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
@@ -308,7 +346,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         WORD_GATHER=words, PTX_LOADS=words and not interpreting(),
         GATHER_BYTES=gather_bytes, HOLD_QUERY=held_query,
-        PIPELINE_CODES=_pipeline_codes(cfg, words, num_m_blocks),
+        PIPELINE_CODES=_pipeline_codes(cfg, words, m_block, num_m_blocks),
         REDUCE_PER_TILE=cfg.reduce_per_tile, PERSISTENT=cfg.persistent,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )

@@ -16,18 +16,27 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
 )
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (
+    FLAG,
     MAX_LQ_PER_LAUNCH,
+    NUM_STAGES,
+    NUM_WARPS,
+    OPTIONAL_FLAG,
+    at_least,
+    check_config_fields,
     document_grid,
     dot_precision,
     interpreter_upcast,
     interpreting,
     launch_in_query_chunks,
+    one_of,
+    optional_range,
+    power_of_two,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "centroid_table_fits", "centroid_table_tiles", "decode_table",
-           "default_residual_config", "maxsim_residual", "query_centroid_scores",
+__all__ = ["ResidualConfig", "centroid_table_fits", "centroid_table_tiles", "check_config",
+           "decode_table", "default_residual_config", "maxsim_residual", "query_centroid_scores",
            "split_query_centroid_scores"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
@@ -77,13 +86,17 @@ class ResidualConfig:
     programs of 2 warps (many small programs resident per SM hide one another's dependent
     codes -> S-row loads) walking 16-token tiles with the pair decoder.
 
+    Every field is checked against CONFIG_FIELDS before anything is scored (a ValueError
+    naming it); whether a valid config applies to the input is judged at launch.
+
     Attributes:
-        block_t: tokens per main tile (the tensor-core M dimension).
+        block_t: tokens per main tile (the tensor-core M dimension), a power of two >= 16.
         block_t_tail: tokens per tile for the remainder of a document (< block_t tokens), so a
-            document costs at most block_t_tail - 1 masked rows.
+            document costs at most block_t_tail - 1 masked rows; a power of two >= 16.
         block_d: embedding columns per chunk (a power of two >= 16); None: default_block_d.
-        queries_per_block: queries stacked into one tensor-core product.
-        docs_per_program: documents one program walks (amortises its query block and weights).
+        queries_per_block: queries stacked into one tensor-core product, a power of two.
+        docs_per_program: documents one program walks (amortises its query block and weights),
+            at least 1.
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: the table, in the dtype it is built in (fp16
             with half_table), over as many launches by query rows as it takes for each
@@ -93,11 +106,13 @@ class ResidualConfig:
             "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
             4-byte aligned residual rows, 16-bit products only). Byte-unit rows in chunks
             narrower than 128 columns always decode with "select".
-        num_warps, num_stages: Triton launch parameters. One stage: deeper pipelining costs
-            registers and occupancy here (see results/PERFORMANCE_LOG.md, run 4).
-        maxnreg: a cap on registers per thread (ptx .maxnreg), or None for the compiler's
-            choice. Fewer registers let more programs share an SM, which hides the latency of
-            each program's dependent loads; too few make the compiler spill.
+        num_warps, num_stages: Triton launch parameters (a power of two; at least 1). One
+            stage: deeper pipelining costs registers and occupancy here (see
+            results/PERFORMANCE_LOG.md, run 4).
+        maxnreg: a cap on registers per thread (ptx .maxnreg, MIN_MAXNREG..MAX_MAXNREG), or
+            None for the compiler's choice. Fewer registers let more programs share an SM,
+            which hides the latency of each program's dependent loads; too few make the
+            compiler spill.
         ptx_loads: read residual words and pair-table entries with inline-PTX loads, which
             land in the tensor-core operand's layout instead of crossing shared memory on every
             tile. None: on a GPU; the CPU interpreter cannot run PTX, so there it is always off.
@@ -131,6 +146,33 @@ class ResidualConfig:
 
 # ptxas's range for .maxnreg on sm_80/sm_90.
 MIN_MAXNREG, MAX_MAXNREG = 24, 255
+
+# What each field of a ResidualConfig takes, whatever the input (ops.launch.check_config_fields).
+# Tile sizes are tl.arange extents; block_t, block_t_tail and block_d are also tl.dot extents.
+CONFIG_FIELDS = {
+    "block_t": power_of_two(MIN_DOT_DIM),
+    "block_t_tail": power_of_two(MIN_DOT_DIM),
+    "block_d": (lambda v: v is None or power_of_two(MIN_DOT_DIM)[0](v),
+                f"None or a power of two >= {MIN_DOT_DIM}"),
+    "queries_per_block": power_of_two(1),
+    "docs_per_program": at_least(1),
+    "centroid_table": OPTIONAL_FLAG,
+    "decode": one_of(DECODERS),
+    "num_warps": NUM_WARPS,
+    "num_stages": NUM_STAGES,
+    "maxnreg": optional_range(MIN_MAXNREG, MAX_MAXNREG),
+    "ptx_loads": OPTIONAL_FLAG,
+    "persistent": FLAG,
+    "prefetch": FLAG,
+    "half_table": OPTIONAL_FLAG,
+}
+
+
+def check_config(cfg: ResidualConfig) -> None:
+    """A ValueError naming the first field of ``cfg`` outside CONFIG_FIELDS' rules. Whether a
+    valid config applies to an input (permute, half_table, centroid_table, persistent) is
+    judged at launch."""
+    check_config_fields(cfg, CONFIG_FIELDS)
 
 
 def _pow2(x: int) -> int:
@@ -413,7 +455,7 @@ def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pid
                                    nbits, pids, inv_norms, chunk_lengths, num_out_docs, config,
                                    centroid_scores, split_query)
 
-    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, check_config)
 
 
 def _launch_table_tiles(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
@@ -490,23 +532,12 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
                          f"centroid_scores, no split_query); got {Q3.dtype} queries")
     block_d = cfg.block_d or default_block_d(dim)
-    if block_d < MIN_DOT_DIM or block_d & (block_d - 1):
-        raise ValueError(f"config.block_d must be a power of two >= {MIN_DOT_DIM}, got {block_d}")
-    for name in ("block_t", "block_t_tail"):
-        value = getattr(cfg, name)
-        if value < MIN_DOT_DIM or value & (value - 1):
-            raise ValueError(f"config.{name} must be a power of two >= {MIN_DOT_DIM}, got {value}")
-    if cfg.decode not in DECODERS:
-        raise ValueError(f"config.decode must be one of {tuple(DECODERS)}, got {cfg.decode!r}")
     if cfg.decode == "permute" and not _permute_applies(Q3, residuals, nbits, split_query,
                                                         block_d):
         raise ValueError("config.decode='permute' needs nbits = 2, 16-bit products (fp16/bf16 "
                          "queries or split_query) and 4-byte aligned residual rows; got "
                          f"nbits={nbits}, {Q3.dtype} queries, residual row stride "
                          f"{residuals.stride(0)}")
-    if cfg.maxnreg is not None and not MIN_MAXNREG <= cfg.maxnreg <= MAX_MAXNREG:
-        raise ValueError(f"config.maxnreg must be None or in [{MIN_MAXNREG}, {MAX_MAXNREG}], "
-                         f"got {cfg.maxnreg}")
     lq = _pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)

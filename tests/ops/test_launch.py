@@ -1,0 +1,77 @@
+"""ops/launch.py: the outer layer every host function shares (the config check before the empty
+cases, query chunks) and the config field rules."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tilemaxsim_plaid.ops import launch as launch_ops
+from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, check_config_fields
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    block_t: int = 16
+    flag: bool = False
+
+
+RULES = {"block_t": launch_ops.power_of_two(16), "flag": launch_ops.FLAG}
+
+
+def check(config):
+    check_config_fields(config, RULES)
+
+
+@pytest.mark.parametrize("B,Lq,num_docs", [pytest.param(2, 4, 0, id="no-documents"),
+                                           pytest.param(0, 4, 3, id="no-queries"),
+                                           pytest.param(2, 0, 3, id="no-query-tokens"),
+                                           pytest.param(2, 4, 3, id="one-launch")])
+def test_config_checked_before_the_empty_cases(B, Lq, num_docs):
+    launches = []
+
+    def launch(Q, lengths):
+        launches.append(Q.shape)
+        return torch.zeros(Q.shape[0], num_docs)
+
+    Q3 = torch.zeros(B, Lq, 8)
+    with pytest.raises(ValueError, match=r"config.block_t must be a power of two >= 16, got 8"):
+        launch_ops.launch_in_query_chunks(Q3, None, num_docs, launch, Config(block_t=8), check)
+    with pytest.raises(ValueError, match=r"config.flag must be True or False, got 1"):
+        launch_ops.launch_in_query_chunks(Q3, None, num_docs, launch, Config(flag=1), check)
+    assert launches == []
+    for config in (None, Config()):  # the op's default, and a valid config
+        out = launch_ops.launch_in_query_chunks(Q3, None, num_docs, launch, config, check)
+        assert out.shape == (B, num_docs)
+    assert len(launches) == (2 if B and Lq and num_docs else 0)
+
+
+def test_long_queries_in_chunks_checked_once():
+    checked, launches = [], []
+
+    def launch(Q, lengths):
+        launches.append((Q.shape[1], lengths.tolist()))
+        return torch.ones(Q.shape[0], 3)
+
+    Lq = 2 * MAX_LQ_PER_LAUNCH + 5
+    out = launch_ops.launch_in_query_chunks(torch.zeros(2, Lq, 8), torch.tensor([Lq, 130]), 3,
+                                            launch, Config(), checked.append)
+    assert checked == [Config()]
+    assert launches == [(MAX_LQ_PER_LAUNCH, [MAX_LQ_PER_LAUNCH, MAX_LQ_PER_LAUNCH]),
+                        (MAX_LQ_PER_LAUNCH, [MAX_LQ_PER_LAUNCH, 2]), (5, [5, 0])]
+    assert torch.equal(out, torch.full((2, 3), 3.0))
+
+
+@pytest.mark.parametrize("rule,good,bad", [
+    (launch_ops.power_of_two(1), (1, 2, 64), (0, 3, -4, 2.0, True, None)),
+    (launch_ops.power_of_two(16), (16, 128), (8, 24)),
+    (launch_ops.at_least(1), (1, 3, 100), (0, -1, 1.5, False)),
+    (launch_ops.one_of(("a", "b")), ("a", "b"), ("c", "", None)),
+    (launch_ops.optional_range(24, 255), (None, 24, 255), (23, 256, 100.0)),
+    (launch_ops.FLAG, (True, False), (None, 0, 1, "True")),
+    (launch_ops.OPTIONAL_FLAG, (None, True, False), (0, "no")),
+])
+def test_field_rules(rule, good, bad):
+    accepts, allowed = rule
+    assert allowed and all(accepts(v) for v in good)
+    assert not any(accepts(v) for v in bad)
