@@ -68,6 +68,7 @@ def test_long_queries_in_chunks_checked_once():
     (launch_ops.at_least(1), (1, 3, 100), (0, -1, 1.5, False)),
     (launch_ops.one_of(("a", "b")), ("a", "b"), ("c", "", None)),
     (launch_ops.optional_range(24, 255), (None, 24, 255), (23, 256, 100.0)),
+    (launch_ops.optional(launch_ops.power_of_two(16)), (None, 16, 64), (0, 8, 48)),
     (launch_ops.FLAG, (True, False), (None, 0, 1, "True")),
     (launch_ops.OPTIONAL_FLAG, (None, True, False), (0, "no")),
 ])

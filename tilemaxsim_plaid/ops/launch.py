@@ -88,9 +88,14 @@ def one_of(values) -> FieldRule:
     return lambda v: v in values, f"one of {values}"
 
 
+def optional(rule: FieldRule) -> FieldRule:
+    """None (the op's choice), or what ``rule`` accepts."""
+    accepts, allowed = rule
+    return lambda v: v is None or accepts(v), f"None or {allowed}"
+
+
 def optional_range(low: int, high: int) -> FieldRule:
-    return (lambda v: v is None or (_is_int(v) and low <= v <= high),
-            f"None or an integer in [{low}, {high}]")
+    return optional((lambda v: _is_int(v) and low <= v <= high, f"an integer in [{low}, {high}]"))
 
 
 FLAG: FieldRule = (lambda v: isinstance(v, bool), "True or False")

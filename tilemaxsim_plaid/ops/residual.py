@@ -29,6 +29,7 @@ from tilemaxsim_plaid.ops.launch import (
     interpreting,
     launch_in_query_chunks,
     one_of,
+    optional,
     optional_range,
     power_of_two,
 )
@@ -152,8 +153,7 @@ MIN_MAXNREG, MAX_MAXNREG = 24, 255
 CONFIG_FIELDS = {
     "block_t": power_of_two(MIN_DOT_DIM),
     "block_t_tail": power_of_two(MIN_DOT_DIM),
-    "block_d": (lambda v: v is None or power_of_two(MIN_DOT_DIM)[0](v),
-                f"None or a power of two >= {MIN_DOT_DIM}"),
+    "block_d": optional(power_of_two(MIN_DOT_DIM)),
     "queries_per_block": power_of_two(1),
     "docs_per_program": at_least(1),
     "centroid_table": OPTIONAL_FLAG,
