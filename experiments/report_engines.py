@@ -202,6 +202,15 @@ def _figure():
     return plt, *plt.subplots(figsize=(6, 4))
 
 
+def _save(plt, fig, ax, path: pathlib.Path) -> pathlib.Path:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _plot_latency(rows, sizes, engines, out) -> pathlib.Path:
     plt, fig, ax = _figure()
     for engine in engines:
@@ -211,12 +220,7 @@ def _plot_latency(rows, sizes, engines, out) -> pathlib.Path:
             ax.plot(*zip(*points), marker="o", label=engine)
     ax.set(xscale="log", yscale="log", xlabel="passages", ylabel="batch-1 p50 latency (ms), k=10",
            title="Latency against corpus size (each engine's defaults)")
-    ax.legend()
-    path = out / "latency_vs_corpus.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, out / "latency_vs_corpus.png")
 
 
 def _plot_qps(rows, engines, out) -> pathlib.Path:
@@ -233,12 +237,7 @@ def _plot_qps(rows, engines, out) -> pathlib.Path:
             ax.plot(*zip(*points), marker="o", label=engine)
     ax.set(xscale="log", yscale="log", xlabel="queries per call", ylabel="queries per second",
            title=f"Throughput, k=10, {size:,} passages" if size else "Throughput")
-    ax.legend()
-    path = out / "qps_vs_batch.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, out / "qps_vs_batch.png")
 
 
 def _plot_recall(rows, sizes, engines, out) -> pathlib.Path:
@@ -255,12 +254,7 @@ def _plot_recall(rows, sizes, engines, out) -> pathlib.Path:
                     label=f"{engine} ({min(r['queries'] for r in chosen)} queries)")
     ax.set(xscale="log", xlabel="batch-1 p50 latency (ms)", ylabel="recall@10 vs exact MaxSim",
            title=f"Recall against latency, settings sweep, {size:,} passages" if size else "Recall")
-    ax.legend()
-    path = out / "recall_vs_latency.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, out / "recall_vs_latency.png")
 
 
 def main(argv=None) -> int:
