@@ -770,12 +770,7 @@ def test_compressed_config_fields_refused(op, config):
     _check(call, "malformed", expected, "maxsim_" + op, torch.float16)
 
 
-@pytest.mark.parametrize("op", [
-    pytest.param("dense", marks=pytest.mark.xfail(
-        strict=True, reason="ops/dense._launch does not hand its config and _check_config to "
-        "ops/launch.launch_in_query_chunks (config=config, check_config=_check_config), which "
-        "returns before _launch_kernel checks the config when there is nothing to score")),
-    "residual", "pq"])
+@pytest.mark.parametrize("op", ["dense", "residual", "pq"])
 def test_malformed_config_refused_with_nothing_to_score(op):
     """No documents to score: the config is checked all the same."""
     q = QuerySide(1, 4, 64, torch.float16, None)

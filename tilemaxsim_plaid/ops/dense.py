@@ -137,7 +137,7 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                               padded_doc_len=padded_doc_len, max_doc_len=max_doc_len,
                               config=config)
 
-    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch)
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, _check_config)
 
 
 def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
