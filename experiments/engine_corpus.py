@@ -27,6 +27,7 @@ give different, equally valid corpora). Numbers measured on it are synthetic-cor
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -108,7 +109,7 @@ class ExactTopK:
         self.scores, self.pids = scores.gather(1, order), ids.gather(1, order)
 
 
-class _Chunked:
+class _Chunked(abc.ABC):
     """What the index writer reads: lengths, offsets and chunks of fp16 embeddings."""
 
     num_passages: int
@@ -142,8 +143,9 @@ class _Chunked:
         start, end = self._chunk_bounds(index)
         return torch.from_numpy(self.offsets[start:end + 1] - self.offsets[start]).to(self.device)
 
+    @abc.abstractmethod
     def chunk(self, index: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Chunk ``index``'s token embeddings, fp16 [tokens, dim], passages in pid order."""
 
 
 class EmbeddingList(_Chunked):
