@@ -14,6 +14,8 @@ import types
 import pytest
 import torch
 
+from tests.tolerances import ROUNDED_ONCE
+
 pytest.importorskip(
     "pylate.scores",
     reason="PyLate is not installed (CI installs it with: pip install --no-deps pylate==1.6.0)",
@@ -33,14 +35,7 @@ DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 NAMES = ("colbert_scores", "colbert_scores_pairwise", "colbert_kd_scores")
 ORIGINALS = {name: getattr(pylate_colbert, name) for name in NAMES}
 
-# (rtol, atol) per result dtype against PyLate in float64. Ours is computed in fp32 (products
-# as in tests/tolerances.py's maxsim_dense entries) and rounded once to the result dtype: the
-# rounding, u = 2**-11 (fp16) or 2**-8 (bf16) relative, dominates.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2.0**-11, 1e-5),
-    torch.bfloat16: (2.0**-8, 1e-4),
-}
+TOLERANCES = ROUNDED_ONCE
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
 

@@ -30,6 +30,8 @@ import types
 import pytest
 import torch
 
+from tests.tolerances import ROUNDED_ONCE
+
 _INSTALL = ("pip install --no-deps ragatouille==0.0.9 and the dev extra "
             "(srsly, fast-pytorch-kmeans, psutil)")
 if importlib.util.find_spec("ragatouille") is None:
@@ -94,12 +96,7 @@ _current = _raw_score()
 ORIGINAL = (_current.__wrapped__ if _current is registry.active_bindings(LIBRARY).get(TARGET)
             else _current)
 
-# (rtol, atol) per dtype against RAGatouille's method in float64: ours is fp32, rounded once.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2.0**-11, 1e-5),
-    torch.bfloat16: (2.0**-8, 1e-4),
-}
+TOLERANCES = ROUNDED_ONCE
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
 
