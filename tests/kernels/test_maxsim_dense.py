@@ -180,6 +180,74 @@ def test_hold_query_padded(device):
     assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)
 
 
+
+# block_d: d in narrower chunks, with no masked column where block_d divides d (96 as 3 x 32,
+# 144 as 9 x 16, 80 as 5 x 16) and with a masked last chunk where it does not (80 as 3 x 32).
+BLOCK_D_CASES = [
+    pytest.param(96, 32, id="d96-3x32"),
+    pytest.param(144, 16, id="d144-9x16"),
+    pytest.param(80, 16, id="d80-5x16"),
+    pytest.param(80, 32, id="d80-masked-3x32"),
+]
+
+
+def _block_d_configs(block_d):
+    """Every path that walks several d chunks: per-document tiles (several documents per
+    program) and packed slots."""
+    return [MaxSimConfig(block_t=16, docs_per_program=2, block_d=block_d),
+            MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2, slots=True,
+                         block_d=block_d)]
+
+
+@pytest.mark.parametrize("B", [1, 4])
+@pytest.mark.parametrize("d,block_d", BLOCK_D_CASES)
+def test_block_d_packed_is_exact(d, block_d, B, device):
+    D, offsets = _packed_from_lengths([3, 0, 20, 1, 9, 17], d, torch.float16, device)
+    Q = _rand(B, 9, d, dtype=torch.float16, device=device)
+    query_lengths = torch.tensor([9, 0, 4, 1][:B], device=device)
+    pids = torch.tensor([5, 1, 2, 2], device=device)
+    for config in _block_d_configs(block_d):
+        out = maxsim_packed(Q, D, offsets, query_lengths=query_lengths, config=config)
+        expected = reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths)
+        assert_close(out, expected, "maxsim_dense", torch.float16)
+        out = maxsim_packed(Q, D, offsets, pids, config=config)
+        assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense",
+                     torch.float16)
+
+
+@pytest.mark.parametrize("B", [1, 4])
+@pytest.mark.parametrize("d,block_d", BLOCK_D_CASES)
+def test_block_d_padded_is_exact(d, block_d, B, device):
+    Q = _rand(B, 9, d, dtype=torch.float16, device=device)
+    D = _rand(5, 20, d, dtype=torch.float16, device=device)
+    doc_lengths = torch.tensor([20, 0, 1, 17, 16], device=device)
+    config = MaxSimConfig(block_t=16, docs_per_program=2, block_d=block_d)
+    out = maxsim_padded(Q, D, doc_lengths, config=config)
+    assert_close(out, reference.maxsim_padded(Q, D, doc_lengths), "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
+                                   pytest.param(torch.float32, id="fp32")])
+def test_block_d_other_dtypes(dtype, device):
+    """16-column chunks in bf16 and in fp32 (tf32x3 products of K = 16)."""
+    D, offsets = _packed_from_lengths([3, 0, 20, 1], 144, dtype, device)
+    Q = _rand(2, 9, 144, dtype=dtype, device=device)
+    for config in _block_d_configs(16):
+        out = maxsim_packed(Q, D, offsets, config=config)
+        assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", dtype)
+
+
+def test_block_d_of_one_chunk_keeps_the_one_chunk_paths(device):
+    """A block_d that covers d (wider than d: a masked chunk) takes hold_query and single_tile."""
+    D, offsets = _packed_from_lengths([3, 0, 20, 1, 9], 80, torch.float16, device)
+    Q = _rand(3, 9, 80, dtype=torch.float16, device=device)
+    expected = reference.maxsim_packed(Q, D, offsets)
+    for config in (MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True, block_d=128),
+                   MaxSimConfig(block_t=32, q_blocks_per_program=2, single_tile=True,
+                                block_d=128)):
+        assert_close(maxsim_packed(Q, D, offsets, config=config), expected, "maxsim_dense",
+                     torch.float16)
+
 def test_empty_document_scores_minus_inf_and_empty_query_zero(device):
     Q = _rand(2, 4, 64, dtype=torch.float32, device=device)
     D = _rand(2, 3, 64, dtype=torch.float32, device=device)
@@ -236,9 +304,10 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     docs_per_program=st.integers(1, 4),
     kind=st.sampled_from(["plain", "single_tile", "slots", "hold_query"]),
     with_pids=st.booleans(),
+    block_d=st.sampled_from([None, 16, 32, 64, 128]),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
-                                        docs_per_program, kind, with_pids, device):
+                                        docs_per_program, kind, with_pids, block_d, device):
     """Over the whole MaxSimConfig space: a launch either matches the float64 reference in every
     element or is refused with a ValueError naming the config, never a silent partial result."""
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
@@ -247,7 +316,7 @@ def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, 
     config = MaxSimConfig(block_t=block_t, queries_per_block=queries_per_block,
                           q_blocks_per_program=q_blocks_per_program, docs_per_program=docs_per_program,
                           single_tile=kind == "single_tile", slots=kind == "slots",
-                          hold_query=kind == "hold_query")
+                          hold_query=kind == "hold_query", block_d=block_d)
     try:
         out = maxsim_packed(Q, D, offsets, pids, config=config)
     except ValueError as error:

@@ -30,6 +30,9 @@ def _query(B, Lq, d, device):
     pytest.param(MaxSimConfig(hold_query=True, q_blocks_per_program=2), id="hold-query-2qblocks"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, hold_query=True),
                  id="hold-query-and-slots"),
+    pytest.param(MaxSimConfig(block_d=48), id="block_d-not-pow2"),
+    pytest.param(MaxSimConfig(block_d=8), id="block_d-below-16"),
+    pytest.param(MaxSimConfig(block_d=256), id="block_d-above-128"),
 ])
 def test_bad_config_is_rejected_before_launch(config, device):
     D, offsets = _packed([5, 7], 64, device)
@@ -41,6 +44,35 @@ def test_d_limited_configs_reject_wide_d(device):
     D, offsets = _packed([5, 7], 384, device)
     with pytest.raises(ValueError, match="hold_query"):
         maxsim_packed(_query(1, 8, 384, device), D, offsets, config=MaxSimConfig(hold_query=True))
+
+
+@pytest.mark.parametrize("block_d", [0, 48, 8, 256, 64.0, True, "32"])
+def test_block_d_outside_its_rule_is_refused_naming_it(block_d, device):
+    """block_d is None or a power of two in [16, 128], refused before anything is scored, also
+    with no documents."""
+    D, offsets = _packed([5, 7], 64, device)
+    config = MaxSimConfig(block_d=block_d)
+    with pytest.raises(ValueError, match=r"config\.block_d must be None or a power of two in "
+                                         r"\[16, 128\]"):
+        maxsim_packed(_query(1, 8, 64, device), D, offsets, config=config)
+    with pytest.raises(ValueError, match=r"config\.block_d"):
+        maxsim_packed(_query(1, 8, 64, device), D[:0], offsets[:1], config=config)
+    with pytest.raises(ValueError, match=r"config\.block_d"):
+        maxsim_padded(_query(2, 8, 64, device), D.reshape(2, 6, 64), config=config)
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(MaxSimConfig(block_d=32, hold_query=True), id="hold_query"),
+    pytest.param(MaxSimConfig(block_t=16, block_d=16, single_tile=True), id="single_tile"),
+])
+def test_one_chunk_paths_refuse_a_block_d_that_splits_d(config, device):
+    """hold_query and single_tile hold d in one chunk: a block_d narrower than d is refused,
+    naming config.block_d (d = 64 in chunks of 32 or 16)."""
+    D, offsets = _packed([5, 7], 64, device)
+    with pytest.raises(ValueError, match=r"config\.block_d=(32|16) splits d=64 into (2|4) chunks"):
+        maxsim_packed(_query(1, 8, 64, device), D, offsets, config=config)
+    with pytest.raises(ValueError, match=r"config\.block_d"):
+        maxsim_padded(_query(1, 8, 64, device), D.reshape(2, 6, 64), config=config)
 
 
 def test_single_tile_config_rejects_long_documents(device):

@@ -37,9 +37,15 @@ class MaxSimConfig:
             128): the tile is read once and reused by all query blocks of the program.
         slots: packed layout only: docs_per_program documents side by side in one tile of
             docs_per_program x block_t rows (short documents share one tensor-core product).
-        hold_query: tiled per-document path with d <= 128 and one query block per program: load
-            the query tile once per program and hold it across all tiles and documents.
+        hold_query: tiled per-document path with d in one chunk and one query block per
+            program: load the query tile once per program and hold it across all tiles and
+            documents.
         num_warps, num_stages: Triton launch parameters.
+        block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
+            None for the default (one chunk up to d = 128, masked when d is not a power of two;
+            128-wide chunks above). A narrower chunk that divides d masks no column (d = 96 as
+            3 x 32, d = 144 as 9 x 16) at the cost of more, smaller products; single_tile and
+            hold_query need d in one chunk.
     """
 
     block_t: int = 64
@@ -51,6 +57,7 @@ class MaxSimConfig:
     num_stages: int = 2
     slots: bool = False
     hold_query: bool = False
+    block_d: int | None = None
 
 
 def _pow2(x: int) -> int:
@@ -112,7 +119,14 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
 
 
 def _check_config(cfg: MaxSimConfig) -> None:
-    """Tile sizes are tl.arange extents: powers of two (a slot tile also needs >= 16 rows)."""
+    """Tile sizes are tl.arange extents: powers of two (a slot tile also needs >= 16 rows, a
+    d chunk is a tl.dot extent: >= 16)."""
+    block_d = cfg.block_d
+    if block_d is not None and not (isinstance(block_d, int) and not isinstance(block_d, bool)
+                                    and MIN_DOT_DIM <= block_d <= MAX_BLOCK_D
+                                    and block_d & (block_d - 1) == 0):
+        raise ValueError(f"config.block_d must be None or a power of two in [{MIN_DOT_DIM}, "
+                         f"{MAX_BLOCK_D}], got {block_d!r}")
     for name in ("block_t", "queries_per_block", "q_blocks_per_program", "docs_per_program"):
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
@@ -147,8 +161,13 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed,
                                    num_docs=num_out_docs, element_size=Q3.element_size())
     _check_config(cfg)
-    block_d = _block_d(dim)
+    block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
     num_d_tiles = triton.cdiv(dim, block_d)
+    if num_d_tiles != 1 and cfg.block_d is not None and (cfg.hold_query or cfg.single_tile):
+        raise ValueError(
+            f"config.block_d={cfg.block_d} splits d={dim} into {num_d_tiles} chunks; "
+            f"config.hold_query and config.single_tile need d in one chunk (block_d >= d)"
+        )
     if cfg.hold_query and (num_d_tiles != 1 or cfg.q_blocks_per_program != 1 or cfg.single_tile
                            or cfg.slots):
         raise ValueError(
