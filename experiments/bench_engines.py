@@ -1,9 +1,12 @@
 """Three PLAID engines on one compressed index: stock colbert-ai, colbert-ai with the plugin, fast-plaid.
 
 ``tilemaxsim bench-engines --passages 100000 1000000 --out results/engines/h200-COMMIT``
+``tilemaxsim bench-engines --embeddings DIR --out results/engines/h200-COMMIT-NAME``
 
 For each corpus size: a structured synthetic corpus (:mod:`.engine_corpus`) is generated on the
-GPU and compressed once into both engines' formats (:mod:`.engine_index`: same centroids,
+GPU, or with ``--embeddings`` a directory of an encoder's precomputed passage and query
+embeddings (:class:`.engine_corpus.EmbeddingCorpus`; rows are labelled by its meta name), and
+compressed once into both engines' formats (:mod:`.engine_index`: same centroids,
 cutoffs, weights, codes and residual bytes), with exact MaxSim top-k computed on the way over
 the uncompressed fp16 embeddings and over the decompressed ones. Then every engine, at each
 setting, is timed on what a user calls after encoding: ``Searcher.dense_search`` and
@@ -26,12 +29,17 @@ colbert-ai ncells=8, ndocs=16,384, of which stage 4 keeps ndocs/4; fast-plaid it
 fast-plaid has no centroid-score threshold and no stage-3 centroid interaction pruning; its
 ``n_full_scores`` documents are the best by approximate (centroid) score, as colbert-ai's ndocs/4.
 
+Index build time per engine: the shared writer's (k-means, codec, compression, both formats),
+fast-plaid's own ``create()`` on corpora up to ``--fast-plaid-create-max`` passages, and
+colbert-ai's own ``CollectionIndexer`` on the first ``--colbert-build-max`` passages with the
+encoder replaced by the corpus's embeddings (:func:`colbert_indexer_build`), per phase.
+
 ``--fairness`` also builds an index with fast-plaid's own ``create()`` on the first passages and
 checks that our compressor reproduces its codes and residual bytes exactly from its codec, and
 that fast-plaid decompresses our written index exactly as colbert-ai's GPU codec does.
 
 Raw rows go to ``OUT/engines.json`` (harness format); ``tilemaxsim report-engines OUT`` draws
-the report. Numbers are synthetic-corpus numbers, never MS MARCO's.
+the report. Numbers on the synthetic corpus are synthetic-corpus numbers, never MS MARCO's.
 """
 
 from __future__ import annotations
@@ -45,16 +53,20 @@ import logging
 import math
 import os
 import pathlib
+import random
+import re
+import shutil
 import sys
 import time
 
 import numpy as np
 import torch
 
-from .engine_corpus import Corpus, CorpusSpec, ExactTopK
+from .engine_corpus import Corpus, CorpusSpec, EmbeddingCorpus, ExactTopK
 from .engine_index import SharedIndex, write_shared_index
 
-__all__ = ["main", "ENGINES", "SETTINGS", "colbert_searcher", "recall_at", "success_at"]
+__all__ = ["main", "ENGINES", "SETTINGS", "colbert_searcher", "colbert_indexer_build", "recall_at",
+           "success_at"]
 
 logger = logging.getLogger("tilemaxsim.bench_engines")
 
@@ -78,7 +90,8 @@ def recall_at(found: list[list[int]], exact: torch.Tensor, k: int) -> float:
 
 
 def success_at(found: list[list[int]], targets, k: int) -> float:
-    values = [int(t) in f[:k] for f, t in zip(found, targets)]
+    """Fraction of the queries with a target (pid >= 0; -1 is none) that find it in their top k."""
+    values = [int(t) in f[:k] for f, t in zip(found, targets) if int(t) >= 0]
     return float(np.mean(values)) if values else math.nan
 
 
@@ -272,10 +285,23 @@ class _GroundTruth:
         self.decompressed.update(self._scores(D, offsets), first)
 
 
-def prepare(args, passages: int, root: pathlib.Path, device) -> tuple[Corpus, SharedIndex, dict]:
+def corpus_label(corpus) -> str:
+    """The ``shape`` of a corpus's rows: "100,000 passages", or "NAME 10,033 passages" for an
+    embeddings directory (the report keeps corpora of different names apart)."""
+    size = f"{corpus.num_passages:,} passages"
+    return f"{corpus.name} {size}" if isinstance(corpus, EmbeddingCorpus) else size
+
+
+def make_corpus(args, passages: int | None, device):
+    """The synthetic corpus of ``passages`` passages, or ``args.embeddings``'s directory."""
+    if args.embeddings is not None:
+        return EmbeddingCorpus(args.embeddings, device=device)
     spec = CorpusSpec(num_passages=passages, num_queries=max(args.throughput_queries, args.batch,
                                                              args.latency_queries), seed=args.seed)
-    corpus = Corpus(spec, device)
+    return Corpus(spec, device)
+
+
+def prepare(args, corpus, root: pathlib.Path) -> tuple[SharedIndex, dict]:
     Q, targets = corpus.queries()
     index = SharedIndex(root)
     truth_path = root / "ground_truth.pt"
@@ -283,13 +309,13 @@ def prepare(args, passages: int, root: pathlib.Path, device) -> tuple[Corpus, Sh
     if index.manifest_path.exists() and index.manifest.get("complete") and truth_path.exists():
         truth = torch.load(truth_path)
         if truth.get("key") == key:
-            return corpus, index, {"Q": Q, "targets": targets, **truth}
+            return index, {"Q": Q, "targets": targets, **truth}
     exact = _GroundTruth(corpus, Q[: args.exact_queries], 100)
     write_shared_index(corpus, root, nbits=args.nbits, visit=exact, log=logger.info)
     truth = {"key": key, "exact": exact.raw.pids.cpu(), "exact_decompressed": exact.decompressed.pids.cpu(),
              "build": index.manifest}
     torch.save(truth, truth_path)
-    return corpus, index, {"Q": Q, "targets": targets, **truth}
+    return index, {"Q": Q, "targets": targets, **truth}
 
 
 def fairness_check(corpus: Corpus, root: pathlib.Path, index: SharedIndex, passages: int = 2000) -> dict:
@@ -344,24 +370,143 @@ def _fast_plaid_create(corpus, root: pathlib.Path, nbits: int, size: str) -> dic
     seconds = time.perf_counter() - start
     engine.close()
     return {"suite": "build", "shape": size, "provider": "fast-plaid create()", "seconds": seconds,
-            "num_embeddings": corpus.num_embeddings}
+            "passages": corpus.num_passages, "num_embeddings": corpus.num_embeddings}
 
 
-def run_size(args, passages: int, out: pathlib.Path) -> list[dict]:
+COLBERT_INDEXER = "colbert-ai CollectionIndexer"
+
+
+class _PrecomputedEncoder:
+    """Stands in for colbert-ai's ``CollectionEncoder``: ``encode_passages`` returns the corpus's
+    own embeddings of the passages named by pid (the collection's texts are their pids), in the
+    dtype the real encoder returns (fp16 on the GPU, fp32 on the CPU; the indexer asserts it)."""
+
+    def __init__(self, documents: list[torch.Tensor], use_gpu: bool):
+        self.documents, self.dtype = documents, torch.float16 if use_gpu else torch.float32
+
+    def encode_passages(self, passages):
+        if not passages:
+            return None, None
+        docs = [self.documents[int(text)] for text in passages]
+        return torch.cat(docs).to(self.dtype), [int(doc.shape[0]) for doc in docs]
+
+
+def _faiss_kmeans_device(use_gpu: bool) -> str:
+    """Where colbert-ai's ``compute_faiss_kmeans`` runs: ``faiss.Kmeans(gpu=use_gpu)`` takes
+    every GPU faiss sees, none with faiss-cpu (then it runs on the CPU without a word)."""
+    import importlib.metadata
+
+    import faiss
+
+    dists = sorted(d.metadata["Name"] for d in importlib.metadata.distributions()
+                   if d.metadata["Name"] and d.metadata["Name"].lower().startswith("faiss"))
+    gpus = faiss.get_num_gpus() if use_gpu and hasattr(faiss, "get_num_gpus") else 0
+    where = f"GPU ({gpus} visible to faiss)" if gpus else "CPU"
+    return f"{where}, faiss {faiss.__version__} ({', '.join(dists) or 'no distribution found'})"
+
+
+def colbert_indexer_build(corpus, root: pathlib.Path, nbits: int, passages: int, size: str,
+                          verbose: int = 0) -> dict:
+    """colbert-ai 0.2.22's own index build of the first ``passages`` passages, timed per phase.
+
+    ``CollectionIndexer`` is what ``colbert.Indexer.index`` runs in each rank's process; here it
+    runs in this process with nranks = 1 and its encoder replaced by :class:`_PrecomputedEncoder`
+    (built as ``__init__`` builds it, minus the checkpoint), so the time is the work a user's
+    Indexer does after encoding. Phases, by the indexer's own methods: ``setup`` (sample the pids
+    and gather their embeddings, plan), ``kmeans`` (``_train_kmeans``: faiss), ``codec``
+    (``_compute_avg_residual``: bucket cutoffs and weights), ``train_other`` (shuffle, split and
+    save the codec), ``compress`` (``index``: every chunk compressed and saved), ``ivf``
+    (``finalize``: metadata and the centroid-to-passage IVF). colbert-ai with the plugin's
+    ``compat`` group only, as the stock engine is timed (torch stand-ins for its CUDA extensions).
+    """
+    from .bench_plaid import STOCK as BENCH_STOCK, _patch_as, _prepare_colbert_imports
+
+    _prepare_colbert_imports()
+    _patch_as(BENCH_STOCK)
+    from colbert.indexing.collection_indexer import CollectionIndexer
+    from colbert.indexing.index_saver import IndexSaver
+    from colbert.infra import ColBERTConfig, Run, RunConfig
+    from colbert.data.collection import Collection
+
+    n = min(passages, corpus.num_passages)
+    documents = []
+    for chunk, first, end in corpus.chunk_ranges():
+        if first >= n:
+            break
+        E, offsets = corpus.chunk(chunk).cpu(), corpus.chunk_offsets(chunk).cpu()
+        documents += [E[int(offsets[i]):int(offsets[i + 1])] for i in range(min(end, n) - first)]
+    path = root / "colbert_indexer"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    config = ColBERTConfig(dim=corpus.dim, nbits=nbits, doc_maxlen=corpus.doc_maxlen,
+                           query_maxlen=corpus.query_maxlen, index_path=str(path), nranks=1,
+                           avoid_fork_if_possible=True)
+    spans: dict[str, float] = {}
+
+    def timed(name, method):
+        def wrapper(*args, **kwargs):
+            _sync()
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            _sync()
+            spans[name] = spans.get(name, 0.0) + time.perf_counter() - start
+            return result
+        return wrapper
+
+    # colbert-ai samples pids with Python's random and shuffles the sample with torch's.
+    random.seed(12345)
+    torch.manual_seed(12345)
+    with Run().context(RunConfig(nranks=1, root=str(root), experiment="colbert_indexer")):
+        indexer = CollectionIndexer.__new__(CollectionIndexer)
+        indexer.verbose, indexer.config = verbose, config
+        indexer.rank, indexer.nranks = 0, 1
+        indexer.use_gpu = config.total_visible_gpus > 0
+        indexer.collection = Collection.cast([str(pid) for pid in range(n)])
+        indexer.checkpoint = None
+        indexer.encoder = _PrecomputedEncoder(documents, indexer.use_gpu)
+        indexer.saver = IndexSaver(config)
+        for name, method in (("setup", "setup"), ("kmeans", "_train_kmeans"),
+                             ("codec", "_compute_avg_residual"), ("train", "train"),
+                             ("compress", "index"), ("ivf", "finalize")):
+            setattr(indexer, method, timed(name, getattr(indexer, method)))
+        kmeans_on = _faiss_kmeans_device(indexer.use_gpu)
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), \
+                contextlib.redirect_stderr(sink):  # faiss's and tqdm's progress
+            indexer.run(shared_lists=None)
+    train = spans.pop("train")
+    phases = {"setup": spans["setup"], "kmeans": spans["kmeans"], "codec": spans["codec"],
+              "train_other": train - spans["kmeans"] - spans["codec"], "compress": spans["compress"],
+              "ivf": spans["ivf"]}
+    return {"suite": "build", "shape": size, "provider": COLBERT_INDEXER, "passages": n,
+            "num_embeddings": int(sum(doc.shape[0] for doc in documents)),
+            "num_centroids": int(indexer.num_partitions), "nbits": nbits, "kmeans_on": kmeans_on,
+            "use_gpu": bool(indexer.use_gpu), "phase_seconds": phases, "seconds": sum(phases.values()),
+            "index_path": str(path)}
+
+
+def run_size(args, passages: int | None, out: pathlib.Path) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    root = pathlib.Path(args.work) / f"engines-{passages}"
+    corpus = make_corpus(args, passages, device)
+    passages = corpus.num_passages
+    size = corpus_label(corpus)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", corpus.name) + "-" if isinstance(corpus, EmbeddingCorpus) else ""
+    root = pathlib.Path(args.work) / f"engines-{slug}{passages}"
     started = time.perf_counter()
-    corpus, index, data = prepare(args, passages, root, device)
+    index, data = prepare(args, corpus, root)
     build_s = time.perf_counter() - started
-    size = f"{passages:,} passages"
     manifest = index.manifest
     rows = [{"suite": "build", "shape": size, "provider": "shared",
              **{key: value for key, value in manifest.items() if key not in ("key", "seconds")},
              "phase_seconds": manifest["seconds"], "seconds": manifest["seconds"]["total"],
              "reused": build_s < manifest["seconds"]["total"]}]
+    if isinstance(corpus, EmbeddingCorpus):
+        rows[0]["corpus_meta"] = corpus.meta
     has_fast_plaid = importlib.util.find_spec("fast_plaid") is not None
     if FAST_PLAID in args.engines and passages <= args.fast_plaid_create_max and has_fast_plaid:
         rows.append(_fast_plaid_create(corpus, root, index.manifest["nbits"], size))
+    if args.colbert_build_max > 0 and (STOCK in args.engines or PLUGIN in args.engines):
+        rows.append(colbert_indexer_build(corpus, root, index.manifest["nbits"], args.colbert_build_max, size))
+        logger.info("%s: %s", COLBERT_INDEXER, rows[-1])
     if args.build_only:
         return rows
     if args.fairness and FAST_PLAID in args.engines and has_fast_plaid:
@@ -414,6 +559,8 @@ def run_size(args, passages: int, out: pathlib.Path) -> list[dict]:
                     throughput_sizes = [args.batch] + ([args.throughput_queries] if k == 10 else [])
                     if name == STOCK:
                         throughput_sizes = [min(args.batch, args.stock_queries)]
+                    # An embeddings directory may hold fewer queries than asked for.
+                    throughput_sizes = sorted({min(count, Q.shape[0]) for count in throughput_sizes})
                     for count in throughput_sizes:
                         result = _throughput(engine, Q[:count], k)
                         rows.append({"suite": "throughput", "shape": f"{size} k={k} batch={count}",
@@ -422,7 +569,7 @@ def run_size(args, passages: int, out: pathlib.Path) -> list[dict]:
                                      "ms": 1e3 * result["seconds"] / count,
                                      "success@10": success_at(result["found"], targets, 10)})
         if name == PLUGIN and STOCK in args.engines:
-            rows.append(_plugin_vs_exact(engine, Q[:nx], index, corpus))
+            rows.append(_plugin_vs_exact(engine, Q[:nx], index, corpus, size))
         del engine
         gc.collect()
         if torch.cuda.is_available():
@@ -436,7 +583,7 @@ def run_size(args, passages: int, out: pathlib.Path) -> list[dict]:
 RERANK_CHECK_CANDIDATES = 256
 
 
-def _plugin_vs_exact(engine, Q, index: SharedIndex, corpus) -> dict:
+def _plugin_vs_exact(engine, Q, index: SharedIndex, corpus, size: str) -> dict:
     """Exactness of the plugin's rankings against exact fp32 MaxSim over the decompressed
     embeddings ``normalize(centroid + weight)`` taken in fp32 (the plugin's semantics;
     colbert-ai's GPU codec rounds the sum to fp16 first), per query:
@@ -484,14 +631,19 @@ def _plugin_vs_exact(engine, Q, index: SharedIndex, corpus) -> dict:
         by_pid = dict(zip(pool, exact))
         # Every returned pid scores at least the exact 10th score (minus the tolerance).
         rerank_mismatches += int(any(by_pid[pid] < tenth - tolerance for pid in reranked))
-    return {"suite": "exactness", "shape": f"{corpus.num_passages:,} passages k=10", "provider": PLUGIN,
+    return {"suite": "exactness", "shape": f"{size} k=10", "provider": PLUGIN,
             "queries": Q.shape[0], "max_abs_score_diff": worst, "unsorted_lists": unsorted,
             "rerank_candidates": RERANK_CHECK_CANDIDATES, "rerank_not_exact_top10": rerank_mismatches}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tilemaxsim bench-engines", description=__doc__.split("\n")[0])
-    parser.add_argument("--passages", type=int, nargs="+", default=[100_000, 1_000_000])
+    corpora = parser.add_mutually_exclusive_group()
+    corpora.add_argument("--passages", type=int, nargs="+", default=[100_000, 1_000_000],
+                         help="synthetic corpus sizes")
+    corpora.add_argument("--embeddings", metavar="DIR", default=None,
+                         help="a directory of precomputed embeddings (meta.json, doclens.npy, "
+                              "documents.npy, queries.npy, targets.npy) instead of the synthetic corpus")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--ks", type=int, nargs="+", default=[10, 100, 1000])
@@ -509,6 +661,9 @@ def main(argv=None) -> int:
                         help="write the indexes and ground truth (reused by a later run), time nothing")
     parser.add_argument("--fast-plaid-create-max", type=int, default=1_000_000,
                         help="also time fast-plaid's own create() on corpora up to this many passages")
+    parser.add_argument("--colbert-build-max", type=int, default=100_000,
+                        help="time colbert-ai's own CollectionIndexer on the first this many passages "
+                             "(0: not at all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="runs/engines", help="where the indexes are written (reused)")
     parser.add_argument("--out", default="results/engines")
@@ -521,7 +676,7 @@ def main(argv=None) -> int:
 
     out = pathlib.Path(args.out)
     rows = []
-    for passages in args.passages:
+    for passages in ([None] if args.embeddings is not None else args.passages):
         rows += run_size(args, passages, out)
         path = write_results(rows, out, "engines", meta={"argv": sys.argv if argv is None else argv})
     for row in rows:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import math
+import pathlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CorpusSpec", "Corpus", "EmbeddingList", "ExactTopK"]
+__all__ = ["CorpusSpec", "Corpus", "EmbeddingCorpus", "EmbeddingList", "ExactTopK", "EMBEDDINGS_META_KEYS"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,105 @@ class EmbeddingList(_Chunked):
     def chunk(self, index: int) -> torch.Tensor:
         start, end = self._chunk_bounds(index)
         return torch.cat(self.documents[start:end]).to(self.device, torch.float16)
+
+
+# meta.json of an embeddings directory: every key, with its type.
+EMBEDDINGS_META_KEYS = {"name": str, "encoder": str, "dim": int, "doc_maxlen": int, "query_maxlen": int,
+                        "num_passages": int, "num_queries": int, "note": str}
+
+
+class EmbeddingCorpus(_Chunked):
+    """A directory of precomputed embeddings (an encoder's output) as a corpus with queries.
+
+    The directory holds ``meta.json`` (the keys of :data:`EMBEDDINGS_META_KEYS`),
+    ``doclens.npy`` int64 [N] (every entry >= 1), ``documents.npy`` float16 [sum(doclens), dim]
+    (the passages' token embeddings concatenated in pid order), ``queries.npy`` float16
+    [num_queries, query_maxlen, dim] and ``targets.npy`` int64 [num_queries] (each query's
+    relevant pid, -1 where it has none); ``doc_ids.json`` and ``query_ids.json`` are not read.
+    ``documents.npy`` is memory-mapped: a chunk is read from disk when it is asked for.
+
+    Raises:
+        ValueError: a file is missing or unreadable, or a key, dtype or shape disagrees with the
+            format or with the other files (the message names the file).
+    """
+
+    def __init__(self, directory, *, chunk_passages: int = 25_000, device="cpu"):
+        self.directory = pathlib.Path(directory)
+        if not self.directory.is_dir():
+            raise ValueError(f"embeddings directory {str(self.directory)!r} does not exist")
+        self.meta = self._meta()
+        m = self.meta
+        self.name, self.dim = m["name"], m["dim"]
+        self.doc_maxlen, self.query_maxlen = m["doc_maxlen"], m["query_maxlen"]
+        self.doclens = self._array("doclens.npy", np.int64, (m["num_passages"],))
+        if (self.doclens < 1).any():
+            bad = int(np.flatnonzero(self.doclens < 1)[0])
+            raise ValueError(f"doclens.npy: passage {bad} has {int(self.doclens[bad])} tokens (need >= 1)")
+        self.num_passages = int(self.doclens.shape[0])
+        self.offsets = np.concatenate(([0], np.cumsum(self.doclens)))
+        self.documents = self._array("documents.npy", np.float16, (int(self.offsets[-1]), self.dim),
+                                     what="sum(doclens.npy) rows of meta.json's dim")
+        self._queries = self._array("queries.npy", np.float16, (m["num_queries"], self.query_maxlen, self.dim))
+        self.targets = self._array("targets.npy", np.int64, (m["num_queries"],))
+        if ((self.targets < -1) | (self.targets >= self.num_passages)).any():
+            bad = int(np.flatnonzero((self.targets < -1) | (self.targets >= self.num_passages))[0])
+            raise ValueError(f"targets.npy: query {bad} targets pid {int(self.targets[bad])}, outside "
+                             f"0..{self.num_passages - 1} (or -1 for none)")
+        if chunk_passages < 1:
+            raise ValueError(f"chunk_passages must be >= 1, got {chunk_passages}")
+        self.chunk_passages = chunk_passages
+        self.device = torch.device(device)
+
+    def _meta(self) -> dict:
+        path = self.directory / "meta.json"
+        if not path.is_file():
+            raise ValueError(f"embeddings directory {str(self.directory)!r} has no meta.json")
+        try:
+            meta = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"meta.json is not JSON: {error}") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta.json must hold an object, got {type(meta).__name__}")
+        for key, kind in EMBEDDINGS_META_KEYS.items():
+            value = meta.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"meta.json: {key!r} must be a {kind.__name__}, got {value!r}")
+        for key in ("dim", "doc_maxlen", "query_maxlen", "num_passages"):
+            if meta[key] < 1:
+                raise ValueError(f"meta.json: {key!r} must be >= 1, got {meta[key]}")
+        if meta["num_queries"] < 0:
+            raise ValueError(f"meta.json: 'num_queries' must be >= 0, got {meta['num_queries']}")
+        return meta
+
+    def _array(self, name: str, dtype, shape: tuple[int, ...], what: str | None = None) -> np.ndarray:
+        path = self.directory / name
+        if not path.is_file():
+            raise ValueError(f"embeddings directory {str(self.directory)!r} has no {name}")
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as error:
+            raise ValueError(f"{name} is not a plain .npy array: {error}") from None
+        if array.dtype != np.dtype(dtype):
+            raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {array.dtype.name}")
+        if tuple(array.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} ({what or 'from meta.json'}), got "
+                             f"{tuple(array.shape)}")
+        return array if array.ndim > 1 else np.array(array)
+
+    def key(self) -> dict:
+        """What identifies the corpus for reusing a written index: its meta and file sizes."""
+        sizes = {name: (self.directory / name).stat().st_size
+                 for name in ("doclens.npy", "documents.npy", "queries.npy", "targets.npy")}
+        return {"embeddings": self.meta, "directory": str(self.directory.resolve()), "bytes": sizes}
+
+    def chunk(self, index: int) -> torch.Tensor:
+        start, end = self._chunk_bounds(index)
+        rows = np.array(self.documents[int(self.offsets[start]):int(self.offsets[end])])
+        return torch.from_numpy(rows).to(self.device)
+
+    def queries(self) -> tuple[torch.Tensor, np.ndarray]:
+        """``(Q, targets)``: fp16 [num_queries, query_maxlen, dim] and int64 [num_queries]."""
+        return torch.from_numpy(np.array(self._queries)).to(self.device), self.targets.copy()
 
 
 class Corpus(_Chunked):
