@@ -670,6 +670,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.exact_queries > args.latency_queries:
         parser.error("--exact-queries cannot exceed --latency-queries")
+    if args.embeddings is not None:
+        try:  # the directory is checked before anything is built (its arrays are memory-mapped)
+            EmbeddingCorpus(args.embeddings)
+        except ValueError as error:
+            parser.error(f"--embeddings: {error}")
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)
     from .harness import write_results

@@ -323,6 +323,21 @@ def test_embedding_corpus_refuses_a_missing_directory(tmp_path):
         EmbeddingCorpus(tmp_path / "nowhere")
 
 
+def test_bench_engines_refuses_a_bad_embeddings_argument(tmp_path, capsys):
+    from experiments import bench_engines
+
+    path = _write_embeddings_dir(tmp_path / "emb")
+    (path / "targets.npy").unlink()
+    with pytest.raises(SystemExit):
+        bench_engines.main(["--embeddings", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "--embeddings: " in err and "no targets.npy" in err
+    with pytest.raises(SystemExit):
+        bench_engines.main(["--embeddings", str(path), "--passages", "100", "--out", str(tmp_path / "out")])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_success_skips_queries_without_a_target():
     from experiments.bench_engines import success_at
 
