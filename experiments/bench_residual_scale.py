@@ -6,8 +6,11 @@ For C in {2^16, 2^18} (MS MARCO's full index) and nbits in {1, 2, 4}, on the ran
 ``bench_compressed.make_index`` (MS MARCO-like lengths, one 32-token fp16 query):
 ``maxsim_residual`` with its defaults (``validate=True``) and with ``validate=False``, beside our
 dense kernel on the same documents decoded to fp16 (``maxsim_packed``, the "decode, then score"
-alternative); and ``maxsim_pq`` (M = 16) with and without validation. Rows go to
-``OUT/residual_scale.json`` (harness format).
+alternative); and ``maxsim_pq`` (M = 16) with and without validation. The two residual calls
+are timed in alternating order ``--repeats`` times (each row keeps the median of its repeats and
+every repeat's median), so that the order of measurement cannot pass for the cost of validation;
+``graph_ms`` is the same call replayed from a CUDA graph, its GPU time without the host's work.
+Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-docs", type=int, default=100_000)
     parser.add_argument("--centroids", type=int, nargs="+", default=[1 << 16, 1 << 18])
     parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4))
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="alternating timings of the residual op with and without validation")
     parser.add_argument("--out", default="results/residual_scale")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -49,15 +54,32 @@ def main(argv=None) -> int:
                      "p20_ms": p20, "p80_ms": p80, "docs_per_s": args.num_docs / median * 1e3, **extra})
         print(f"{shape:<44} {provider:<34} {median:8.4f} ms", flush=True)
 
+    def timed_alternating(shape, variants):
+        """(provider, fn) pairs timed in turn, ``args.repeats`` rounds; one row each."""
+        medians = {provider: [] for provider, _ in variants}
+        for _ in range(args.repeats):
+            for provider, fn in variants:
+                medians[provider].append(harness.time_ms(fn)[0])
+        for provider, fn in variants:
+            runs = sorted(medians[provider])
+            median = runs[len(runs) // 2]
+            rows.append({"suite": SUITE, "shape": shape, "provider": provider, "ms": median,
+                         "repeat_ms": medians[provider], "graph_ms": harness.graph_replay_ms(fn),
+                         "docs_per_s": args.num_docs / median * 1e3})
+            print(f"{shape:<44} {provider:<34} {median:8.4f} ms (repeats "
+                  f"{' '.join(f'{m:.4f}' for m in medians[provider])}; graph {rows[-1]['graph_ms']:.4f})",
+                  flush=True)
+
     for nbits in args.nbits:
         for C in args.centroids:
             index = make_index(args.num_docs, C, DIM, nbits, device)
             shape = f"1q N={args.num_docs // 1000}k C={C} nbits={nbits} d={DIM}"
             call = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
                     index["bucket_weights"], nbits)
-            timed(shape, "maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))
-            timed(shape, "maxsim_residual validate=False",
-                  lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False))
+            timed_alternating(shape, [
+                ("maxsim_residual validate=False",
+                 lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False)),
+                ("maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))])
             if C == args.centroids[0]:
                 D16 = decompress_residuals(index["codes"], index["residuals"], index["centroids"],
                                            index["bucket_weights"], nbits)

@@ -137,7 +137,9 @@ def reproduce_gpu(work: Path, opts) -> list[Step]:
                  reproduce("synthetic-scale", "prepare,search", "runs/syngpu", conditions), 330)]
 
 
-ENGINES_FAST = ("--latency-queries", "100", "--exact-queries", "100", "--work", "/tmp/engines")
+# colbert-ai's own indexer is timed by its own step (engines-build-times), not inside the others.
+ENGINES_FAST = ("--latency-queries", "100", "--exact-queries", "100", "--colbert-build-max", "0",
+                "--work", "/tmp/engines")
 
 
 def engines(work: Path, opts) -> list[Step]:
@@ -146,6 +148,23 @@ def engines(work: Path, opts) -> list[Step]:
                                          "--fairness", "--fast-plaid-create-max", "100000",
                                          "--stock-queries", "30", *ENGINES_FAST,
                                          "--out", str(work / "engines")), 560)]
+
+
+def engines_extra(work: Path, opts) -> list[Step]:
+    """Index build times at 100k passages (colbert-ai's CollectionIndexer, fast-plaid's create(),
+    the shared writer), then the three engines on wiki-vital embeddings encoded on the GPU from
+    the carried bundle (python -m experiments.wiki_vital_bundle pack --out .wiki_bundle)."""
+    fast = tuple(a for a in ENGINES_FAST if a not in ("--colbert-build-max", "0"))
+    return [Step("engines-build-times", module(
+                "experiments.bench_engines", "--passages", "100000", "--build-only",
+                "--colbert-build-max", "100000", "--fast-plaid-create-max", "100000", *fast,
+                "--out", str(work / "engines-build-times")), 300),
+            Step("wiki-vital-encode", module("experiments.wiki_vital_bundle", "encode", ".wiki_bundle",
+                                             "--out", "/tmp/wiki-vital-emb", "--device", "cuda"), 200),
+            Step("bench-engines-wiki-vital", module(
+                "experiments.bench_engines", "--embeddings", "/tmp/wiki-vital-emb", "--fairness",
+                "--stock-queries", "30", "--colbert-build-max", "100000", *fast,
+                "--out", str(work / "engines-wiki-vital")), 300)]
 
 
 def engines_msmarco(work: Path, opts) -> list[Step]:
@@ -252,6 +271,10 @@ SUITES = {
                                    "--out", str(work / "distributed")), 400)]),
     "engines": Suite("stock colbert-ai, the plugin and fast-plaid on one index, 100k and 1M passages "
                      "(fast-plaid and its needs as wheels)", engines),
+    "engines-extra": Suite("index build times at 100k passages, and the three engines on wiki-vital "
+                           "embeddings encoded on the GPU (carry .wiki_bundle; the encode step and "
+                           "the wheels may need separate calls on one warm machine: use --only)",
+                           engines_extra),
     "engines-msmarco": Suite("the three engines at MS MARCO's size, 8.8M passages (two device calls' "
                              "worth: run the steps with --only in two calls on one warm machine)",
                              engines_msmarco),
