@@ -109,6 +109,7 @@ def _cfg(block_t, num_warps, num_stages, docs=1, *, hold=False, rows=None, lq=32
          slots=False, single=False, block_d=None) -> MaxSimConfig:
     """A config; ``rows`` query rows per product become queries_per_block for this Lq and B."""
     qpb = 1 if rows is None else max(1, min(_pow2(B), rows // lq))
+    qbpp = max(1, min(qbpp, -(-B // qpb)))  # no more query blocks per program than there are
     return MaxSimConfig(block_t=block_t, queries_per_block=qpb, q_blocks_per_program=qbpp,
                         docs_per_program=docs, single_tile=single, num_warps=num_warps,
                         num_stages=num_stages, slots=slots, hold_query=hold, block_d=block_d)
@@ -456,6 +457,15 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+# Candidates listed per class of cells in the summary's ranking.
+RANKED = 12
+
+
+def cell_class(row: dict) -> str:
+    """The classes default_config's rules separate: one query or several, packed or padded."""
+    return f"{row['layout']} {'B=1' if row['B'] == 1 else 'B>=4'}"
+
+
 def summary(doc: dict) -> list[str]:
     """The lines printed last: coverage and failures, the candidates ranked across the cells
     (geometric-mean speed-up over the default where they ran), then the table of cells."""
@@ -474,15 +484,18 @@ def summary(doc: dict) -> list[str]:
         if r["status"] == "failed":
             lines.append(f"  failed {r['provider']} on {r['shape']}: {r.get('reason')}")
 
-    by_config: dict[str, list[float]] = {}
+    by_config: dict[tuple, list[float]] = {}
     for r in rows:
         if r["status"] == "ok" and r.get("explicit") and r.get("speedup_vs_default"):
-            by_config.setdefault(r["config"], []).append(r["speedup_vs_default"])
-    ranked = sorted(by_config.items(), key=lambda kv: -statistics.geometric_mean(kv[1]))
-    if ranked:
-        lines.append("candidates by geometric-mean speed-up over the default (cells where run):")
+            key = (cell_class(r), r["config"])
+            by_config.setdefault(key, []).append(r["speedup_vs_default"])
+    for group in dict.fromkeys(k[0] for k in by_config):
+        ranked = sorted(((name, v) for (g, name), v in by_config.items() if g == group),
+                        key=lambda kv: -statistics.geometric_mean(kv[1]))
+        lines.append(f"{group}: candidates by geometric-mean speed-up over the default "
+                     f"(cells where run):")
         lines += [f"  {statistics.geometric_mean(v):6.3f}x  min {min(v):5.3f}x  max {max(v):5.3f}x"
-                  f"  {len(v):3d} cells  {name}" for name, v in ranked[:15]]
+                  f"  {len(v):3d} cells  {name}" for name, v in ranked[:RANKED]]
 
     header = (f"{'cell':<58} {'default ms':>10} {'%roof':>6} {'no-val ms':>9} {'best ms':>9} "
               f"{'%roof':>6} {'speedup':>7}  best config (default's config)")

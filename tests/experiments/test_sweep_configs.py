@@ -121,6 +121,9 @@ def test_smoke_end_to_end(tmp_path, capsys):
     assert printed[-len(summary):] == summary  # the summary comes last
     table = summary[-2:]
     assert all(line.startswith(("B=1 Lq=8", "B=4 Lq=32")) for line in table)
+    # The candidates are ranked within the classes default_config's rules separate.
+    assert any(line.startswith("packed B=1: candidates") for line in summary)
+    assert any(line.startswith("padded B>=4: candidates") for line in summary)
 
 
 def _one_cell_plan(extra):
