@@ -47,7 +47,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["pack", "encode", "load_bundle", "BUNDLE_LIMIT_BYTES", "main"]
+__all__ = ["pack", "encode", "encode_documents", "encode_queries", "load_bundle", "bundle_bytes",
+           "BUNDLE_LIMIT_BYTES", "main"]
 
 log = logging.getLogger(__name__)
 

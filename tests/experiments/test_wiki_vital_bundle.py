@@ -241,3 +241,11 @@ def test_full_bundle_fits(checkpoint, tmp_path_factory):
     assert (meta["num_passages"], meta["num_queries"]) == (10_033, 9_862)
     targets = np.load(bundle / "targets.npy")
     assert (targets >= 0).all()  # every wiki-vital query's passage is in the collection
+
+
+def test_bench_engines_reads_the_embeddings(small_embeddings):
+    """The directory is what ``bench-engines --embeddings`` reads."""
+    from experiments.engine_corpus import EmbeddingCorpus
+
+    corpus = EmbeddingCorpus(small_embeddings)
+    assert (corpus.name, corpus.dim, corpus.num_passages) == ("wiki-vital", 128, SMALL_PASSAGES)
