@@ -82,6 +82,10 @@ CELL_CAP_S = 30.0
 COMPILE_SHARE = 0.5
 # Configs per compile job: small enough to spread a cell's compiles over the workers.
 COMPILE_CHUNK = 6
+# A multiprocessing pool never finishes the job of a worker that died abruptly: when no job has
+# finished for this long (a job is a few compiles of seconds each), the rest is left to the main
+# process.
+COMPILE_STALL_S = 45.0
 
 
 # ---- cells ----
@@ -296,13 +300,19 @@ def precompile(cells: list[bg.Cell], plans: dict, *, workers: int, deadline: flo
                 chunk = calls[i:i + COMPILE_CHUNK]
                 pending.append((cell, pool.apply_async(compile_jobs, (cell, chunk, device))))
         done = 0
+        progress = clock()
         while pending and clock() < deadline:
+            if clock() - progress > COMPILE_STALL_S:
+                log.warning("no compile job finished in %.0f s: stopping the workers",
+                            COMPILE_STALL_S)
+                break
             still = []
             for cell, result in pending:
                 if not result.ready():
                     still.append((cell, result))
                     continue
                 done += 1
+                progress = clock()
                 try:
                     errors.update({(cell.name, p): e for p, e in result.get().items()})
                 except Exception as exc:  # a worker that died: the main process compiles
@@ -310,8 +320,8 @@ def precompile(cells: list[bg.Cell], plans: dict, *, workers: int, deadline: flo
             pending = still
             time.sleep(0.05)
         if pending:
-            log.warning("compile share of the budget spent: %d of %d compile jobs left to the "
-                        "main process", len(pending), len(pending) + done)
+            log.warning("%d of %d compile jobs left to the main process", len(pending),
+                        len(pending) + done)
     finally:
         pool.terminate()
         pool.join()

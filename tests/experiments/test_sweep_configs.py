@@ -230,3 +230,12 @@ def test_cuda_needed_unless_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="CUDA"):
         sc.main(["--cells", "smoke", "--budget", "1"])
+
+
+def test_stalled_compile_workers_are_stopped(monkeypatch):
+    """A worker that finishes nothing in COMPILE_STALL_S is stopped and its jobs left to the
+    main process (a pool never finishes the job of a worker that died)."""
+    monkeypatch.setattr(sc, "COMPILE_STALL_S", 0.0)
+    cell = sc.select_cells("smoke", TINY)[1]
+    plans = {cell.name: sc.plan(cell, 1)}
+    assert sc.precompile([cell], plans, workers=1, deadline=float("inf"), device="cpu") == {}
