@@ -276,6 +276,8 @@ def compile_jobs(cell: bg.Cell, jobs: list, device: str = "cuda") -> dict:
             make_call(cell, x, config, validate)()
             if device == "cuda":
                 torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            continue  # the workers' inputs together, not the config: left to the main process
         except Exception as exc:  # recorded by the main process, which does not launch it again
             errors[provider] = _error(exc)
             if _is_cuda_fault(errors[provider]):
