@@ -1,6 +1,6 @@
 """wiki-vital's ColBERT embeddings computed on a machine that can only receive a small bundle.
 
-``python -m experiments.wiki_vital_bundle pack --out .wiki_bundle``                 (CPU, colbert-ai)
+``python -m experiments.wiki_vital_bundle pack --out .wiki_bundle``               (CPU, colbert-ai)
 ``python -m experiments.wiki_vital_bundle encode .wiki_bundle --out DIR --device cuda``  (GPU)
 
 The fp16 embeddings of wiki-vital (10,033 passages, 9,862 known-item queries) are far larger
@@ -167,7 +167,8 @@ def _remap(tokens: dict) -> tuple[torch.Tensor, dict]:
         doc_tokens=renumber(flat_docs).to(dtype),
         query_tokens=renumber(tokens["query_ids"]).to(dtype),
         skiplist=renumber(torch.tensor(tokens["skiplist"], dtype=torch.long)),
-        special={name: int(renumber(torch.tensor([i]))[0]) for name, i in tokens["special"].items()},
+        special={name: int(renumber(torch.tensor([i]))[0])
+                 for name, i in tokens["special"].items()},
     )
     return vocab, remapped
 
@@ -422,7 +423,8 @@ def encode_queries(bundle: dict, encoder: _Encoder, *, bsize: int = 128) -> torc
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     batches = []
     for start in range(0, tokens.size(0), bsize):
-        ids, attention = tokens[start:start + bsize].to(device), mask[start:start + bsize].to(device)
+        ids = tokens[start:start + bsize].to(device)
+        attention = mask[start:start + bsize].to(device)
         with torch.inference_mode(), _autocast(device):
             batches.append(encoder.query(ids, attention).cpu().to(dtype))
     log.info("encode: %d queries", tokens.size(0))
@@ -473,8 +475,8 @@ def encode(bundle_dir: str | os.PathLike, out: str | os.PathLike, *,
     (partial / "meta.json").write_text(json.dumps({
         "name": meta["name"],
         "encoder": f"all-MiniLM-L6-v2 + fixed projection to {colbert['dim']} "
-                   f"(tilemaxsim_plaid.plaid.checkpoint), colbert-ai {meta['versions']['colbert-ai']} "
-                   "tokenization and postprocessing",
+                   "(tilemaxsim_plaid.plaid.checkpoint), colbert-ai "
+                   f"{meta['versions']['colbert-ai']} tokenization and postprocessing",
         "dim": int(colbert["dim"]),
         "doc_maxlen": int(colbert["doc_maxlen"]),
         "query_maxlen": int(colbert["query_maxlen"]),

@@ -79,8 +79,8 @@ def _colbert_encode(checkpoint: str, passages, queries, *, round_like_bundle: bo
     from tilemaxsim_plaid.plaid.registry import enabled
 
     with enabled(groups=("compat",)):
-        encoder = Checkpoint(checkpoint, colbert_config=ColBERTConfig.load_from_checkpoint(checkpoint),
-                             verbose=0)
+        config = ColBERTConfig.load_from_checkpoint(checkpoint)
+        encoder = Checkpoint(checkpoint, colbert_config=config, verbose=0)
         if round_like_bundle:
             with torch.no_grad():
                 # Checkpoint holds HF_ColBERT as .model: its names are the checkpoint file's.
