@@ -16,6 +16,7 @@ Rows go to ``OUT/residual_scale.json`` (harness format).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -61,8 +62,7 @@ def main(argv=None) -> int:
             for provider, fn in variants:
                 medians[provider].append(harness.time_ms(fn)[0])
         for provider, fn in variants:
-            runs = sorted(medians[provider])
-            median = runs[len(runs) // 2]
+            median = statistics.median(medians[provider])
             rows.append({"suite": SUITE, "shape": shape, "provider": provider, "ms": median,
                          "repeat_ms": medians[provider], "graph_ms": harness.graph_replay_ms(fn),
                          "docs_per_s": args.num_docs / median * 1e3})

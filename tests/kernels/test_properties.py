@@ -203,7 +203,14 @@ def _check(call, refusal: str | None, expected, op: str, dtype: torch.dtype):
         with pytest.raises(ValueError, match="config"):
             call()
         return
-    out = call()
+    try:
+        out = call()
+    except ValueError as err:
+        # Which explicit configs fit in shared memory and registers depends on the GPU (known
+        # when Triton compiles): such a one is refused naming it (ops/launch._fitting).
+        if ON_GPU and "does not fit this GPU" in str(err):
+            return
+        raise
     want = expected()
     assert out.shape == want.shape
     assert_close(out, want, op, dtype)

@@ -76,3 +76,20 @@ def test_field_rules(rule, good, bad):
     accepts, allowed = rule
     assert allowed and all(accepts(v) for v in good)
     assert not any(accepts(v) for v in bad)
+
+
+def test_an_explicit_config_too_big_for_the_gpu_is_refused_naming_it():
+    """Triton raises OutOfResources when it compiles a kernel the GPU cannot hold; with an
+    explicit config that is the caller's choice and is refused as a ValueError naming it, with a
+    default config it is a bug and passes through unchanged."""
+    from triton.runtime.errors import OutOfResources
+
+    def launch(Q, lengths):
+        raise OutOfResources(442496, 232448, "shared memory")
+
+    Q3 = torch.zeros(1, 4, 8)
+    config = Config(block_t=128)
+    with pytest.raises(ValueError, match=r"config .*block_t=128.* does not fit this GPU.*shared memory"):
+        launch_ops.launch_in_query_chunks(Q3, None, 3, launch, config)
+    with pytest.raises(OutOfResources):
+        launch_ops.launch_in_query_chunks(Q3, None, 3, launch, None)

@@ -3,10 +3,16 @@ configuration's fields obey, and the outer layer every MaxSim host function shar
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 
 import torch
+
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # no triton: no kernel is ever launched, nothing to catch
+    OutOfResources = ()
 
 
 # fp32 inputs: plain tf32 would drop ~3 significant digits, and exactness is the point of this
@@ -124,6 +130,7 @@ def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, l
     or no queries: an empty [B, M]; no query tokens: zeros, the empty sum), and queries longer
     than MAX_LQ_PER_LAUNCH split into chunks of query tokens. Each chunk is exact MaxSim over its
     own tokens and the sum over tokens is associative, so the chunk scores add up to the whole.
+    An explicit config too big for this GPU is refused with a ValueError (:func:`_fitting`).
 
     Args:
         Q3: [B, Lq, d] queries.
@@ -137,6 +144,27 @@ def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, l
     """
     if config is not None and check_config is not None:
         check_config(config)
+    with _fitting(config):
+        return _launch_chunks(Q3, query_lengths, num_out_docs, launch)
+
+
+@contextlib.contextmanager
+def _fitting(config):
+    """An explicit config whose kernel needs more shared memory (or registers) than this GPU has
+    is refused with a ValueError naming it; which configs fit depends on the GPU, so this is
+    known only when Triton compiles for it. A default config that does not fit is a bug: its
+    error passes through unchanged."""
+    try:
+        yield
+    except OutOfResources as err:
+        if config is None:
+            raise
+        raise ValueError(f"config {config} does not fit this GPU ({err}); smaller tiles "
+                         f"(block_t, queries_per_block, docs_per_program) or fewer num_stages "
+                         f"do") from err
+
+
+def _launch_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch):
     B, Lq, _ = Q3.shape
     if num_out_docs == 0 or B == 0:
         return torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
