@@ -135,6 +135,10 @@ def _qps(rows, size, engine, k, corpus) -> dict[int, float]:
             and r.get("setting", "defaults") == "defaults"}
 
 
+# The engines issue states its targets at MS MARCO passage's size (8,841,823 passages).
+TARGETS_PASSAGES = 8_000_000
+
+
 def targets(rows: list[dict], corpus: str = SYNTHETIC) -> list[dict]:
     """Every target of the engines issue at the corpus's largest size, per k measured:
     ``{"k", "target", "measured", "threshold", "passed", "how"}`` (measured None: no rows)."""
@@ -272,8 +276,9 @@ def _corpus_lines(rows: list[dict], corpus: str, several: bool) -> list[str]:
         lines += [_table(["k", "recall", "anchor", "plugin setting", "recall", "p50 ms", "fast-plaid setting",
                           "recall", "p50 ms", "fast-plaid / plugin"], body), ""]
 
+        # The targets are stated for MS MARCO's size; a smaller corpus (wiki-vital) is not held to them.
         checks = targets(rows, corpus)
-        if checks:
+        if checks and checks[0]["size"] >= TARGETS_PASSAGES:
             lines += [f"## Targets ({checks[0]['size']:,} passages, the largest measured){of}", "",
                       "The engines issue's targets, stated at 8.8M passages and k = 10 with the same "
                       "comparisons at k = 100 and k = 1000, computed from the rows above. Throughput compares "
