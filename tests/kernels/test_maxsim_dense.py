@@ -11,7 +11,8 @@ from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
-from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
+from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config, maxsim_packed,
+                                         maxsim_padded)
 
 DTYPES = [
     pytest.param(torch.float16, id="fp16"),
@@ -146,8 +147,8 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
     pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, docs_per_program=2, hold_query=True),
                  id="hold-query-2q-2docs"),
-    # The large packed sets' default: one warp, the query held across 16 documents (here more
-    # slots than documents, so most of the program's slots are empty).
+    # One warp holding the query across 16 documents (here more slots than documents, so most
+    # of the program's slots are empty).
     pytest.param(MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
                               hold_query=True), id="one-warp-hold-16docs"),
 ]
@@ -169,6 +170,36 @@ def test_every_config_path_is_exact(config, d, device):
     pids = torch.tensor([6, 2, 1, 2], device=device)
     out = maxsim_packed(Q, D, offsets, pids, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
+
+
+# What default_config chooses for each input class (tests/ops/test_dense.py), run on small inputs:
+# (B, Lq, d, packed, documents the rule is asked about).
+DEFAULT_SHAPES = [
+    pytest.param(1, 32, 128, True, MANY_DOCS, id="one-query-many-docs"),
+    pytest.param(1, 33, 128, True, MANY_DOCS, id="one-query-64-rows-many-docs"),
+    pytest.param(1, 32, 144, True, 0, id="one-query-d144"),
+    pytest.param(1, 32, 192, True, 0, id="one-query-d192"),
+    pytest.param(4, 32, 128, False, 0, id="one-query-block-padded"),
+    pytest.param(8, 32, 128, True, 0, id="several-queries-packed"),
+]
+
+
+@pytest.mark.parametrize("B,Lq,d,packed,num_docs", DEFAULT_SHAPES)
+def test_default_configs_are_exact(B, Lq, d, packed, num_docs, device):
+    lengths = [3, 0, 50, 1, 17, 64, 2, 128, 9]
+    config = default_config(B, Lq, max(lengths), d, variable_lengths=packed, num_docs=num_docs)
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    if packed:
+        out = maxsim_packed(Q, D, offsets, config=config)
+        assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+        return
+    D_padded = torch.zeros(len(lengths), max(lengths), d, dtype=torch.float16, device=device)
+    for n, (start, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        D_padded[n, :end - start] = D[start:end]
+    doc_lengths = torch.tensor(lengths, device=device)
+    out = maxsim_padded(Q, D_padded, doc_lengths, config=config)
+    assert_close(out, reference.maxsim_padded(Q, D_padded, doc_lengths), "maxsim_dense", torch.float16)
 
 
 def test_hold_query_padded(device):

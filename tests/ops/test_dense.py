@@ -91,7 +91,12 @@ def test_slots_are_for_the_packed_layout(device):
 
 def test_default_config_by_number_of_documents():
     many = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
-    assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 16, True)
+    assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 4, True)
+    # A query block of 64 rows or more holds the query across 4 warps.
+    for Lq in (33, 64, 128):
+        longer = default_config(1, Lq, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
+        assert (longer.num_warps, longer.block_t, longer.docs_per_program, longer.hold_query) == (
+            4, 32, 8, True)
     few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
     assert (few.num_warps, few.hold_query) == (2, False)
     # The held query is one d chunk: wider embeddings keep the per-document default, and so do
@@ -106,16 +111,27 @@ def test_default_config_per_input_class():
     # One query, padded documents: per-document tiles sized to the documents.
     assert default_config(1, 32, 128, 128) == MaxSimConfig(block_t=128, num_warps=4, num_stages=2)
     assert default_config(1, 32, 300, 384).num_stages == 3
+    # One query, packed, d > 128: 64-column chunks where 64 divides d, else the widest power of
+    # two dividing d (no masked column), in narrow chunks with 64-token tiles of 4 warps.
+    for dim in (192, 384, 768):
+        assert default_config(1, 32, None, dim, variable_lengths=True) == MaxSimConfig(
+            block_t=32, num_warps=2, num_stages=3, block_d=64)
+    assert default_config(1, 32, None, 144, variable_lengths=True) == MaxSimConfig(
+        block_t=64, num_warps=4, num_stages=3, block_d=16)
+    assert default_config(1, 32, None, 160, variable_lengths=True).block_d == 32
+    assert default_config(1, 32, None, 200, variable_lengths=True).block_d == 128
     # One query, packed, few documents or unknown lengths: 32-token tiles, 2 warps.
     assert default_config(1, 32, None, 128, variable_lengths=True) == MaxSimConfig(
         block_t=32, num_warps=2, num_stages=2)
-    # Several queries, short documents: cross-query single tiles.
+    # Several query blocks, short documents: cross-query single tiles.
     several = default_config(32, 32, 100, 128)
     assert several.single_tile and several.q_blocks_per_program == 8
     assert several.queries_per_block == 4
-    # Several queries, packed long documents: slots of two documents.
+    # One query block of several queries: nothing to share, plain 64-token tiles.
+    assert default_config(4, 32, 128, 128) == MaxSimConfig(block_t=64, queries_per_block=4)
+    # Several queries, packed long documents: slots of four documents, 16 tokens each.
     slots = default_config(32, 32, 300, 128, variable_lengths=True)
-    assert slots.slots and slots.docs_per_program == 2 and slots.block_t == 32
+    assert slots.slots and slots.docs_per_program == 4 and slots.block_t == 16
     # Several queries, padded long documents: plain 64-token tiles.
     assert default_config(32, 32, 300, 128) == MaxSimConfig(block_t=64, queries_per_block=4)
 

@@ -12,7 +12,8 @@ Two ways to walk a document:
   once and then reused from registers/shared memory by every query block of the program
   (cross-query tiling).
 * otherwise: tiles of BLOCK_T tokens; the embedding dimension is walked in NUM_D_TILES chunks of
-  BLOCK_D (d = 384 is 3 x 128, d = 96 is one masked 128 chunk), so d is never padded in memory.
+  BLOCK_D (d = 384 as 3 x 128 or 6 x 64, d = 96 as one masked 128 chunk or 3 x 32: the host's
+  config chooses), so d is never padded in memory.
 * _maxsim_packed_slots_kernel (packed only): several short documents side by side in one tile,
   so one tensor-core product scores them all against a block of several queries.
 

@@ -18,8 +18,8 @@ __all__ = ["MaxSimConfig", "default_config", "maxsim_padded", "maxsim_packed"]
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
-# From this many packed documents on, one query is scored by one-warp programs that hold the query
-# across 16 documents each (default_config): 2,048 programs and more, ~16 per SM of an H200.
+# From this many packed documents on, one query is scored by programs that hold the query across
+# several documents each (default_config): 4,096 programs and more, ~31 per SM of an H200.
 MANY_DOCS = 32768
 
 
@@ -68,11 +68,20 @@ def _block_d(dim: int) -> int:
     return min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim)))
 
 
+def _wide_chunk(dim: int) -> int:
+    """Columns per chunk of d > 128 on the one-query tiled path: 64 where 64 divides d (d = 384 /
+    768 in six / twelve pipelined chunks), else the largest power of two >= 16 dividing d (d = 144
+    as 9 x 16: no masked column), else the default 128-wide chunks (d not a multiple of 16)."""
+    chunk = min(64, dim & -dim)
+    return chunk if chunk >= MIN_DOT_DIM else MAX_BLOCK_D
+
+
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    variable_lengths: bool = False, num_docs: int = 0,
                    element_size: int = 2) -> MaxSimConfig:
-    """Deterministic heuristic (no autotuning at call time), read off the config sweep of
-    ``tilemaxsim bench --sweep`` on an H200 (see results/PERFORMANCE_LOG.md, run 1).
+    """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
+    ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
+    results/PERFORMANCE_LOG.md, run 90).
 
     Args:
         num_queries: B.
@@ -86,34 +95,47 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     """
     if num_queries == 1:
         if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
-            # Many packed documents: one-warp programs of 16-token tiles that hold the query
-            # across 16 documents. Reloading the query block from L2 for every document costs
-            # about a tenth of the read roof; with two warps, holding it costs registers that
-            # halve the programs per SM, with one it does not.
-            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
+            # Many packed documents: programs that hold the query across several documents.
+            # Reloading the query block from L2 for every document costs about a tenth of the
+            # read roof at MS MARCO-like lengths. A 32-row query block: one warp, 16-token tiles,
+            # 4 documents a program (16 leave long documents' last programs running alone). A
+            # block of 64 rows and more: 4 warps of 32-token tiles, 8 documents (one warp would
+            # need 128 registers per thread for the held query alone).
+            if _pow2(Lq) > 32:
+                return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
+                                    hold_query=True)
+            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
                                 hold_query=True)
         # One query is memory-bound: plain per-document tiles, each program one document.
         # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
-        # documents stream best in 128-token tiles. Wide d pipelines its 128-column chunks.
-        # Two stages rather than three: 16 KB of shared memory per program instead of 24 lets 13
-        # programs share an SM instead of 9 (see results/PERFORMANCE_LOG.md, run 18).
+        # documents stream best in 128-token tiles. Two stages rather than three at d <= 128:
+        # 16 KB of shared memory per program instead of 24 lets 13 programs share an SM instead
+        # of 9 (see results/PERFORMANCE_LOG.md, run 18). Wide d pipelines its chunks in three
+        # stages; chunks narrower than 64 columns make a small product per load, and take
+        # 64-token tiles of 4 warps to keep as many bytes in flight.
         if variable_lengths or max_doc_len is None:
-            return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
+            if dim <= MAX_BLOCK_D:
+                return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
+            chunk = _wide_chunk(dim)
+            if chunk < 64:
+                return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
+            return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
     queries_per_block = max(1, min(_pow2(num_queries), 128 // _pow2(Lq)))
     num_qblocks = triton.cdiv(num_queries, queries_per_block)
-    if max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D:
-        # Cross-query tiling: the document tile is read once and reused by up to 8 query blocks.
+    if max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D and num_qblocks > 1:
+        # Cross-query tiling: the document tile is read once and reused by up to 8 query blocks
+        # (with one query block there is nothing to share, and 64-token tiles below are faster).
         return MaxSimConfig(block_t=max(MIN_DOT_DIM, _pow2(max_doc_len)),
                             queries_per_block=queries_per_block,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
                             num_warps=4, num_stages=2)
     if variable_lengths:
-        # Short varied documents two at a time, 32-token slots: one [128 x 64] product per step.
-        return MaxSimConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=2,
+        # Short varied documents four at a time, 16-token slots: one [128 x 64] product per step.
+        return MaxSimConfig(block_t=16, queries_per_block=queries_per_block, docs_per_program=4,
                             slots=True, num_warps=4, num_stages=2)
     return MaxSimConfig(block_t=64, queries_per_block=queries_per_block, num_warps=4, num_stages=2)
 
