@@ -71,9 +71,16 @@ WEAK = (
     {"layout": "padded", "dist": bg.PADDED_DIST},
     {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
 )
+# The cells still weak in the grid after the first sweep's rules: 64-row query blocks over
+# padded documents and wide d, d = 96 away from Lq = 32, short documents.
+SECOND = (
+    {"Lq": 64, "layout": "padded", "dist": bg.PADDED_DIST},
+    {"Lq": 33, "d": 384}, {"Lq": 64, "d": 384}, {"Lq": 33, "d": 96}, {"d": 96},
+    {"dist": "lognormal-30"}, {"Lq": 33},
+)
 # Two cells of the grid for a CPU run under the interpreter: packed one query, padded four.
 SMOKE = ({"Lq": 8}, {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST})
-CELL_SETS = {"weak": WEAK, "smoke": SMOKE}
+CELL_SETS = {"weak": WEAK, "second": SECOND, "smoke": SMOKE}
 
 # Seconds of wall time one cell may take (its reference, checks, timings and in-process compiles):
 # ~25 candidates at bench_grid's timing window each, with room for a few compiles.
@@ -153,6 +160,10 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
         chunked += [dataclasses.replace(c, block_d=block_d) for c in
                     (_cfg(32, 2, 2), _cfg(32, 2, 3), _cfg(16, 1, 3, 16), _cfg(64, 4, 3),
                      _cfg(32, 2, 3, 4), _cfg(16, 2, 2, 4, slots=True))]
+    if cell.Lq > 32 and not one_chunk:
+        # A 64-row query block over wide d: more warps per product, each chunk width.
+        chunked = [_cfg(t, w, 3, block_d=bd) for bd in (64, 128) for t, w in ((32, 4), (64, 4), (16, 2))
+                   ] + chunked
     return (held if one_chunk else []) + chunked + plain + slots
 
 
@@ -180,9 +191,11 @@ def _padded(cell: bg.Cell) -> list[MaxSimConfig]:
     """Padded controls: the tile and warp axes around the default, the held query for one query;
     single tiles for several."""
     if cell.B == 1:
+        longer = [_cfg(32, 4, 3, 8, hold=True), _cfg(64, 4, 3), _cfg(128, 8, 3), _cfg(64, 8, 2),
+                  _cfg(32, 4, 2, 4, hold=True)] if cell.Lq > 32 else []
         return [_cfg(64, 4, 2), _cfg(128, 8, 2), _cfg(128, 4, 3), _cfg(32, 2, 2),
                 _cfg(16, 1, 3, 16, hold=True), _cfg(32, 2, 3, 4, hold=True),
-                _cfg(64, 4, 3, 4, hold=True)]
+                _cfg(64, 4, 3, 4, hold=True)] + longer
     k = dict(lq=_pow2(cell.Lq), B=cell.B)
     ld = bg.padded_length(cell.dist)
     single = [_cfg(_pow2(ld), w, s, docs, rows=128, single=True, **k)
