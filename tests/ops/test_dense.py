@@ -92,11 +92,14 @@ def test_slots_are_for_the_packed_layout(device):
 def test_default_config_by_number_of_documents():
     many = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
     assert (many.num_warps, many.block_t, many.docs_per_program, many.hold_query) == (1, 16, 4, True)
-    # A query block of 64 rows or more holds the query across 4 warps.
+    # A query block of 64 rows or more holds the query across 4 warps, packed or padded.
     for Lq in (33, 64, 128):
-        longer = default_config(1, Lq, 180, 128, variable_lengths=True, num_docs=MANY_DOCS)
-        assert (longer.num_warps, longer.block_t, longer.docs_per_program, longer.hold_query) == (
-            4, 32, 8, True)
+        for packed in (True, False):
+            longer = default_config(1, Lq, 180, 128, variable_lengths=packed, num_docs=MANY_DOCS)
+            assert (longer.num_warps, longer.block_t, longer.docs_per_program,
+                    longer.hold_query) == (4, 32, 8, True)
+    # Padded documents with a 32-row query block keep per-document tiles sized to them.
+    assert not default_config(1, 32, 128, 128, num_docs=MANY_DOCS).hold_query
     few = default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS - 1)
     assert (few.num_warps, few.hold_query) == (2, False)
     # The held query is one d chunk: wider embeddings keep the per-document default, and so do
@@ -118,6 +121,9 @@ def test_default_config_per_input_class():
             block_t=32, num_warps=2, num_stages=3, block_d=64)
     assert default_config(1, 32, None, 144, variable_lengths=True) == MaxSimConfig(
         block_t=64, num_warps=4, num_stages=3, block_d=16)
+    # ... and so does a 64-row query block over wide d.
+    assert default_config(1, 64, None, 384, variable_lengths=True) == MaxSimConfig(
+        block_t=64, num_warps=4, num_stages=3, block_d=64)
     assert default_config(1, 32, None, 160, variable_lengths=True).block_d == 32
     assert default_config(1, 32, None, 200, variable_lengths=True).block_d == 128
     # One query, packed, few documents or unknown lengths: 32-token tiles, 2 warps.

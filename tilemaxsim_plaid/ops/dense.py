@@ -81,7 +81,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, run 90).
+    results/PERFORMANCE_LOG.md, runs 90 and 92).
 
     Args:
         num_queries: B.
@@ -94,14 +94,16 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             held fp32 query tile would take twice the registers of the fp16 one timed below).
     """
     if num_queries == 1:
-        if variable_lengths and dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2:
-            # Many packed documents: programs that hold the query across several documents.
-            # Reloading the query block from L2 for every document costs about a tenth of the
-            # read roof at MS MARCO-like lengths. A 32-row query block: one warp, 16-token tiles,
-            # 4 documents a program (16 leave long documents' last programs running alone). A
-            # block of 64 rows and more: 4 warps of 32-token tiles, 8 documents (one warp would
-            # need 128 registers per thread for the held query alone).
-            if _pow2(Lq) > 32:
+        wide_query = _pow2(Lq) > 32
+        holds = dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2
+        if holds and (variable_lengths or wide_query):
+            # Many documents: programs that hold the query across several documents. Reloading
+            # the query block from L2 for every document costs about a tenth of the read roof at
+            # MS MARCO-like lengths. A 32-row query block (packed documents): one warp, 16-token
+            # tiles, 4 documents a program (16 leave long documents' last programs running
+            # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
+            # 8 documents (one warp would need 128 registers per thread for the held query alone).
+            if wide_query:
                 return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
                                     hold_query=True)
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
@@ -112,13 +114,13 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # documents stream best in 128-token tiles. Two stages rather than three at d <= 128:
         # 16 KB of shared memory per program instead of 24 lets 13 programs share an SM instead
         # of 9 (see results/PERFORMANCE_LOG.md, run 18). Wide d pipelines its chunks in three
-        # stages; chunks narrower than 64 columns make a small product per load, and take
-        # 64-token tiles of 4 warps to keep as many bytes in flight.
+        # stages; chunks narrower than 64 columns make a small product per load, and a 64-row
+        # query block a large one per tile: both take 64-token tiles of 4 warps.
         if variable_lengths or max_doc_len is None:
             if dim <= MAX_BLOCK_D:
                 return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
             chunk = _wide_chunk(dim)
-            if chunk < 64:
+            if chunk < 64 or wide_query:
                 return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
