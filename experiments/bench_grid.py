@@ -368,7 +368,8 @@ ROW_KEYS = ("suite", "shape", "provider", "status", "ms", "ms_p20", "ms_p80", "d
             "bytes", "gbps", "pct_read_bw", "tflops", "pct_bf16_peak")
 
 
-def _cell_fields(cell: Cell, x: bench.Inputs | None) -> dict:
+def cell_fields(cell: Cell, x: bench.Inputs | None) -> dict:
+    """The fields every row of a cell carries (its shape, and its sizes once ``x`` is built)."""
     fields = {"B": cell.B, "Lq": cell.Lq, "d": cell.d, "dtype": cell.dtype,
               "layout": cell.layout, "dist": cell.dist, "N": cell.N,
               "groups": ";".join(cell.groups)}
@@ -388,7 +389,7 @@ def status_row(cell: Cell, provider: str, status: str, x: bench.Inputs | None = 
     not_run): same keys as a timed row, no measurements."""
     row = dict.fromkeys(ROW_KEYS)
     row.update(suite=SUITE, shape=cell.name, provider=provider, status=status)
-    row.update(_cell_fields(cell, x), reason=reason, **extra)
+    row.update(cell_fields(cell, x), reason=reason, **extra)
     return row
 
 
@@ -406,7 +407,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
     x = make_inputs(cell, device)
     nbytes, flops = bytes_and_flops(cell, x)
     log.info("[%s] groups=%s doc bytes %.1f MB", cell.name, ",".join(cell.groups),
-             _cell_fields(cell, x)["doc_bytes"] / 1e6)
+             cell_fields(cell, x)["doc_bytes"] / 1e6)
     ids = check_subset(cell, x)
     ref = reference_scores(cell, x, ids)
     case = bench_case(cell, x)
@@ -445,7 +446,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             continue
         row = harness.make_row(SUITE, cell.name, name, timing, num_docs=cell.B * cell.N,
                                nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
-                               **_cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids),
+                               **cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids),
                                first_call_s=first_call_s)
         log.info("  %-26s %9.4f ms  %s %% read BW  (first call %.1f s)", name, row["ms"],
                  "-" if row["pct_read_bw"] is None else f"{row['pct_read_bw']:.1f}", first_call_s)

@@ -356,7 +356,7 @@ def run_cell(cell: bg.Cell, calls: list, ceilings: dict, *, device, time_fn, clo
     ids = bg.check_subset(cell, x)
     ref = bg.reference_scores(cell, x, ids)
     case = bg.bench_case(cell, x)
-    fields = bg._cell_fields(cell, x)
+    fields = bg.cell_fields(cell, x)
     log.info("[%s] %d calls, doc bytes %.1f MB", cell.name, len(calls), fields["doc_bytes"] / 1e6)
     worker_errors = worker_errors or {}
     rows = []

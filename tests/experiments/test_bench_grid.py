@@ -305,7 +305,7 @@ def _recorded_result(tmp_path):
             continue
         nbytes = int(cell.estimated_doc_bytes())
         flops = 2.0 * cell.B * cell.Lq * nbytes / 2
-        fields = bg._cell_fields(cell, None)
+        fields = bg.cell_fields(cell, None)
         group = [harness.make_row(bg.SUITE, cell.name, p, (ms, ms, ms), num_docs=cell.N,
                                   nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
                                   **fields)
