@@ -133,8 +133,10 @@ def test_default_config_per_input_class():
     several = default_config(32, 32, 100, 128)
     assert several.single_tile and several.q_blocks_per_program == 8
     assert several.queries_per_block == 4
-    # One query block of several queries: nothing to share, plain 64-token tiles.
+    # One query block of several queries over padded documents: nothing to share, plain
+    # 64-token tiles; short packed documents keep single tiles.
     assert default_config(4, 32, 128, 128) == MaxSimConfig(block_t=64, queries_per_block=4)
+    assert default_config(4, 32, 100, 128, variable_lengths=True).single_tile
     # Several queries, packed long documents: slots of four documents, 16 tokens each.
     slots = default_config(32, 32, 300, 128, variable_lengths=True)
     assert slots.slots and slots.docs_per_program == 4 and slots.block_t == 16

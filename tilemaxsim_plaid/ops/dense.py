@@ -128,9 +128,11 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
     queries_per_block = max(1, min(_pow2(num_queries), 128 // _pow2(Lq)))
     num_qblocks = triton.cdiv(num_queries, queries_per_block)
-    if max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D and num_qblocks > 1:
+    if (max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
+            and (num_qblocks > 1 or variable_lengths)):
         # Cross-query tiling: the document tile is read once and reused by up to 8 query blocks
-        # (with one query block there is nothing to share, and 64-token tiles below are faster).
+        # (padded documents with one query block have nothing to share: 64-token tiles below
+        # are faster).
         return MaxSimConfig(block_t=max(MIN_DOT_DIM, _pow2(max_doc_len)),
                             queries_per_block=queries_per_block,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
