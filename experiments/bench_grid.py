@@ -647,8 +647,7 @@ def main(argv=None) -> Path | None:
         harness.print_table(timed)
     prov = doc["provenance"]
     print()
-    print(f"GPU {prov.get('gpu')} | torch {prov['torch']} | triton {prov['triton']} | "
-          f"commit {prov['commit'][:10]} | ceilings {ceilings}")
+    print(harness.provenance_line(prov, ceilings))
     for line in summary(doc):
         print(line)
     return path

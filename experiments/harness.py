@@ -193,6 +193,12 @@ def _fmt(value, width: int, digits: int = 3) -> str:
     return str(value).rjust(width)
 
 
+def provenance_line(prov: dict, ceilings: dict) -> str:
+    """One line naming the GPU, the versions, the commit and the ceilings a run was measured under."""
+    return (f"GPU {prov.get('gpu')} | torch {prov['torch']} | triton {prov['triton']} | "
+            f"commit {prov['commit'][:10]} | ceilings {ceilings}")
+
+
 def print_table(rows: list[dict], ours: str | None = None) -> None:
     """Fixed-width table: one line per (shape, provider)."""
     header = (f"{'shape':<40} {'provider':<26} {'ms':>9} {'Mdoc/s':>9} {'GB/s':>8} "

@@ -597,8 +597,7 @@ def main(argv=None) -> Path | None:
     doc = json.loads(Path(path).read_text())
     prov = doc["provenance"]
     print()
-    print(f"GPU {prov.get('gpu')} | torch {prov['torch']} | triton {prov['triton']} | "
-          f"commit {prov['commit'][:10]} | ceilings {doc['ceilings']}")
+    print(harness.provenance_line(prov, doc["ceilings"]))
     for line in summary(doc):
         print(line)
     return path
