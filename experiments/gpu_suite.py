@@ -175,7 +175,20 @@ def engines_msmarco(work: Path, opts) -> list[Step]:
                                          "--out", str(work / "engines-build")), 590),
             Step("bench-engines", module("experiments.bench_engines", *size, "--fairness",
                                          "--stock-queries", "20", *ENGINES_FAST,
-                                         "--out", str(work / "engines")), 560)]
+                                         "--out", str(work / "engines")), 560),
+            Step("profile-search", module("experiments.profile_search", "--index",
+                                          "/tmp/engines/engines-8841823/colbert",
+                                          "--out", str(work / "profile-search")), 300)]
+
+
+def profile_search(work: Path, opts) -> list[Step]:
+    """The plugin's search graph kernel by kernel on random indexes of MS MARCO's size and of
+    100k passages (about 3 minutes, most of it generating the large one)."""
+    return [Step("profile-search-8.8m", module("experiments.profile_search", "--passages", "8841823",
+                                               "--out", str(work / "profile-search-8.8m")), 400),
+            Step("profile-search-100k", module("experiments.profile_search", "--passages", "100000",
+                                               "--centroids", "32768", "--k", "10",
+                                               "--out", str(work / "profile-search-100k")), 150)]
 
 
 def json_rows(filename: str, keep: Callable[[dict], bool]) -> Callable[[Path, Path], list[dict]]:
@@ -278,6 +291,8 @@ SUITES = {
     "engines-msmarco": Suite("the three engines at MS MARCO's size, 8.8M passages (two device calls' "
                              "worth: run the steps with --only in two calls on one warm machine)",
                              engines_msmarco),
+    "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
+                            "100k passages", profile_search),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "
                           "this tree, alternated", before_after, report=compare,
                           needs=("{before}/tilemaxsim_plaid", "{before}/experiments")),

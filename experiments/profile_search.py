@@ -19,7 +19,9 @@ For each k (colbert-ai's k-dependent defaults) it prints:
 * every kernel of one replay in launch order with its GPU time (torch.profiler / CUPTI), and the
   time by kernel summed over replays, so the part that grows with the corpus (the bitmap over
   every passage, the fixed-capacity candidate lists) is seen apart from the fixed part;
-* the candidate list's fixed capacity against the candidates a query actually has.
+* the candidate list's fixed capacity against the candidates a query actually has, and stage 2
+  alone launched with one program per slot of that capacity against the fixed grid that visits
+  only the used slots (``num_used``, the default).
 """
 
 from __future__ import annotations
@@ -140,6 +142,20 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
+def _stage_2_ab(index: DeviceIndex, config, Q: torch.Tensor) -> dict:
+    """Stage 2 alone on one query's fixed-capacity list, replayed as a graph (µs): one program
+    per slot of the capacity, against the fixed grid that visits the used slots only."""
+    table = backends.centroid_table(index, Q)
+    pids, valid, num_used = scoring._generate_candidates(index, config, table)
+    keep = table.max(-1).values >= config.centroid_score_threshold
+    out = {}
+    for label, count in (("per_slot", None), ("used_only", num_used)):
+        out[label] = 1e3 * graph_replay_ms(lambda count=count: backends.centroid_interaction(
+            index, table, pids, keep=keep, valid=valid, unmatched=scoring.UNMATCHED_TOKEN_SCORE,
+            num_used=count))
+    return out
+
+
 def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dict:
     config = types.SimpleNamespace(query_maxlen=QUERY_LEN, **KNOBS[k])
     holder = types.SimpleNamespace()  # carries the captured graphs, as an IndexScorer would
@@ -148,13 +164,13 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
     with torch.inference_mode():
         for Q in Qs[:16]:
             table = backends.centroid_table(index, Q)
-            _, valid = scoring._generate_candidates(index, config, table)
+            _, valid, _ = scoring._generate_candidates(index, config, table)
             counts.append(int(valid.sum()))
         host_ms = []
         for Q in Qs:
             torch.cuda.synchronize()
             start = time.perf_counter()
-            graphs.replay(holder, index, config, Q, scoring._search_pipeline).to_lists()
+            graphs.replay(holder, index, config, Q, scoring._search_pipeline, copy=False).to_lists()
             host_ms.append((time.perf_counter() - start) * 1e3)
         host_ms = host_ms[len(host_ms) // 4:]  # the first replays capture and warm up
         Q = Qs[0]
@@ -166,6 +182,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
             for _ in range(replays):
                 captured.graph.replay()
             torch.cuda.synchronize()
+        stage_2 = _stage_2_ab(index, config, Q)
     events = _kernel_events(prof)
     per_replay = len(events) // replays
     one = events[:per_replay]
@@ -177,7 +194,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
     for name, _, duration in events:
         by_kernel[name] = by_kernel.get(name, 0.0) + duration / replays
     span = (one[-1][1] + one[-1][2] - one[0][1]) if one else 0.0
-    return {"k": k, "knobs": KNOBS[k], "capacity": capacity,
+    return {"k": k, "knobs": KNOBS[k], "capacity": capacity, "stage_2_us": stage_2,
             "candidates_mean": statistics.mean(counts), "candidates_max": max(counts),
             "graph_gpu_ms": gpu_ms, "host_p50_ms": statistics.median(host_ms),
             "kernels_per_replay": per_replay, "kernel_us_sum": sum(e["us"] for e in timeline),
@@ -192,6 +209,8 @@ def print_profile(row: dict, label: str) -> None:
     print(f"graph replay {row['graph_gpu_ms'] * 1e3:.1f} us GPU (span of its kernels "
           f"{row['replay_span_us']:.1f} us, kernels {row['kernel_us_sum']:.1f} us in "
           f"{row['kernels_per_replay']} launches); rank + to_lists p50 {row['host_p50_ms'] * 1e3:.1f} us")
+    print(f"stage 2 alone: one program per slot {row['stage_2_us']['per_slot']:.1f} us, used slots "
+          f"only {row['stage_2_us']['used_only']:.1f} us")
     print(f"{'#':>3} {'us':>8} {'gap':>6}  kernel")
     for i, e in enumerate(row["timeline"]):
         print(f"{i:>3} {e['us']:>8.1f} {e['gap_us']:>6.1f}  {_short(e['kernel'])}")
@@ -238,12 +257,13 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_search.json").write_text(json.dumps(
             {"provenance": provenance(), "source": label, "argv": argv, "rows": rows}, indent=1))
-    print("\n| k | capacity | candidates | graph GPU us | host us | launches |")
-    print("|---|---|---|---|---|---|")
+    print("\n| k | capacity | candidates | graph GPU us | host us | launches | stage 2 per slot / used only us |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['k']} | {row['capacity']:,} | {row['candidates_mean']:,.0f} | "
               f"{row['graph_gpu_ms'] * 1e3:.1f} | {row['host_p50_ms'] * 1e3:.1f} | "
-              f"{row['kernels_per_replay']} |")
+              f"{row['kernels_per_replay']} | {row['stage_2_us']['per_slot']:.1f} / "
+              f"{row['stage_2_us']['used_only']:.1f} |")
     return 0
 
 

@@ -75,6 +75,14 @@ EXPECTED = {
         "bench-engines": ["-m", "experiments.bench_engines", "--passages", "8841823", "--fairness",
                           "--stock-queries", "20", "--latency-queries", "100", "--exact-queries", "100",
                           "--colbert-build-max", "0", "--work", "/tmp/engines", "--out", "W/engines"],
+        "profile-search": ["-m", "experiments.profile_search", "--index", "/tmp/engines/engines-8841823/colbert",
+                           "--out", "W/profile-search"],
+    },
+    "profile-search": {
+        "profile-search-8.8m": ["-m", "experiments.profile_search", "--passages", "8841823", "--out",
+                                "W/profile-search-8.8m"],
+        "profile-search-100k": ["-m", "experiments.profile_search", "--passages", "100000", "--centroids",
+                                "32768", "--k", "10", "--out", "W/profile-search-100k"],
     },
     "engines-extra": {
         "engines-build-times": ["-m", "experiments.bench_engines", "--passages", "100000", "--build-only",

@@ -69,6 +69,49 @@ def test_matches_colbert_filter_semantics_on_a_real_pruning_mask(device):
     assert_close(actual, by_loop.to(actual.device), "centroid_interaction", torch.float32)
 
 
+@pytest.mark.parametrize("Lq", [31, 130], ids=["one-launch", "two-launches"])
+@pytest.mark.parametrize("num_used", [0, 1, 7, 37, 40], ids=lambda n: f"used{n}")
+def test_num_used_scores_the_used_prefix_and_minus_inf_past_it(num_used, Lq, device):
+    """A fixed-capacity list (used slots first, as nonzero_static leaves them): with num_used
+    the fixed grid gives the scores of a one-program-per-slot launch whose valid mask also
+    ends at num_used, bit for bit, including unread garbage pids past the count."""
+    g = torch.Generator().manual_seed(num_used)
+    lengths = torch.randint(0, 90, (23,), generator=g).tolist()
+    codes, offsets = _packed_index(lengths, 50, device)
+    centroid_scores = torch.randn(50, Lq, generator=g).to(device)
+    keep = (torch.rand(50, generator=g) < 0.6).to(device)
+    pids = torch.randint(0, 23, (40,), generator=g)
+    pids[num_used:] = 10**6  # never read
+    valid = torch.rand(40, generator=g) < 0.9
+    valid[num_used:] = False
+    pids, valid = pids.to(device), valid.to(device)
+    count = torch.tensor(num_used, device=device)
+    fixed = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid,
+                                 unmatched=-9999.0, num_used=count, validate=False)
+    safe = torch.where(valid, pids, torch.zeros_like(pids))
+    per_slot = centroid_interaction(centroid_scores, codes, offsets, safe, keep=keep, valid=valid,
+                                    unmatched=-9999.0)
+    assert torch.equal(fixed, per_slot)
+    assert torch.isneginf(fixed[num_used:]).all()
+    expected = reference.centroid_interaction(centroid_scores, codes, offsets, safe, keep=keep,
+                                              valid=valid)
+    finite = torch.isfinite(expected)
+    assert_close(fixed[finite], expected[finite], "centroid_interaction", torch.float32)
+
+
+@pytest.mark.parametrize("num_used, match", [
+    pytest.param(torch.tensor([6]), "num_used must lie in", id="past-the-slots"),
+    pytest.param(torch.tensor([-1]), "num_used must lie in", id="negative"),
+    pytest.param(torch.tensor([1, 2]), "num_used must hold one count", id="two-counts"),
+    pytest.param(torch.tensor(2.0), "num_used", id="float"),
+])
+def test_bad_num_used_is_refused_by_name(num_used, match):
+    codes, offsets = _packed_index([4, 2, 6], 8, "cpu")
+    with pytest.raises((ValueError, TypeError), match=match):
+        centroid_interaction(torch.randn(8, 32), codes, offsets, torch.tensor([0, 1, 2, 0, 1]),
+                             num_used=num_used)
+
+
 @pytest.mark.parametrize(
     "mutate, error, match",
     [

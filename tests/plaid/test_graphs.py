@@ -50,11 +50,13 @@ def test_failed_capture_falls_back_to_eager_once(monkeypatch, caplog):
 
     monkeypatch.setattr(graphs, "_CapturedSearch", Failing)
     scorer = types.SimpleNamespace()
-    index = types.SimpleNamespace(source_key=("index", 1), inv_norms=None, bucket_weights_in_fp16=False)
+    index = types.SimpleNamespace(source_key=("index", 1), inv_norms=None, bucket_weights_in_fp16=False,
+                                  device=torch.device("cpu"))
     config = types.SimpleNamespace(ncells=1, centroid_score_threshold=0.5, ndocs=256, query_maxlen=32)
-    Q = torch.zeros(32, 8)
+    Q = torch.zeros(32, 8, dtype=torch.float16)
 
     def pipeline(index_, config_, Q_):
+        assert Q_.dtype == torch.float32, "the eager pipeline gets the fp32 query a graph's copy makes"
         return "eager result"
 
     assert graphs.replay(scorer, index, config, Q, pipeline) == "eager result"
@@ -62,6 +64,40 @@ def test_failed_capture_falls_back_to_eager_once(monkeypatch, caplog):
     assert len(attempts) == 1, "a key whose capture failed is not captured again"
     assert "CUDA graph capture failed" in caplog.text
     # A new index copy drops the old keys (and their graphs).
-    index2 = types.SimpleNamespace(source_key=("index", 2), inv_norms=None, bucket_weights_in_fp16=False)
+    index2 = types.SimpleNamespace(source_key=("index", 2), inv_norms=None, bucket_weights_in_fp16=False,
+                                   device=torch.device("cpu"))
     graphs.replay(scorer, index2, config, Q, pipeline)
     assert all(key[0] == ("index", 2) for key in vars(scorer)[graphs._CACHE_ATTRIBUTE])
+
+
+def test_one_query_reads_the_graphs_output_and_a_batch_keeps_copies(tiny_searcher, tiny_query_embeddings,
+                                                                   monkeypatch):
+    """rank() transfers its list before the next replay, so it takes the graph's own output
+    (copy=False); search_all_Q holds many lists before one transfer, so each is a copy. Both
+    hand the query over uncast: the graph's input copy casts it to fp32."""
+    from tests.plaid.conftest import patch_state
+    from tilemaxsim_plaid.plaid import scoring
+    from tilemaxsim_plaid.plaid.device_index import device_index
+
+    calls = []
+    real_pipeline = scoring._search_pipeline
+
+    def recording_replay(scorer, index, config, Q, pipeline, copy=True):
+        calls.append((copy, Q.dtype))
+        return pipeline(index, config, Q.to(torch.float32))
+
+    monkeypatch.setattr(scoring.graphs, "capturable", lambda index: True)
+    monkeypatch.setattr(scoring.graphs, "replay", recording_replay)
+    Q = tiny_query_embeddings[:2].half()
+    with patch_state(("compat", "scoring")):
+        tiny_searcher.configure(ncells=2, centroid_score_threshold=0.4, ndocs=256)
+        pids, _ = tiny_searcher.ranker.rank(tiny_searcher.config, Q[:1])
+        assert calls == [(False, torch.float16)]
+        from colbert.data import Queries
+
+        tiny_searcher._search_all_Q(Queries(data={0: "a", 1: "b"}), Q, 10)
+    assert calls[1:] == [(True, torch.float16), (True, torch.float16)]
+    with torch.inference_mode():
+        eager = real_pipeline(device_index(tiny_searcher.ranker), tiny_searcher.config,
+                              Q[0].float()).to_lists()[0]
+    assert pids == eager

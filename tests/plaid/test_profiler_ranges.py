@@ -86,8 +86,8 @@ def test_graph_replay_is_one_range(tiny_searcher, tiny_query_embeddings, monkeyp
             self.index, self.config, self.pipeline = index, config, pipeline
             self.pipeline(index, config, torch.zeros(num_query_tokens, index.dim))  # "capture"
 
-        def __call__(self, Q):
-            return self.pipeline(self.index, self.config, Q)
+        def __call__(self, Q, copy=True):
+            return self.pipeline(self.index, self.config, Q.float())
 
     monkeypatch.setattr(graphs, "_CapturedSearch", EagerCapture)
     monkeypatch.setattr(scoring.graphs, "capturable", lambda index: True)

@@ -7,44 +7,20 @@ from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan
 
 
 @triton.jit
-def _centroid_interaction_kernel(
-    p_centroid_scores,  # [C, Lq] fp16/fp32
-    stride_cs_c,
-    stride_cs_q,
-    p_codes,  # [T] int32/int64 centroid id per packed token
-    p_offsets,  # [N+1] int64
-    p_pids,  # [M] int64 (unused when not HAS_PIDS)
-    p_keep,  # [C] int8 (unused when not HAS_KEEP)
-    p_valid,  # [M] int8 (unused when not HAS_VALID)
-    p_out,  # [M] fp32
-    Lq,
-    unmatched,  # fp32 score of one query token with no kept document token (HAS_UNMATCHED)
-    HAS_PIDS: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-    HAS_VALID: tl.constexpr,
-    HAS_UNMATCHED: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-):
-    """out[m] = Σ_i max_{t ∈ doc(m), keep[code_t]} centroid_scores[code_t, i]
-
-    One program per candidate slot m; it walks the document's tokens BLOCK_T at a time,
-    gathers the BLOCK_Q-wide row of centroid scores of each token's code and keeps a running
-    max per query token. Query columns >= Lq are masked out of the sum. A slot with no kept
-    token, or whose valid flag is 0, gets -inf (every running max stays -inf); Lq = 0 gives 0.
-    With HAS_UNMATCHED a valid slot's -inf maxima count as ``unmatched`` each instead (PLAID's
-    score for a candidate none of whose tokens survives pruning); unused slots stay -inf.
-    """
-    pid_m = tl.program_id(0)
+def _slot_score(p_centroid_scores, stride_cs_c, stride_cs_q, p_codes, p_offsets, p_pids, p_keep,
+                p_valid, slot, Lq, unmatched, HAS_PIDS: tl.constexpr, HAS_KEEP: tl.constexpr,
+                HAS_VALID: tl.constexpr, HAS_UNMATCHED: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_Q: tl.constexpr):
+    """The score of candidate slot ``slot`` (see _centroid_interaction_kernel)."""
     if HAS_PIDS:
-        doc = tl.load(p_pids + pid_m).to(tl.int64)
+        doc = tl.load(p_pids + slot).to(tl.int64)
     else:
-        doc = pid_m.to(tl.int64)
+        doc = slot.to(tl.int64)
     start = tl.load(p_offsets + doc)
     end = tl.load(p_offsets + doc + 1)
     if HAS_VALID:
         # An unused slot walks an empty range instead of returning early: one exit path.
-        end = tl.where(tl.load(p_valid + pid_m) != 0, end, start)
+        end = tl.where(tl.load(p_valid + slot) != 0, end, start)
 
     offs_q = tl.arange(0, BLOCK_Q)
     mask_q = offs_q < Lq
@@ -65,7 +41,63 @@ def _centroid_interaction_kernel(
     if HAS_UNMATCHED:
         unmatched_q = b_max == float("-inf")
         if HAS_VALID:
-            unmatched_q = unmatched_q & (tl.load(p_valid + pid_m) != 0)
+            unmatched_q = unmatched_q & (tl.load(p_valid + slot) != 0)
         b_max = tl.where(unmatched_q, unmatched, b_max)
-    b_total = tl.sum(tl.where(mask_q, b_max, 0.0), axis=0)
-    tl.store(p_out + pid_m, b_total)
+    return tl.sum(tl.where(mask_q, b_max, 0.0), axis=0)
+
+
+@triton.jit
+def _centroid_interaction_kernel(
+    p_centroid_scores,  # [C, Lq] fp16/fp32
+    stride_cs_c,
+    stride_cs_q,
+    p_codes,  # [T] int32/int64 centroid id per packed token
+    p_offsets,  # [N+1] int64
+    p_pids,  # [M] int64 (unused when not HAS_PIDS)
+    p_keep,  # [C] int8 (unused when not HAS_KEEP)
+    p_valid,  # [M] int8 (unused when not HAS_VALID)
+    p_num_used,  # [1] int32/int64: slots >= its value are unused (HAS_NUM_USED)
+    p_out,  # [M] fp32
+    num_slots,  # M
+    Lq,
+    unmatched,  # fp32 score of one query token with no kept document token (HAS_UNMATCHED)
+    HAS_PIDS: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+    HAS_UNMATCHED: tl.constexpr,
+    HAS_NUM_USED: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_FILL: tl.constexpr,
+):
+    """out[m] = Σ_i max_{t ∈ doc(m), keep[code_t]} centroid_scores[code_t, i]
+
+    Without HAS_NUM_USED, one program per candidate slot m. With it, a fixed grid: the programs
+    stride over the used slots m < num_used (each scored as below), then write -inf to the
+    unused rest BLOCK_FILL at a time, so a fixed-capacity list costs what its used part does
+    rather than one program per slot. A slot walks the document's tokens BLOCK_T at a time,
+    gathers the BLOCK_Q-wide row of centroid scores of each token's code and keeps a running
+    max per query token. Query columns >= Lq are masked out of the sum. A slot with no kept
+    token, or whose valid flag is 0, gets -inf (every running max stays -inf); Lq = 0 gives 0.
+    With HAS_UNMATCHED a valid slot's -inf maxima count as ``unmatched`` each instead (PLAID's
+    score for a candidate none of whose tokens survives pruning); unused slots stay -inf.
+    """
+    if HAS_NUM_USED:
+        program = tl.program_id(0).to(tl.int64)
+        programs = tl.num_programs(0).to(tl.int64)
+        used = tl.minimum(tl.maximum(tl.load(p_num_used).to(tl.int64), 0), num_slots)
+        for slot in range(program, used, programs):
+            total = _slot_score(p_centroid_scores, stride_cs_c, stride_cs_q, p_codes, p_offsets,
+                                p_pids, p_keep, p_valid, slot, Lq, unmatched, HAS_PIDS, HAS_KEEP,
+                                HAS_VALID, HAS_UNMATCHED, BLOCK_T, BLOCK_Q)
+            tl.store(p_out + slot, total)
+        for first in range(used + program * BLOCK_FILL, num_slots, programs * BLOCK_FILL):
+            offs = first + tl.arange(0, BLOCK_FILL)
+            tl.store(p_out + offs, tl.full([BLOCK_FILL], float("-inf"), tl.float32),
+                     mask=offs < num_slots)
+    else:
+        slot = tl.program_id(0)
+        total = _slot_score(p_centroid_scores, stride_cs_c, stride_cs_q, p_codes, p_offsets,
+                            p_pids, p_keep, p_valid, slot, Lq, unmatched, HAS_PIDS, HAS_KEEP,
+                            HAS_VALID, HAS_UNMATCHED, BLOCK_T, BLOCK_Q)
+        tl.store(p_out + slot, total)

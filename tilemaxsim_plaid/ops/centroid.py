@@ -9,7 +9,7 @@ from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kerne
 from tilemaxsim_plaid.ops import checks
 # Query columns per launch; longer queries (full_length_search) are split and summed, which
 # is exact because the score is a sum over query tokens.
-from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
+from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, persistent_programs
 
 __all__ = ["centroid_interaction"]
 
@@ -17,9 +17,11 @@ __all__ = ["centroid_interaction"]
 # across 4 warps, and 64 covers most passages (PLAID doclens ~ 30-180) in one or two steps.
 BLOCK_T = 64
 NUM_WARPS = 4
+# Unused slots written as -inf per step of a num_used launch (one 4 KB store per program).
+BLOCK_FILL = 1024
 
 
-def _check(centroid_scores, codes, offsets, pids, keep, valid, validate):
+def _check(centroid_scores, codes, offsets, pids, keep, valid, num_used, validate):
     checks.check_tensor("centroid_scores", centroid_scores, dims=(2,), dtypes=checks.FLOAT_DTYPES)
     device = centroid_scores.device
     checks.check_tensor("codes", codes, dims=(1,), dtypes=checks.INDEX_DTYPES, device=device)
@@ -45,6 +47,14 @@ def _check(centroid_scores, codes, offsets, pids, keep, valid, validate):
         checks.check_tensor("valid", valid, dims=(1,), dtypes=(torch.bool,), device=device)
         if valid.numel() != num_slots:
             raise ValueError(f"valid must have {num_slots} entries (one per pid), got {checks.describe(valid)}")
+    if num_used is not None:
+        checks.check_tensor("num_used", num_used, dims=(0, 1), dtypes=checks.INDEX_DTYPES, device=device)
+        if num_used.numel() != 1:
+            raise ValueError(f"num_used must hold one count, got {checks.describe(num_used)}")
+        if validate:
+            batch = checks.DataChecks()
+            batch.in_range("num_used", num_used, 0, num_slots + 1, f"[0, {num_slots}] (a slot count)")
+            batch.run()
     return pids
 
 
@@ -57,6 +67,7 @@ def centroid_interaction(
     keep: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     unmatched: float | None = None,
+    num_used: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """PLAID's centroid interaction, stages 2-3, fused into one launch.
@@ -77,6 +88,11 @@ def centroid_interaction(
         unmatched: optional score of one query token for which a used slot's document has no
             kept token; such a document then scores ``unmatched * Lq`` instead of -inf (PLAID's
             -9999 per token). Unused slots stay -inf.
+        num_used: optional one-element int32/int64 tensor on the device: the slots at and past
+            its value are unused and score -inf without being read (a fixed-capacity candidate
+            list whose used slots come first, as ``torch.nonzero_static`` leaves them). The
+            launch is then a fixed grid whose programs visit only the used slots, so its cost
+            follows the count on the device, not the capacity, with no host sync.
         validate: False skips the checks that read device values (pid and code ranges,
             monotonic offsets); True reads them in one host sync, none for tensors checked
             before unchanged (same object and version).
@@ -84,7 +100,7 @@ def centroid_interaction(
     Returns:
         [M] fp32 on ``centroid_scores.device``.
     """
-    pids = _check(centroid_scores, codes, offsets, pids, keep, valid, validate)
+    pids = _check(centroid_scores, codes, offsets, pids, keep, valid, num_used, validate)
     num_slots = offsets.numel() - 1 if pids is None else pids.numel()
     out = torch.empty(num_slots, dtype=torch.float32, device=centroid_scores.device)
     if num_slots == 0:
@@ -94,21 +110,25 @@ def centroid_interaction(
     pids_arg = pids if pids is not None else offsets
     keep_arg = keep.view(torch.int8) if keep is not None else offsets
     valid_arg = valid.view(torch.int8) if valid is not None else offsets
+    num_used_arg = num_used.reshape(1) if num_used is not None else offsets
+    grid = num_slots if num_used is None else min(num_slots, persistent_programs(out.device))
     total = None
     for q0 in range(0, max(Lq, 1), MAX_LQ_PER_LAUNCH):
         columns = centroid_scores[:, q0 : q0 + MAX_LQ_PER_LAUNCH]
         width = columns.shape[1]
         target = out if total is None else torch.empty_like(out)
-        _centroid_interaction_kernel[(num_slots,)](
+        _centroid_interaction_kernel[(grid,)](
             columns, columns.stride(0), columns.stride(1),
-            codes, offsets, pids_arg, keep_arg, valid_arg, target, width,
+            codes, offsets, pids_arg, keep_arg, valid_arg, num_used_arg, target, num_slots, width,
             0.0 if unmatched is None else float(unmatched),
             HAS_PIDS=pids is not None,
             HAS_KEEP=keep is not None,
             HAS_VALID=valid is not None,
             HAS_UNMATCHED=unmatched is not None,
+            HAS_NUM_USED=num_used is not None,
             BLOCK_T=BLOCK_T,
             BLOCK_Q=max(16, triton.next_power_of_2(max(width, 1))),
+            BLOCK_FILL=BLOCK_FILL,
             num_warps=NUM_WARPS,
         )
         total = target if total is None else total.add_(target)

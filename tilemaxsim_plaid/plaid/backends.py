@@ -143,14 +143,17 @@ def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
     return embeddings.reshape(*rows.shape, index.dim)
 
 
-def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None, unmatched=None) -> torch.Tensor:
+def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None, unmatched=None,
+                         num_used=None) -> torch.Tensor:
     """Stages 2-3 on the index's backend. Arguments and shapes as in
-    :func:`tilemaxsim_plaid.ops.centroid.centroid_interaction` (``unmatched`` included)."""
+    :func:`tilemaxsim_plaid.ops.centroid.centroid_interaction` (``unmatched`` included);
+    ``num_used`` must agree with ``valid`` (no valid slot at or past it): the Triton launch then
+    visits only the used slots, and the torch path, which reads ``valid``, ignores it."""
     if backend_for(index.device) == "triton":
         from tilemaxsim_plaid.ops.centroid import centroid_interaction as fused
 
         return fused(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,
-                     unmatched=unmatched, validate=False)
+                     unmatched=unmatched, num_used=num_used, validate=False)
     from tilemaxsim_plaid.reference import centroid_interaction as vectorised
 
     scores = vectorised(centroid_scores, index.codes, index.offsets, pids, keep=keep, valid=valid,

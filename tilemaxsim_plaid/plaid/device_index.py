@@ -98,8 +98,8 @@ def scoring_device(scorer) -> torch.device:
 
 
 def _source_key(scorer, device: torch.device) -> tuple:
-    def ident(t):
-        return (id(t), t.data_ptr(), tuple(t.shape), t.dtype) if torch.is_tensor(t) else id(t)
+    def ident(t):  # read on every query: plain attribute reads, no conversions
+        return (id(t), t.data_ptr(), t.shape, t.dtype) if isinstance(t, torch.Tensor) else id(t)
 
     codec, embeddings = scorer.codec, scorer.embeddings
     return (

@@ -81,11 +81,11 @@ class _CapturedSearch:
         with torch.cuda.graph(self.graph):
             self.out = pipeline(index, config, self.Q)
 
-    def __call__(self, Q: torch.Tensor):
-        self.Q.copy_(Q)
+    def __call__(self, Q: torch.Tensor, copy: bool = True):
+        self.Q.copy_(Q)  # casts to fp32 on the way in
         self.graph.replay()
-        # The outputs are overwritten by the next replay: hand out a copy.
-        return self.out.clone()
+        # The outputs are overwritten by the next replay: a copy, unless the caller reads them first.
+        return self.out.clone() if copy else self.out
 
 
 def _search_key(index, config, Q: torch.Tensor) -> tuple:
@@ -94,9 +94,11 @@ def _search_key(index, config, Q: torch.Tensor) -> tuple:
             backends.products_for(index, int(Q.shape[0])))
 
 
-def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable):
+def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable, copy: bool = True):
     """``pipeline(index, config, Q)`` through the scorer's graph for this key (captured on first
-    use); eagerly if capture failed for this key before."""
+    use); eagerly if capture failed for this key before. ``Q`` may be of any float dtype (the
+    graph's input copy casts it to fp32). With ``copy=False`` the result is the graph's own
+    output, valid until the next replay of that graph."""
     graphs = scorer.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
     for stale in [key for key in graphs if key[0] != index.source_key]:
         del graphs[stale]  # captured over an index copy that has since been replaced
@@ -113,6 +115,6 @@ def replay(scorer, index, config, Q: torch.Tensor, pipeline: Callable):
     captured = graphs[key]
     if captured is None:
         counters.count_fallback(_EAGER_SEARCH)
-        return pipeline(index, config, Q)
+        return pipeline(index, config, Q.to(device=index.device, dtype=torch.float32))
     with torch.inference_mode():
-        return captured(Q)
+        return captured(Q, copy=copy)

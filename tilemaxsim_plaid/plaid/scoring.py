@@ -150,8 +150,9 @@ class RankedCandidates:
         return pids.tolist(), scores.tolist()
 
 
-def _check_query(Q, index: DeviceIndex) -> torch.Tensor:
-    """Q as [Lq, dim] fp32 on the index's device; raises ValueError/TypeError naming Q."""
+def _check_query(Q, index: DeviceIndex, cast: bool = True) -> torch.Tensor:
+    """Q as [Lq, dim] fp32 on the index's device (with ``cast=False`` as given: a graph's input
+    copy casts it); raises ValueError/TypeError naming Q."""
     if not isinstance(Q, torch.Tensor):
         raise TypeError(f"Q must be a torch.Tensor, got {type(Q).__name__}")
     if Q.dim() == 3 and Q.shape[0] == 1:
@@ -163,7 +164,7 @@ def _check_query(Q, index: DeviceIndex) -> torch.Tensor:
         )
     if not Q.is_floating_point():
         raise TypeError(f"Q must be a floating-point tensor, got dtype {Q.dtype}")
-    return Q.to(device=index.device, dtype=torch.float32)
+    return Q.to(device=index.device, dtype=torch.float32) if cast else Q
 
 
 def _as_pid_tensor(pids, index: DeviceIndex) -> torch.Tensor:
@@ -198,12 +199,13 @@ def _keep_top(index, pids, valid, scores, count: int):
 
 
 @_in_range(CENTROID_INTERACTION)
-def _stages_2_and_3(index, config, centroid_scores, pids, valid):
+def _stages_2_and_3(index, config, centroid_scores, pids, valid, num_used=None):
     keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
     # A real candidate none of whose tokens survives scores UNMATCHED_TOKEN_SCORE per query
-    # token, as upstream's; unused slots stay -inf, so they rank last.
+    # token, as upstream's; unused slots stay -inf, so they rank last. num_used (the count of
+    # stage 1's list, on the device) keeps stage 2 from visiting the list's unused capacity.
     pruned = backends.centroid_interaction(index, centroid_scores, pids, keep=keep, valid=valid,
-                                           unmatched=UNMATCHED_TOKEN_SCORE)
+                                           unmatched=UNMATCHED_TOKEN_SCORE, num_used=num_used)
     pids, valid = _keep_top(index, pids, valid, pruned, config.ndocs)
     full = backends.centroid_interaction(index, centroid_scores, pids, valid=valid,
                                          unmatched=UNMATCHED_TOKEN_SCORE)
@@ -237,7 +239,8 @@ def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tenso
 
 @_in_range(CANDIDATES)
 def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
-    """Stage 1 without a host sync: (pids [cap] int64 ascending, valid [cap] bool)."""
+    """Stage 1 without a host sync: (pids [cap] int64 ascending, valid [cap] bool, the number
+    of candidates as a 0-d int64 tensor); the used slots come first."""
     ncells = min(int(config.ncells), centroid_scores.shape[0])
     if ncells == 1:
         cells = centroid_scores.argmax(dim=0)
@@ -247,7 +250,7 @@ def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tens
     capacity = index.candidate_capacity(cells.numel())
     pids = torch.nonzero_static(bitmap[: index.num_docs], size=capacity, fill_value=-1).flatten()
     valid = pids >= 0
-    return pids.clamp_(min=0), valid
+    return pids.clamp_(min=0), valid, valid.sum()
 
 
 @_in_range(CANDIDATES)
@@ -292,7 +295,8 @@ def _device_index_checked(scorer) -> DeviceIndex:
     return device_index(scorer)
 
 
-def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandidates | None:
+def rank_on_device(scorer, config, Q, filter_fn=None, pids=None,
+                   keep: bool = True) -> RankedCandidates | None:
     """All of PLAID for one query, leaving the ranked list on the device.
 
     Args:
@@ -301,14 +305,22 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
         Q: [1, Lq, dim] or [Lq, dim] query embeddings (any device, any float dtype).
         filter_fn: optional upstream filter on the candidate pids.
         pids: optional documents to rerank (skips stages 1-3, as upstream).
+        keep: False when the caller reads the list before searching again on this thread (one
+            query's transfer): a graph replay then hands out its own output buffers, which the
+            next replay overwrites, instead of a copy.
 
     Returns:
         The ranked candidates, or None when no candidate is left (empty ``pids`` or filter).
     """
     index = _device_index_checked(scorer)
-    Q = _check_query(Q, index)
-    announce(scorer, index, Q.shape[0])
     sharded = getattr(scorer, SHARDED_INDEX_ATTRIBUTE, None)
+    graphed = pids is None and filter_fn is None and sharded is None and graphs.capturable(index)
+    Q = _check_query(Q, index, cast=not graphed)
+    announce(scorer, index, Q.shape[0])
+    if graphed:
+        # A replay runs no Python per stage: the stage ranges appear only while it is captured.
+        with stage_range(SEARCH_GRAPH):
+            return graphs.replay(scorer, index, config, Q, _search_pipeline, copy=keep)
     if pids is not None:
         candidates, valid = _as_pid_tensor(pids, index), None
         if filter_fn is not None:
@@ -317,25 +329,22 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None) -> RankedCandid
             return None
         return _stage_4(index, Q, candidates, None, sharded)
 
-    if filter_fn is None and sharded is None and graphs.capturable(index):
-        # A replay runs no Python per stage: the stage ranges appear only while it is captured.
-        with stage_range(SEARCH_GRAPH):
-            return graphs.replay(scorer, index, config, Q, _search_pipeline)
     centroid_scores = _centroid_scores(index, config, Q)
-    candidates, valid = _generate_candidates(index, config, centroid_scores)
+    candidates, valid, num_used = _generate_candidates(index, config, centroid_scores)
     if filter_fn is not None:
         candidates, valid = _apply_filter(filter_fn, candidates, valid, index.device), None
+        num_used = None
         if candidates.numel() == 0:
             return None
-    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used)
     return _stage_4(index, Q, candidates, valid, sharded, centroid_scores)
 
 
 def _search_pipeline(index: DeviceIndex, config, Q: torch.Tensor) -> RankedCandidates:
     """Stages 1-4 and the sort for one query, with no host sync: what a CUDA graph captures."""
     centroid_scores = _centroid_scores(index, config, Q)
-    candidates, valid = _generate_candidates(index, config, centroid_scores)
-    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid)
+    candidates, valid, num_used = _generate_candidates(index, config, centroid_scores)
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used)
     return _stage_4(index, Q, candidates, valid, None, centroid_scores)
 
 
@@ -346,7 +355,7 @@ def rank(original, self, config, Q, filter_fn=None, pids=None):
         counters.count_fallback(_ALIGNED_QUERIES)
         return original(self, config, Q, filter_fn=filter_fn, pids=pids)
     with torch.inference_mode():
-        ranked = rank_on_device(self, config, Q, filter_fn=filter_fn, pids=pids)
+        ranked = rank_on_device(self, config, Q, filter_fn=filter_fn, pids=pids, keep=False)
         pids, scores = ([], []) if ranked is None else ranked.to_lists()
     counters.count_search(len(pids))
     return pids, scores

@@ -1,0 +1,57 @@
+"""experiments/profile_search: the random index it profiles is a well-formed PLAID index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments import profile_search
+from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
+
+
+@pytest.fixture(scope="module")
+def index():
+    return profile_search.synthetic_device_index(700, 64, 0.8, torch.device("cpu"), seed=3)
+
+
+def test_inverted_lists_hold_exactly_the_passages_that_contain_each_centroid(index):
+    offsets, codes = index.offsets.tolist(), index.codes
+    expected = [set() for _ in range(index.centroids.shape[0])]
+    for pid in range(index.num_docs):
+        for code in codes[offsets[pid]:offsets[pid + 1]].tolist():
+            expected[code].add(pid)
+    ivf_offsets = index.ivf_offsets.tolist()
+    for cell, members in enumerate(expected):
+        listed = index.ivf_pids[ivf_offsets[cell]:ivf_offsets[cell + 1]].tolist()
+        assert listed == sorted(members)
+    assert index.ivf_lengths.tolist() == [len(m) for m in expected]
+    assert index.max_ivf_length == max(len(m) for m in expected)
+    assert int(index.ivf_lengths_desc_cumsum[-1]) == index.ivf_pids.numel()
+
+
+def test_lengths_codes_and_norms_are_those_of_a_residual_index(index):
+    assert int(index.doclens.min()) >= 4 and int(index.doclens.max()) <= 180
+    assert index.num_tokens == int(index.doclens.sum()) == index.codes.numel()
+    # About one distinct centroid per 3.4 tokens, as MS MARCO's IVF has: far fewer pairs than tokens.
+    assert index.ivf_pids.numel() < 0.5 * index.num_tokens
+    expected = residual_inverse_norms(index.codes, index.residuals, index.centroids,
+                                      index.bucket_weights, index.nbits)
+    assert torch.equal(index.inv_norms, expected)
+    assert torch.equal(index.centroids_half.float(), index.centroids)
+    # Zipf popularity: the largest list is several times the mean one.
+    assert index.max_ivf_length > 3 * index.ivf_lengths.float().mean()
+
+
+def test_queries_are_normalised_and_come_from_passages(index):
+    Q = profile_search.query_batch(index, 5)
+    assert Q.shape == (5, profile_search.QUERY_LEN, index.dim)
+    assert torch.allclose(Q.norm(dim=-1), torch.ones(5, profile_search.QUERY_LEN), atol=1e-5)
+
+
+def test_refuses_to_run_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit) as exit_info:
+        profile_search.main(["--passages", "100"])
+    assert exit_info.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
