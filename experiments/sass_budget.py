@@ -370,7 +370,8 @@ class Loop:
 
 
 def parse_sass(text: str) -> list[Instr]:
-    """Instructions of ``cuobjdump -sass`` / ``nvdisasm`` output, in address order."""
+    """Instructions of ``cuobjdump -sass`` output (branch targets as addresses, not nvdisasm's
+    labels), in address order."""
     instrs = []
     for line in text.splitlines():
         found = _SASS_LINE.search(line)
