@@ -154,9 +154,10 @@ CONFIGS = [
 ]
 
 
-# The single-tile and hold-query paths take d <= 128 only (tests/ops/test_dense.py refuses wider).
+# The single-tile path takes d <= 128 only (tests/ops/test_dense.py refuses wider); a held query
+# holds d = 384 as three 128-wide tiles.
 CONFIG_DIMS = [pytest.param(c.values[0], d, id=f"{c.id}-d{d}") for c in CONFIGS for d in (128, 384)
-               if not ((c.values[0].single_tile or c.values[0].hold_query) and d > 128)]
+               if not (c.values[0].single_tile and d > 128)]
 
 
 @pytest.mark.parametrize("config,d", CONFIG_DIMS)
@@ -226,8 +227,10 @@ BLOCK_D_CASES = [
 
 def _block_d_configs(block_d):
     """Every path that walks several d chunks: per-document tiles (several documents per
-    program) and packed slots."""
+    program), the query held as one tile per chunk (three documents a program) and packed
+    slots."""
     return [MaxSimConfig(block_t=16, docs_per_program=2, block_d=block_d),
+            MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, block_d=block_d),
             MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2, slots=True,
                          block_d=block_d)]
 
@@ -254,9 +257,10 @@ def test_block_d_padded_is_exact(d, block_d, B, device):
     Q = _rand(B, 9, d, dtype=torch.float16, device=device)
     D = _rand(5, 20, d, dtype=torch.float16, device=device)
     doc_lengths = torch.tensor([20, 0, 1, 17, 16], device=device)
-    config = MaxSimConfig(block_t=16, docs_per_program=2, block_d=block_d)
-    out = maxsim_padded(Q, D, doc_lengths, config=config)
-    assert_close(out, reference.maxsim_padded(Q, D, doc_lengths), "maxsim_dense", torch.float16)
+    for config in (MaxSimConfig(block_t=16, docs_per_program=2, block_d=block_d),
+                   MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True, block_d=block_d)):
+        out = maxsim_padded(Q, D, doc_lengths, config=config)
+        assert_close(out, reference.maxsim_padded(Q, D, doc_lengths), "maxsim_dense", torch.float16)
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
@@ -271,7 +275,8 @@ def test_block_d_other_dtypes(dtype, device):
 
 
 def test_block_d_of_one_chunk_keeps_the_one_chunk_paths(device):
-    """A block_d that covers d (wider than d: a masked chunk) takes hold_query and single_tile."""
+    """A block_d that covers d (wider than d: a masked chunk) takes single_tile, and hold_query
+    with one held tile."""
     D, offsets = _packed_from_lengths([3, 0, 20, 1, 9], 80, torch.float16, device)
     Q = _rand(3, 9, 80, dtype=torch.float16, device=device)
     expected = reference.maxsim_packed(Q, D, offsets)

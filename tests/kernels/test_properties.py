@@ -40,7 +40,8 @@ from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import SUPPORTED_NBITS, residual_inverse_norms
 from tilemaxsim_plaid.ops import nvrtc, pq_lut_shared, pq_mma
 from tilemaxsim_plaid.ops.dense import MAX_BLOCK_D as DENSE_MAX_BLOCK_D
-from tilemaxsim_plaid.ops.dense import MIN_DOT_DIM, MaxSimConfig, maxsim_packed, maxsim_padded
+from tilemaxsim_plaid.ops.dense import (MAX_HELD_CHUNKS, MIN_DOT_DIM, MaxSimConfig, maxsim_packed,
+                                        maxsim_padded)
 from tilemaxsim_plaid.ops.pq import LUT_ROWS, SCORING, PQConfig, maxsim_pq, subquantizer_blocking
 from tilemaxsim_plaid.ops.residual import (
     DECODERS,
@@ -283,8 +284,9 @@ def dense_refusal(p: DenseProblem) -> str | None:
     if cfg.slots and (cfg.q_blocks_per_program != 1 or not _pow2(cfg.docs_per_program)
                       or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM or not p.packed):
         return "slots: packed, one query block, a power-of-two of documents, >= 16 rows"
-    if cfg.hold_query and (d > DENSE_MAX_BLOCK_D or cfg.q_blocks_per_program != 1):
-        return "hold_query: d <= 128 and one query block per program"
+    held_chunks = -(-d // DENSE_MAX_BLOCK_D)  # the default chunks of d (no block_d drawn)
+    if cfg.hold_query and (held_chunks > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1):
+        return "hold_query: at most MAX_HELD_CHUNKS chunks of d and one query block per program"
     if p.packed or p.with_doc_lengths:
         max_doc_len = max(p.lengths)  # all documents' offsets are read, pids or not
     else:

@@ -40,10 +40,18 @@ def test_bad_config_is_rejected_before_launch(config, device):
         maxsim_packed(_query(1, 8, 64, device), D, offsets, config=config)
 
 
-def test_d_limited_configs_reject_wide_d(device):
+def test_held_query_refuses_more_chunks_than_it_holds(device):
+    """hold_query holds one register tile per chunk of d, at most MAX_HELD_CHUNKS: d = 384 in
+    chunks of 16 (24) is refused naming the count; in chunks of 32 (12) it is taken."""
+    from tilemaxsim_plaid.ops.dense import MAX_HELD_CHUNKS
+
     D, offsets = _packed([5, 7], 384, device)
-    with pytest.raises(ValueError, match="hold_query"):
-        maxsim_packed(_query(1, 8, 384, device), D, offsets, config=MaxSimConfig(hold_query=True))
+    Q = _query(1, 8, 384, device)
+    with pytest.raises(ValueError, match=rf"hold_query needs at most {MAX_HELD_CHUNKS} chunks of d.*got 24 chunks"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(block_t=16, hold_query=True, block_d=16))
+    assert 384 // 32 <= MAX_HELD_CHUNKS < 384 // 16
+    out = maxsim_packed(Q, D, offsets, config=MaxSimConfig(block_t=16, hold_query=True, block_d=32))
+    assert out.shape == (1, 2)
 
 
 @pytest.mark.parametrize("block_d", [0, 48, 8, 256, 64.0, True, "32"])
@@ -62,14 +70,13 @@ def test_block_d_outside_its_rule_is_refused_naming_it(block_d, device):
 
 
 @pytest.mark.parametrize("config", [
-    pytest.param(MaxSimConfig(block_d=32, hold_query=True), id="hold_query"),
     pytest.param(MaxSimConfig(block_t=16, block_d=16, single_tile=True), id="single_tile"),
 ])
 def test_one_chunk_paths_refuse_a_block_d_that_splits_d(config, device):
-    """hold_query and single_tile hold d in one chunk: a block_d narrower than d is refused,
-    naming config.block_d (d = 64 in chunks of 32 or 16)."""
+    """single_tile holds d in one chunk: a block_d narrower than d is refused, naming
+    config.block_d (d = 64 in chunks of 16)."""
     D, offsets = _packed([5, 7], 64, device)
-    with pytest.raises(ValueError, match=r"config\.block_d=(32|16) splits d=64 into (2|4) chunks"):
+    with pytest.raises(ValueError, match=r"config\.block_d=16 splits d=64 into 4 chunks"):
         maxsim_packed(_query(1, 8, 64, device), D, offsets, config=config)
     with pytest.raises(ValueError, match=r"config\.block_d"):
         maxsim_padded(_query(1, 8, 64, device), D.reshape(2, 6, 64), config=config)

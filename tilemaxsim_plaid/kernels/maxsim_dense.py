@@ -94,8 +94,10 @@ def _maxsim_dense_kernel(
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
     padded_doc_len); pids: [M] documents to score (else 0..M-1); out: fp32 [B, M].
-    HOLD_QUERY (one d tile, one query block per program, tiled path): the query tile is loaded
-    once per program and held across all its tiles and documents, instead of once per document."""
+    HOLD_QUERY (one query block per program, tiled path): the query block is loaded once per
+    program, as one register tile per d chunk (a tuple of NUM_D_TILES tiles: d = 96 as 3 x 32
+    with no masked column), and held across all its tiles and documents, instead of once per
+    document; the chunk loop is then unrolled."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -108,8 +110,11 @@ def _maxsim_dense_kernel(
         offs_b_held, offs_i_held, mask_r_held = _query_rows(pid_qgroup, Lq, p_query_lengths,
                                                             num_queries, HAS_QUERY_LENGTHS, LQ,
                                                             QUERIES_PER_BLOCK)
-        q_held = _load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held, 0, dim,
-                                  stride_qb, stride_qt, stride_qd, BLOCK_D)
+        q_held = ()
+        for k in tl.static_range(NUM_D_TILES):
+            q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
+                                                k * BLOCK_D, dim, stride_qb, stride_qt,
+                                                stride_qd, BLOCK_D),)
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
@@ -152,18 +157,22 @@ def _maxsim_dense_kernel(
                 row_max = tl.full([QUERIES_PER_BLOCK * LQ], float("-inf"), tl.float32)
                 for t0 in range(0, doc_len, BLOCK_T):
                     sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_T], tl.float32)
-                    # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines the
-                    # loads of the next 128-wide chunk of d behind this chunk's product.
-                    for k in range(NUM_D_TILES):
-                        if HOLD_QUERY:
-                            q_tile = q_held
-                        else:
+                    if HOLD_QUERY:
+                        # The held chunks are a tuple: indexed by a compile-time k.
+                        for k in tl.static_range(NUM_D_TILES):
+                            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
+                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D)
+                            sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
+                    else:
+                        # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines
+                        # the loads of the next chunk of d behind this chunk's product.
+                        for k in range(NUM_D_TILES):
                             q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D,
                                                       dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
-                        d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
-                                                stride_dt, stride_dd, BLOCK_T, BLOCK_D)
-                        # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
-                        sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
+                            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
+                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D)
+                            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
+                            sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
                     mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
                     sim = tl.where(mask_t[None, :], sim, float("-inf"))
                     row_max = maximum_nan(row_max, max_nan(sim, 1))

@@ -37,15 +37,15 @@ class MaxSimConfig:
             128): the tile is read once and reused by all query blocks of the program.
         slots: packed layout only: docs_per_program documents side by side in one tile of
             docs_per_program x block_t rows (short documents share one tensor-core product).
-        hold_query: tiled per-document path with d in one chunk and one query block per
-            program: load the query tile once per program and hold it across all tiles and
-            documents.
+        hold_query: tiled per-document path with one query block per program: load the query
+            block once per program, one register tile per chunk of d (at most MAX_HELD_CHUNKS),
+            and hold it across all tiles and documents.
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
             128-wide chunks above). A narrower chunk that divides d masks no column (d = 96 as
-            3 x 32, d = 144 as 9 x 16) at the cost of more, smaller products; single_tile and
-            hold_query need d in one chunk.
+            3 x 32, d = 144 as 9 x 16) at the cost of more, smaller products; single_tile needs
+            d in one chunk.
     """
 
     block_t: int = 64
@@ -58,6 +58,11 @@ class MaxSimConfig:
     slots: bool = False
     hold_query: bool = False
     block_d: int | None = None
+
+
+# Chunks of d a held query may span (hold_query): each is its own register tile and its own
+# unrolled product per document tile.
+MAX_HELD_CHUNKS = 16
 
 
 def _pow2(x: int) -> int:
@@ -189,16 +194,17 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
     num_d_tiles = triton.cdiv(dim, block_d)
-    if num_d_tiles != 1 and cfg.block_d is not None and (cfg.hold_query or cfg.single_tile):
+    if num_d_tiles != 1 and cfg.block_d is not None and cfg.single_tile:
         raise ValueError(
             f"config.block_d={cfg.block_d} splits d={dim} into {num_d_tiles} chunks; "
-            f"config.hold_query and config.single_tile need d in one chunk (block_d >= d)"
+            f"config.single_tile needs d in one chunk (block_d >= d)"
         )
-    if cfg.hold_query and (num_d_tiles != 1 or cfg.q_blocks_per_program != 1 or cfg.single_tile
-                           or cfg.slots):
+    if cfg.hold_query and (num_d_tiles > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1
+                           or cfg.single_tile or cfg.slots):
         raise ValueError(
-            f"config.hold_query needs d <= {MAX_BLOCK_D}, q_blocks_per_program = 1 and the tiled "
-            f"per-document path (no single_tile or slots); got d={dim}, "
+            f"config.hold_query needs at most {MAX_HELD_CHUNKS} chunks of d (d / block_d), "
+            f"q_blocks_per_program = 1 and the tiled per-document path (no single_tile or slots); "
+            f"got {num_d_tiles} chunks (d={dim}, block_d={block_d}), "
             f"q_blocks_per_program={cfg.q_blocks_per_program}, single_tile={cfg.single_tile}, "
             f"slots={cfg.slots}"
         )
