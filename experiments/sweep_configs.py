@@ -134,7 +134,8 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     """B = 1, packed: around the many-documents default (16-token tiles, one warp, three stages,
     the query held across 16 documents) one axis at a time, then the alternatives for long
     documents (wider tiles, more warps), short ones (slots, more documents per program), Lq > 32
-    (a 64-row held query: more warps) and wide or odd d (no held query; block_d chunks)."""
+    (a 64-row held query: more warps) and wide or odd d (block_d chunks, the query held one tile
+    per chunk or read per document)."""
     one_chunk = cell.d <= MAX_BLOCK_D
     held = [
         _cfg(16, 1, 2, 16, hold=True), _cfg(16, 1, 4, 16, hold=True),  # stages
@@ -157,9 +158,16 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     # cells are weak for, so they come right after the held query.
     chunked = []
     for block_d in {96: (32,), 144: (16, 32), 384: (64, 32), 768: (64,)}.get(cell.d, ()):
+        # The query held as one register tile per chunk: one warp while it fits (d <= 144),
+        # four warps over wide d (a [32, 384] fp16 block is 192 registers a lane in one warp).
+        held_chunked = ((_cfg(16, 1, 3, 4, hold=True), _cfg(16, 2, 3, 4, hold=True),
+                         _cfg(32, 4, 3, 8, hold=True))
+                        if cell.d <= 144 else
+                        (_cfg(32, 4, 3, 4, hold=True), _cfg(64, 4, 3, 4, hold=True),
+                         _cfg(32, 4, 3, 8, hold=True)))
         chunked += [dataclasses.replace(c, block_d=block_d) for c in
-                    (_cfg(32, 2, 2), _cfg(32, 2, 3), _cfg(16, 1, 3, 16), _cfg(64, 4, 3),
-                     _cfg(32, 2, 3, 4), _cfg(16, 2, 2, 4, slots=True))]
+                    (*held_chunked, _cfg(32, 2, 2), _cfg(32, 2, 3), _cfg(16, 1, 3, 16),
+                     _cfg(64, 4, 3), _cfg(32, 2, 3, 4), _cfg(16, 2, 2, 4, slots=True))]
     if cell.Lq > 32 and not one_chunk:
         # A 64-row query block over wide d: more warps per product, each chunk width.
         chunked = [_cfg(t, w, 3, block_d=bd) for bd in (64, 128) for t, w in ((32, 4), (64, 4), (16, 2))

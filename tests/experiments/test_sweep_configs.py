@@ -43,14 +43,16 @@ def test_weak_cells_are_grid_cells_in_priority_order():
 @pytest.mark.parametrize("cell", sc.select_cells("weak"), ids=lambda c: c.name)
 def test_candidates_are_valid_configs_and_designed_not_a_product(cell):
     found = sc.candidates(cell)
-    lo, hi = (5, 10) if not cell.packed else (16, 32)
+    lo, hi = (5, 10) if not cell.packed else (16, 34)
     assert lo <= len(found) <= hi, len(found)
     assert len(set(found)) == len(found)
     for config in found:
         dense._check_config(config)  # every field within its rule
         chunks = -(-cell.d // (config.block_d or dense._block_d(cell.d)))
-        if config.hold_query or config.single_tile:
+        if config.single_tile:
             assert chunks == 1, config
+        if config.hold_query:
+            assert chunks <= dense.MAX_HELD_CHUNKS, config
         if config.block_d is not None:  # never more masked columns than the default chunks
             default = dense._block_d(cell.d)
             assert chunks * config.block_d <= -(-cell.d // default) * default, config
@@ -74,6 +76,8 @@ def test_candidates_cover_the_axes_the_issue_names():
     for d, widths in ((96, {32}), (144, {16}), (384, {64, 32}), (768, {64})):
         cell = next(c for c in sc.select_cells("weak") if c.d == d)
         assert {c.block_d for c in sc.candidates(cell)} - {None} >= widths, d
+        if cell.packed and cell.B == 1:  # the query held one tile per chunk, in every width
+            assert {c.block_d for c in sc.candidates(cell) if c.hold_query} >= widths, d
 
 
 def test_default_rows_name_what_default_config_chose():
@@ -133,11 +137,11 @@ def _one_cell_plan(extra):
 
 
 def test_failing_and_wrong_configs_are_recorded_not_timed(tmp_path, capsys):
-    """A config the op refuses at launch (a d chunk narrower than d with hold_query) is
+    """A config the op refuses at launch (a d chunk narrower than d with single_tile) is
     recorded as failed with its error; a call whose scores are wrong as wrong, loudly, and makes
     the exit status 1; neither is timed and the run goes on."""
     cell = sc.select_cells("smoke", TINY)[0]
-    refused = MaxSimConfig(block_t=16, hold_query=True, block_d=32)
+    refused = MaxSimConfig(block_t=16, single_tile=True, block_d=16)
     wrong = MaxSimConfig(block_t=32, num_warps=2)
 
     def call_factory(cell, x, config, validate):
