@@ -17,7 +17,7 @@ query, d = 128, C = 65,536):
    ``run`` is replaced by a recorder that stops the call; the centroid-table build the residual op
    launches first is recorded and skipped.
 2. Compiles each launch for sm_90a with the JIT's own binder and specialization
-   (``create_function_from_signature`` and ``JITFunction._pack_args`` of triton 3.9, pointers and
+   (``create_function_from_signature`` and ``JITFunction._pack_args``, as in triton 3.6 and 3.9, pointers and
    ints divisible by 16 marked as on the GPU, ints equal to 1 made constants) and a faked
    ``GPUTarget("cuda", 90, 32)``; on a machine with a GPU, ``JITFunction.warmup`` for the current
    target instead. Registers, shared memory and local memory from ``cuobjdump -res-usage``,
@@ -34,11 +34,11 @@ query, d = 128, C = 65,536):
    results/PERFORMANCE_LOG.md, run 89, and the issue's targets (nbits 2 >= 1.3x, nbits 4 >= 1.1x
    the dense kernel's docs/s).
 
-Caveats. The measured times were taken with triton 3.6; this counts what triton 3.9 (and the
-ptxas it compiles with) emits, and code generation may differ between them. Checked: the launches
-are the host code's own choices, each counted loop holds the HMMA.16816 count of one tile of its
-shape, one document per iteration of the document loop. Rerun this module on the GPU machine to
-count 3.6's SASS (it then compiles through ``JITFunction.warmup`` for that GPU). Counts are
+Caveats. The measured times were taken with triton 3.6; this counts what the installed triton
+(and the ptxas it bundles) emits, and code generation differs between versions: run it in an
+environment with triton 3.6 (``pip install triton==3.6.0`` beside a CPU torch is enough) to count
+the GPU's code. Checked: the launches are the host code's own choices, each counted loop holds the
+HMMA.16816 count of one tile of its shape, one document per iteration of the document loop. Counts are
 static: every instruction of a loop body counts once per iteration, whichever branch it sits on;
 cache misses, dependency and memory stalls are not modelled, so the issue bound is a lower
 bound, not a prediction. Per-document instructions are
@@ -93,6 +93,8 @@ HMMA_16816_PER_SM_PER_CYCLE = 0.5
 HMMA_16816_MACS = 16 * 8 * 16
 # HBM read roof when no result file has a measured ceiling: the H200's nominal 4.8 TB/s.
 NOMINAL_READ_GBPS = 4800.0
+# The triton version the measured times below were taken with.
+MEASURED_TRITON = "3.6.0"
 # Measured on the H200 (torch 2.11, triton 3.6), 100k documents, C = 65,536, defaults: see
 # results/PERFORMANCE_LOG.md, run 89.
 MEASURED_MS = {"dense": 0.450, 1: 0.565, 2: 0.431, 4: 0.639}
@@ -692,13 +694,16 @@ def _readme(doc: dict, command: str) -> str:
         "the per-document instructions; needed µs is the dense kernel's measured time over the "
         "target speedup, the floor the largest of the nbits kernel's three bounds.",
         "",
-        "Caveats: the measured times are triton 3.6's code; these counts are triton 3.9's (and "
-        "its bundled ptxas's), which may differ. Checked here: the launches are the host code's "
+        f"Caveats: the measured times are triton {MEASURED_TRITON}'s code; these counts are "
+        f"triton {doc['provenance']['triton']}'s (and its bundled ptxas's)"
+        + (", the same version." if doc['provenance']['triton'] == MEASURED_TRITON else
+           ", which may differ (rerun with triton " + MEASURED_TRITON + ": on the GPU machine, or "
+           "on a CPU in an environment with that triton, since no GPU is needed).") +
+        " Checked here: the launches are the host code's "
         "own choices at this commit (configs, constexprs, warps, maxnreg), every counted loop "
         "holds the HMMA.16816 count its tile shape implies (one iteration is one tile), and the "
-        "document loop is the innermost loop around the tile loops. Not checked: triton 3.6's "
-        "SASS (rerun this module on the GPU machine: it then compiles with the installed triton "
-        "for the GPU). Counts are static: every instruction of a loop body once per iteration, "
+        "document loop is the innermost loop around the tile loops. "
+        "Counts are static: every instruction of a loop body once per iteration, "
         "whichever branch it sits on; cache misses and dependency stalls are not modelled, so "
         "the issue bound is a lower bound. Not counted: the centroid-table build launch and the "
         "persistent loop's per-chunk atomics.",
