@@ -19,6 +19,8 @@ For each k (colbert-ai's k-dependent defaults) it prints:
 * every kernel of one replay in launch order with its GPU time (torch.profiler / CUPTI), and the
   time by kernel summed over replays, so the part that grows with the corpus (the bitmap over
   every passage, the fixed-capacity candidate lists) is seen apart from the fixed part;
+* the centroid-score table built by cuBLAS in fp32 and by the one-launch fp16 build with the
+  query's halves (exact products from the fp16 centroids, half the bytes);
 * the candidate list's fixed capacity against the candidates a query actually has, and stage 2
   alone launched with one program per slot of that capacity against the fixed grid that visits
   only the used slots (``num_used``, the default).
@@ -156,6 +158,19 @@ def _stage_2_ab(index: DeviceIndex, config, Q: torch.Tensor) -> dict:
     return out
 
 
+def table_builds_us(index: DeviceIndex, Q: torch.Tensor) -> dict:
+    """Stage 1's centroid-score table for one query, replayed as a graph (µs): cuBLAS fp32 on the
+    fp32 centroids (the plugin's default), and the one-launch build from the fp16 centroids with
+    the query's fp16 halves (exact products, half the bytes), where the centroids are fp16 values."""
+    from tilemaxsim_plaid.ops.residual import split_query_centroid_scores
+
+    out = {"cublas_fp32": 1e3 * graph_replay_ms(lambda: backends.centroid_table(index, Q))}
+    if index.centroids_half is not None:
+        out["split_fp16"] = 1e3 * graph_replay_ms(
+            lambda: split_query_centroid_scores(Q[None], index.centroids_half))
+    return out
+
+
 def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dict:
     config = types.SimpleNamespace(query_maxlen=QUERY_LEN, **KNOBS[k])
     holder = types.SimpleNamespace()  # carries the captured graphs, as an IndexScorer would
@@ -251,12 +266,17 @@ def main(argv=None) -> int:
           f"{index.max_ivf_length:,}, ready in {time.perf_counter() - start:.0f} s")
     Qs = query_batch(index, args.queries)
     rows = [profile_k(index, Qs, k, args.replays) for k in args.k]
+    with torch.inference_mode():
+        tables = table_builds_us(index, Qs[0])
     for row in rows:
         print_profile(row, label)
+    print("\ncentroid-score table, one query: " + ", ".join(f"{name} {us:.1f} us"
+                                                         for name, us in tables.items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_search.json").write_text(json.dumps(
-            {"provenance": provenance(), "source": label, "argv": argv, "rows": rows}, indent=1))
+            {"provenance": provenance(), "source": label, "argv": argv, "rows": rows,
+             "table_builds_us": tables}, indent=1))
     print("\n| k | capacity | candidates | graph GPU us | host us | launches | stage 2 per slot / used only us |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

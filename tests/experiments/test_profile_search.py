@@ -55,3 +55,22 @@ def test_refuses_to_run_without_a_gpu(capsys):
         profile_search.main(["--passages", "100"])
     assert exit_info.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_stage_2_and_table_comparisons_run_the_ops_they_time(index, monkeypatch):
+    """The A/B parts of a profile, with the graph timer replaced by one call of what it times:
+    stage 2 per slot and used-only, and both table builds, run on the Triton ops (interpreted)."""
+    import types
+
+    calls = []
+    monkeypatch.setattr(profile_search, "graph_replay_ms", lambda fn: calls.append(fn()) or 0.001)
+    monkeypatch.setenv("TILEMAXSIM_PLAID_BACKEND", "triton")
+    Q = profile_search.query_batch(index, 1)[0]
+    config = types.SimpleNamespace(query_maxlen=profile_search.QUERY_LEN, **profile_search.KNOBS[10])
+    with torch.inference_mode():
+        stage_2 = profile_search._stage_2_ab(index, config, Q)
+        tables = profile_search.table_builds_us(index, Q)
+    assert set(stage_2) == {"per_slot", "used_only"} and set(tables) == {"cublas_fp32", "split_fp16"}
+    per_slot, used_only, cublas, (split, _, _) = calls
+    assert torch.equal(per_slot, used_only), "the two stage-2 launches score alike"
+    assert torch.allclose(split, cublas, rtol=0, atol=1e-5)
