@@ -64,7 +64,7 @@ def test_bench_reports_the_fastest_configuration(monkeypatch, device):
     per-document sums, the fastest one reported (timings stubbed: CUDA events need a GPU)."""
     from experiments import bench, harness
 
-    case = bench.Case("1q packed tiny", 1, 32, 50, bench.LENGTH_MAX, 128, packed=True)
+    case = bench.Case("1q packed tiny", 1, 32, 12, bench.LENGTH_MAX, 128, packed=True)
     x = bench.make_inputs(case, device=device)
     configs = bench.packed_read.CONFIGS
     fake_ms = {config: 1.0 + i for i, config in enumerate(configs)}
