@@ -37,13 +37,6 @@ TIE_TOLERANCE = 1e-4
 MAX_EXAMPLES = 20
 
 
-def _upstream_knobs(k: int) -> dict:
-    """colbert-ai's Searcher.dense_search defaults for k."""
-    if k <= 10:
-        return dict(ncells=1, centroid_score_threshold=0.5, ndocs=256)
-    if k <= 100:
-        return dict(ncells=2, centroid_score_threshold=0.45, ndocs=1024)
-    return dict(ncells=4, centroid_score_threshold=0.4, ndocs=max(k * 4, 4096))
 
 
 @contextlib.contextmanager
@@ -221,18 +214,20 @@ def run(args) -> dict:
     from colbert.modeling.colbert import ColBERT
     from colbert.search.index_storage import IndexScorer
 
+    from tilemaxsim_plaid.plaid.scoring import dense_search_knobs
+
     with reproduce._system(["compat"]):
         ColBERT.try_load_torch_extensions(use_gpu)
         ranker = IndexScorer(str(index_path), use_gpu=use_gpu)
     rows = []
     for k in args.ks:
         config = reproduce._colbert_config(condition, index_path)
-        config.configure(**_upstream_knobs(k))
+        config.configure(**dense_search_knobs(k))
         started = time.perf_counter()
         stock_tops, stock_candidates = _stock_pass(ranker, config, Q_all, k)
         counts, examples = _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates)
         n = len(Q_all)
-        row = {"k": k, "queries": n, "first_query": start, **_upstream_knobs(k),
+        row = {"k": k, "queries": n, "first_query": start, **dense_search_knobs(k),
                **{name: value / n for name, value in counts.items()},
                **{f"{name}_examples": [start + number for number in numbers]
                   for name, numbers in examples.items()},

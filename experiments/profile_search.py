@@ -5,8 +5,8 @@
 
 The plugin's search path (``scoring._search_pipeline``, the CUDA graph a query replays) on
 either a colbert-ai index on disk (``--index``, loaded through colbert-ai's IndexScorer as a
-Searcher would) or a random residual index generated on the GPU at the given size: MS MARCO-like
-lengths (log-normal, median 64, 4..180 tokens), each passage drawing about one distinct centroid
+Searcher would) or a random residual index generated on the GPU at the given size: the lengths of
+``tilemaxsim_plaid.synthetic`` (MS MARCO-like, log-normal), each passage drawing about one distinct centroid
 per 3.4 tokens (MS MARCO at C = 2^18 has 185M IVF pairs for 623M embeddings), centroids drawn
 with Zipf(``--zipf``) popularity, so inverted lists are as uneven as a clustered corpus's.
 Queries are 32 tokens of a random passage's decompressed embeddings plus noise, so their best
@@ -43,13 +43,12 @@ from .harness import graph_replay_ms, provenance
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
 from tilemaxsim_plaid.plaid import backends, graphs, scoring
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex, device_index
+from tilemaxsim_plaid.synthetic import SyntheticIndexSpec, sample_doclens
 
 DIM, NBITS, QUERY_LEN = 128, 2, 32
 # MS MARCO at C = 2**18: 623,217,665 embeddings, 185,192,666 (centroid, passage) IVF pairs.
 TOKENS_PER_DISTINCT_CODE = 623_217_665 / 185_192_666
-KNOBS = {10: dict(ncells=1, centroid_score_threshold=0.5, ndocs=256),
-         100: dict(ncells=2, centroid_score_threshold=0.45, ndocs=1024),
-         1000: dict(ncells=4, centroid_score_threshold=0.4, ndocs=4096)}
+KS = (10, 100, 1000)
 
 
 def _zipf_draws(count: int, num_centroids: int, exponent: float, generator, device) -> torch.Tensor:
@@ -70,8 +69,8 @@ def synthetic_device_index(passages: int, num_centroids: int, zipf: float, devic
                            seed: int = 0) -> DeviceIndex:
     """A DeviceIndex of ``passages`` random residual-coded passages, generated on ``device``."""
     g = torch.Generator(device=device).manual_seed(seed)
-    normal = torch.randn(passages, device=device, generator=g, dtype=torch.float64)
-    doclens = torch.exp(math.log(64) + 0.6 * normal).round().clamp_(4, 180).long()
+    doclens = torch.from_numpy(sample_doclens(SyntheticIndexSpec(num_passages=passages, seed=seed)))
+    doclens = doclens.to(device)
     offsets = torch.zeros(passages + 1, dtype=torch.int64, device=device)
     torch.cumsum(doclens, 0, out=offsets[1:])
     num_tokens = int(offsets[-1])
@@ -172,7 +171,7 @@ def table_builds_us(index: DeviceIndex, Q: torch.Tensor) -> dict:
 
 
 def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dict:
-    config = types.SimpleNamespace(query_maxlen=QUERY_LEN, **KNOBS[k])
+    config = types.SimpleNamespace(query_maxlen=QUERY_LEN, **scoring.dense_search_knobs(k))
     holder = types.SimpleNamespace()  # carries the captured graphs, as an IndexScorer would
     capacity = index.candidate_capacity(QUERY_LEN * config.ncells)
     counts = []
@@ -209,7 +208,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
     for name, _, duration in events:
         by_kernel[name] = by_kernel.get(name, 0.0) + duration / replays
     span = (one[-1][1] + one[-1][2] - one[0][1]) if one else 0.0
-    return {"k": k, "knobs": KNOBS[k], "capacity": capacity, "stage_2_us": stage_2,
+    return {"k": k, "knobs": scoring.dense_search_knobs(k), "capacity": capacity, "stage_2_us": stage_2,
             "candidates_mean": statistics.mean(counts), "candidates_max": max(counts),
             "graph_gpu_ms": gpu_ms, "host_p50_ms": statistics.median(host_ms),
             "kernels_per_replay": per_replay, "kernel_us_sum": sum(e["us"] for e in timeline),
@@ -250,7 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--zipf", type=float, default=0.8)
     parser.add_argument("--queries", type=int, default=64)
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--k", type=int, nargs="+", default=[10, 100, 1000], choices=sorted(KNOBS))
+    parser.add_argument("--k", type=int, nargs="+", default=list(KS))
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

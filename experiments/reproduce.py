@@ -204,13 +204,10 @@ class Experiment:
 
 def _plaid_knobs(plaid: dict) -> dict:
     """Fill the knobs a condition leaves null as ``Searcher.dense_search`` does for its k."""
+    from tilemaxsim_plaid.plaid.scoring import dense_search_knobs
+
     k = int(plaid["k"])
-    if k <= 10:
-        defaults = {"ncells": 1, "centroid_score_threshold": 0.5, "ndocs": 256}
-    elif k <= 100:
-        defaults = {"ncells": 2, "centroid_score_threshold": 0.45, "ndocs": 1024}
-    else:
-        defaults = {"ncells": 4, "centroid_score_threshold": 0.4, "ndocs": max(k * 4, 4096)}
+    defaults = dense_search_knobs(k)
     filled = {"k": k, "nbits": int(plaid.get("nbits", 2))}
     for knob, value in defaults.items():
         filled[knob] = plaid.get(knob) if plaid.get(knob) is not None else value

@@ -7,6 +7,7 @@ import torch
 
 from experiments import profile_search
 from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
+from tilemaxsim_plaid.plaid import scoring
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_stage_2_and_table_comparisons_run_the_ops_they_time(index, monkeypatch)
     monkeypatch.setattr(profile_search, "graph_replay_ms", lambda fn: calls.append(fn()) or 0.001)
     monkeypatch.setenv("TILEMAXSIM_PLAID_BACKEND", "triton")
     Q = profile_search.query_batch(index, 1)[0]
-    config = types.SimpleNamespace(query_maxlen=profile_search.QUERY_LEN, **profile_search.KNOBS[10])
+    config = types.SimpleNamespace(query_maxlen=profile_search.QUERY_LEN, **scoring.dense_search_knobs(10))
     with torch.inference_mode():
         stage_2 = profile_search._stage_2_ab(index, config, Q)
         tables = profile_search.table_builds_us(index, Q)

@@ -52,6 +52,7 @@ __all__ = [
     "colbert_score_packed_exact",
     "rank_on_device",
     "fill_search_knobs",
+    "dense_search_knobs",
     "announce",
     "PROFILER_RANGES",
     "stage_range",
@@ -392,15 +393,19 @@ def score_pids(original, self, config, Q, pids, centroid_scores):
     return scores, candidates.to(torch.int32)
 
 
+def dense_search_knobs(k: int) -> dict:
+    """colbert-ai's ``Searcher.dense_search`` defaults for ``k``: ncells,
+    centroid_score_threshold and ndocs."""
+    if k <= 10:
+        return dict(ncells=1, centroid_score_threshold=0.5, ndocs=256)
+    if k <= 100:
+        return dict(ncells=2, centroid_score_threshold=0.45, ndocs=1024)
+    return dict(ncells=4, centroid_score_threshold=0.4, ndocs=max(k * 4, 4096))
+
+
 def fill_search_knobs(searcher, k: int) -> None:
     """The defaults Searcher.dense_search fills in for k (only knobs still None; they then stick)."""
-    if k <= 10:
-        defaults = dict(ncells=1, centroid_score_threshold=0.5, ndocs=256)
-    elif k <= 100:
-        defaults = dict(ncells=2, centroid_score_threshold=0.45, ndocs=1024)
-    else:
-        defaults = dict(ncells=4, centroid_score_threshold=0.4, ndocs=max(k * 4, 4096))
-    for knob, value in defaults.items():
+    for knob, value in dense_search_knobs(k).items():
         if getattr(searcher.config, knob) is None:
             searcher.configure(**{knob: value})
 
