@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tilemaxsim_plaid.synthetic import DOC_MAXLEN, DOCLEN_MEDIAN, DOCLEN_SIGMA, MIN_DOCLEN
+
 __all__ = ["CorpusSpec", "Corpus", "EmbeddingCorpus", "EmbeddingList", "ExactTopK", "EMBEDDINGS_META_KEYS"]
 
 
@@ -51,10 +53,10 @@ class CorpusSpec:
 
     num_passages: int
     dim: int = 128
-    doclen_median: float = 64.0
-    doclen_sigma: float = 0.45
-    min_doclen: int = 4
-    doc_maxlen: int = 180
+    doclen_median: float = DOCLEN_MEDIAN
+    doclen_sigma: float = DOCLEN_SIGMA
+    min_doclen: int = MIN_DOCLEN
+    doc_maxlen: int = DOC_MAXLEN
     num_topics: int | None = None
     directions_per_topic: int = 32
     direction_spread: float = 0.6

@@ -67,6 +67,10 @@ __all__ = [
 
 # MS MARCO passage ranking's collection size, the scale the generator must be able to reach.
 MSMARCO_PASSAGES = 8_841_823
+# MS MARCO-like passage lengths in tokens: log-normal (median, shape), clipped to [min, max]; the
+# median of 64 with shape 0.45 gives a mean near 70 tokens, a modelling choice, not a measured
+# statistic; the maximum is ColBERTv2's doc_maxlen.
+DOCLEN_MEDIAN, DOCLEN_SIGMA, MIN_DOCLEN, DOC_MAXLEN = 64.0, 0.45, 4, 180
 # colbert-ai's Collection.get_chunksize() for one rank: min(25_000, 1 + N).
 COLBERT_CHUNK_PASSAGES = 25_000
 SYNTHETIC_MANIFEST = "synthetic.json"
@@ -81,10 +85,9 @@ class SyntheticIndexSpec:
         num_passages: passages in the index (>= 1).
         dim: token dimension (ColBERTv2: 128); ``dim * nbits`` must be a multiple of 8.
         nbits: residual bits per dimension (1, 2 or 4).
-        doclen_median, doclen_sigma: log-normal passage lengths in tokens (median and shape).
-            The default median of 64 with sigma 0.45 gives a mean near 70 tokens per passage,
-            a modelling choice for MS MARCO-like short passages, not a measured statistic.
-        min_doclen, doc_maxlen: the clip range; ``doc_maxlen`` is ColBERTv2's 180.
+        doclen_median, doclen_sigma: log-normal passage lengths in tokens (median and shape;
+            default DOCLEN_MEDIAN and DOCLEN_SIGMA, MS MARCO-like).
+        min_doclen, doc_maxlen: the clip range (default MIN_DOCLEN and DOC_MAXLEN, ColBERTv2's).
         num_centroids: C; None uses colbert-ai's rule on the generated embedding count.
         centroids_per_topic: centroids per family of related directions.
         centroid_spread: noise norm relative to the anchor; 1.0 puts a centroid at cosine ~0.7
@@ -102,10 +105,10 @@ class SyntheticIndexSpec:
     num_passages: int
     dim: int = 128
     nbits: int = 2
-    doclen_median: float = 64.0
-    doclen_sigma: float = 0.45
-    min_doclen: int = 4
-    doc_maxlen: int = 180
+    doclen_median: float = DOCLEN_MEDIAN
+    doclen_sigma: float = DOCLEN_SIGMA
+    min_doclen: int = MIN_DOCLEN
+    doc_maxlen: int = DOC_MAXLEN
     num_centroids: int | None = None
     centroids_per_topic: int = 64
     centroid_spread: float = 1.0
