@@ -267,7 +267,7 @@ def _plaid(device: torch.device, lq: int, index: IndexFacts | None, restated: li
                       {"path": "torch.sort", "why": f"backend torch ({backend_why})"})
     if triton:
         restated.append("sort and cuts: the one-program rule is "
-                        "plaid/backends._sorts_in_one_program")
+                        "plaid/backends.sorts_in_one_program")
     capturable = graphs.capturable(types.SimpleNamespace(device=device))
     if capturable:
         graph_why = (f"a GPU index on the Triton backend, {environment.GRAPHS_ENV_VAR} not off: "
@@ -297,7 +297,7 @@ def _stage_4(device, lq, index, backend, backend_why, restated) -> dict:
         return {"path": "decompress (codec's fp32 add, normalise), fp32 matmul, per-document "
                         f"max, {backends.TOKENS_PER_CHUNK:,} tokens per chunk",
                 "products": scoring.DECOMPRESSED_PRODUCTS, "why": f"backend torch ({backend_why})"}
-    if backends._residual_kernel() is None:
+    if backends.fused_residual_op() is None:
         return {"path": "ops.dense.maxsim_padded over decompressed tokens (a counted fallback)",
                 "products": scoring.DECOMPRESSED_PRODUCTS,
                 "why": "the fused residual kernel failed to import (logged on the "
@@ -311,14 +311,14 @@ def _stage_4(device, lq, index, backend, backend_why, restated) -> dict:
         return entry
     like = _index_like(device, index, backend, restated)
     products, fell_back = backends.resolved_products(like, lq)
-    table = backends._table_path(like, lq)
+    table = backends.uses_centroid_table(like, lq)
     reasons = [f"{environment.PRODUCTS_ENV_VAR}={choice}"]
     if choice == "auto" and table:
         reasons.append("every bucket weight is an fp16 value" if like.bucket_weights_in_fp16
                        else "the bucket weights are not all fp16 values")
     if not table:
         reasons.append(f"no centroid-score table of the query for C={index.num_centroids} and "
-                       f"{lq} query tokens (plaid/backends._table_path): tf32x3")
+                       f"{lq} query tokens (plaid/backends.uses_centroid_table): tf32x3")
     if fell_back:
         reasons.append("the fp16 modes need that table: falls back to tf32x3 (counted in stats())")
     entry["products"] = products

@@ -40,6 +40,9 @@ __all__ = [
     "products_for",
     "resolved_products",
     "centroid_table",
+    "uses_centroid_table",
+    "fused_residual_op",
+    "sorts_in_one_program",
     "cublas_fp32_is_exact",
     "backend_for",
     "centroid_interaction",
@@ -62,7 +65,7 @@ TOKENS_PER_CHUNK = 1 << 18
 _warned_no_table: dict[str, bool] = {}
 
 
-def _table_path(index: DeviceIndex, num_query_tokens: int) -> bool:
+def uses_centroid_table(index: DeviceIndex, num_query_tokens: int) -> bool:
     """Whether stage 4 takes the centroid part of its scores from centroid-score tables of the
     query (fp32: the fp16 products are multiplied against an fp32 query's table): precomputed
     inverse norms, a query the kernel scores in one launch, and a table the residual op serves,
@@ -82,14 +85,14 @@ def _gathers_centroid_rows(index: DeviceIndex, num_query_tokens: int) -> bool:
     from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
 
     return (index.inv_norms is not None and num_query_tokens <= MAX_LQ_PER_LAUNCH
-            and not _table_path(index, num_query_tokens))
+            and not uses_centroid_table(index, num_query_tokens))
 
 
 def resolved_products(index: DeviceIndex, num_query_tokens: int) -> tuple[str, bool]:
     """``(products, fell_back)``: :func:`products_for` without its log line and count;
     ``fell_back`` when an fp16 mode was asked for and tf32x3 is used instead."""
     choice = stage_4_products()
-    if not _table_path(index, num_query_tokens):
+    if not uses_centroid_table(index, num_query_tokens):
         return "tf32x3", choice in ("fp16x2", "fp16")
     if choice == "auto":
         return ("fp16x2" if index.bucket_weights_in_fp16 else "tf32x3"), False
@@ -104,7 +107,7 @@ _GATHERED = ("stage 4 gathered centroid rows: the query's centroid-score table d
 def products_for(index: DeviceIndex, num_query_tokens: int) -> str:
     """The products the fused stage 4 uses on ``index`` for a query of ``num_query_tokens``:
     ``"auto"`` resolved, and tf32x3 wherever the fp16 modes cannot keep the centroid part of
-    each score exact, which takes the table path (:func:`_table_path`)."""
+    each score exact, which takes the table path (:func:`uses_centroid_table`)."""
     products, fell_back = resolved_products(index, num_query_tokens)
     if fell_back:
         choice = stage_4_products()
@@ -192,7 +195,7 @@ def sort_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torc
     On the Triton backend a list of up to :data:`~tilemaxsim_plaid.ops.sort.MAX_SORTED_IN_ONE_PROGRAM`
     slots (every search's final list) is sorted in one launch, ties by pid; longer ones (reranks)
     and the torch backend use ``torch.sort``, whose ties fall in any order."""
-    if _sorts_in_one_program(index, pids):
+    if sorts_in_one_program(index, pids):
         from tilemaxsim_plaid.ops.sort import sort_candidates as fused
 
         return fused(pids, scores, valid)
@@ -206,7 +209,7 @@ def top_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torch
     Where the one-program sort applies (:func:`sort_candidates`) the best ``count`` are the
     head of the sorted list, views with no further launch (ties at the cut by pid); otherwise
     ``torch.topk`` and two gathers (ties at the cut in any order, as upstream's)."""
-    if _sorts_in_one_program(index, pids):
+    if sorts_in_one_program(index, pids):
         from tilemaxsim_plaid.ops.sort import sort_candidates as fused
 
         pids, _, valid = fused(pids, scores, valid)
@@ -215,7 +218,7 @@ def top_candidates(index, pids: torch.Tensor, scores: torch.Tensor, valid: torch
     return pids[top], (None if valid is None else valid[top])
 
 
-def _sorts_in_one_program(index, pids: torch.Tensor) -> bool:
+def sorts_in_one_program(index, pids: torch.Tensor) -> bool:
     from tilemaxsim_plaid.ops.sort import MAX_SORTED_IN_ONE_PROGRAM
 
     return (backend_for(index.device) == "triton" and index.num_docs < 2**31
@@ -226,7 +229,7 @@ _NO_FUSED_KERNEL = "stage 4 decompressed before scoring: the fused residual kern
 
 
 @functools.cache
-def _residual_kernel():
+def fused_residual_op():
     """``tilemaxsim_plaid.ops.residual.maxsim_residual`` when it is available, else None."""
     try:
         from tilemaxsim_plaid.ops.residual import maxsim_residual
@@ -260,7 +263,7 @@ def cublas_fp32_is_exact() -> bool:
 
 
 def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
-    residual_kernel = _residual_kernel()
+    residual_kernel = fused_residual_op()
     if residual_kernel is not None:
         if centroid_scores is not None and (index.inv_norms is None or centroid_scores.shape[1] != Q.shape[0]):
             centroid_scores = None  # stage 1 saw only the first query_maxlen tokens
@@ -268,7 +271,7 @@ def _exact_scores_triton(index, Q, pids, valid, centroid_scores=None):
         if _gathers_centroid_rows(index, Q.shape[0]):
             counters.count_fallback(_GATHERED)
         centroids = index.centroids
-        if centroid_scores is None and _table_path(index, Q.shape[0]):
+        if centroid_scores is None and uses_centroid_table(index, Q.shape[0]):
             if products == "fp16x2" and index.centroids_half is not None:
                 # A rerank (no stage 1): one launch builds the table from the fp16 centroids and
                 # splits the query into its fp16 halves (split_query_centroid_scores).
@@ -329,9 +332,9 @@ def exact_scores(index: DeviceIndex, Q: torch.Tensor, pids: torch.Tensor,
         [M] fp32.
     """
     triton_backend = backend_for(index.device) == "triton"
-    if triton_backend and _residual_kernel() is None:
+    if triton_backend and fused_residual_op() is None:
         counters.count_fallback(_NO_FUSED_KERNEL)
-    if triton_backend and _residual_kernel() is not None:
+    if triton_backend and fused_residual_op() is not None:
         # The fused kernel decodes in registers and reads the candidates in place: nothing grows
         # with the number of candidates but the [M] output, so one launch scores them all.
         return _exact_scores_triton(index, Q, pids, valid, centroid_scores)

@@ -279,7 +279,7 @@ def announce(scorer, index: DeviceIndex, num_query_tokens: int) -> None:
         return
     scorer.__dict__[_ANNOUNCED_ATTRIBUTE] = index.source_key
     backend = backends.backend_for(index.device)
-    if backend == "triton" and backends._residual_kernel() is not None:
+    if backend == "triton" and backends.fused_residual_op() is not None:
         products = backends.resolved_products(index, num_query_tokens)[0]
     else:
         products = DECOMPRESSED_PRODUCTS
