@@ -214,6 +214,31 @@ def test_residual(device, kwargs, where, value):
     assert_same_pattern(out, ref, "maxsim_residual", torch.float16, value)
 
 
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("kwargs", RESIDUAL_CONFIGS)
+def test_residual_unused_bucket_weight_at_odd_d(device, kwargs, value):
+    """d = 96 is scored in one masked 128-column chunk. A non-finite weight of a bucket that no
+    real dimension uses must reach no score, as in the reference: the chunk's columns past d
+    (whose missing bits decode to field value 0) are zeroed, not multiplied by zero query
+    columns (0 x NaN is NaN)."""
+    dim, nbits = 96, 2
+    index = random_index(device, dim, nbits, lengths=LENGTHS)
+    # Every 2-bit field of every residual byte nonzero: no real dimension is in bucket 0.
+    fields = torch.randint(1, 4, (*index["residuals"].shape, 4))
+    index["residuals"] = (fields << torch.tensor([0, 2, 4, 6])).sum(-1).to(torch.uint8).to(device)
+    index["bucket_weights"] = _poisoned(index["bucket_weights"], 0, value)
+    Q = torch.nn.functional.normalize(torch.randn(B, LQ, dim), dim=-1).half().to(device)
+    inv_norms = norms_of(index, nbits) if kwargs["centroid_table"] else None
+    out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                   index["centroids"], index["bucket_weights"], nbits,
+                                   inv_norms=inv_norms, config=ResidualConfig(**kwargs),
+                                   validate=False)
+    ref = reference.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
+                                    index["centroids"], index["bucket_weights"], nbits)
+    assert torch.isfinite(ref[:, torch.tensor(LENGTHS) > 0]).all(), "bucket 0 is unused"
+    assert_same_pattern(out, ref, "maxsim_residual", torch.float16, 0.0)
+
+
 def _table_reference(Q, index, inv_norms, S):
     """float64 MaxSim as the table path computes it: (S[code_t] + <q, r_t>) * inv_norm_t, with
     S = centroids @ Q^T unless given."""
