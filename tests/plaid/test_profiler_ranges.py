@@ -32,7 +32,7 @@ def _range_names(prof) -> list[str]:
 def _configured(searcher):
     # Searcher.dense_search's knobs for k = 10: every stage runs, over the fewest candidates
     # (the interpreter's stage 4 costs one program per candidate).
-    searcher.configure(ncells=1, centroid_score_threshold=0.5, ndocs=256)
+    searcher.configure(**scoring.dense_search_knobs(10))
     return searcher.config
 
 
