@@ -58,7 +58,7 @@ def test_refuses_to_run_without_a_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_stage_2_and_table_comparisons_run_the_ops_they_time(index, monkeypatch):
+def test_stage_2_and_table_comparisons_run_the_ops_they_time(monkeypatch):
     """The A/B parts of a profile, with the graph timer replaced by one call of what it times:
     stage 2 per slot and used-only, and both table builds, run on the Triton ops (interpreted)."""
     import types
@@ -66,6 +66,8 @@ def test_stage_2_and_table_comparisons_run_the_ops_they_time(index, monkeypatch)
     calls = []
     monkeypatch.setattr(profile_search, "graph_replay_ms", lambda fn: calls.append(fn()) or 0.001)
     monkeypatch.setenv("TILEMAXSIM_PLAID_BACKEND", "triton")
+    # Few passages per list: the interpreter runs one program per slot of the per-slot launch.
+    index = profile_search.synthetic_device_index(150, 512, 0.8, torch.device("cpu"), seed=5)
     Q = profile_search.query_batch(index, 1)[0]
     config = types.SimpleNamespace(query_maxlen=profile_search.QUERY_LEN, **scoring.dense_search_knobs(10))
     with torch.inference_mode():
