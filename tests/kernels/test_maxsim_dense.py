@@ -251,6 +251,33 @@ def test_block_d_packed_is_exact(d, block_d, B, device):
                      torch.float16)
 
 
+@pytest.mark.parametrize("d,block_d", [pytest.param(96, 32, id="d96-3x32"),
+                                       pytest.param(144, 16, id="d144-9x16")])
+def test_held_chunks_read_strided_views(d, block_d, device):
+    """The query held one tile per chunk reads Q, D, offsets, pids and query lengths through
+    their strides: views (every other column and row of wider tensors, columns of 2-D index
+    tensors) score as their contiguous copies, bit for bit, and as the reference."""
+    D, offsets = _packed_from_lengths([3, 0, 20, 1, 9, 17], d, torch.float16, device)
+    Q = _rand(2, 9, d, dtype=torch.float16, device=device)
+    wide_D = torch.zeros(D.shape[0] * 2, d * 2, dtype=D.dtype, device=device)
+    wide_D[::2, ::2] = D
+    wide_Q = torch.zeros(2, 18, d * 2, dtype=Q.dtype, device=device)
+    wide_Q[:, ::2, ::2] = Q
+    pids = torch.tensor([5, 1, 2, 2], device=device)
+    query_lengths = torch.tensor([9, 4], device=device)
+
+    def column(t):
+        return torch.stack([t, torch.zeros_like(t)], 1)[:, 0]
+
+    config = MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, block_d=block_d)
+    views = maxsim_packed(wide_Q[:, ::2, ::2], wide_D[::2, ::2], column(offsets), column(pids),
+                          query_lengths=column(query_lengths), config=config)
+    copies = maxsim_packed(Q, D, offsets, pids, query_lengths=query_lengths, config=config)
+    assert torch.equal(views, copies)
+    assert_close(copies, reference.maxsim_packed(Q, D, offsets, pids, query_lengths=query_lengths),
+                 "maxsim_dense", torch.float16)
+
+
 @pytest.mark.parametrize("B", [1, 4])
 @pytest.mark.parametrize("d,block_d", BLOCK_D_CASES)
 def test_block_d_padded_is_exact(d, block_d, B, device):

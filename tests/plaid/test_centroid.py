@@ -85,9 +85,12 @@ def test_num_used_scores_the_used_prefix_and_minus_inf_past_it(num_used, Lq, dev
     valid = torch.rand(40, generator=g) < 0.9
     valid[num_used:] = False
     pids, valid = pids.to(device), valid.to(device)
-    count = torch.tensor(num_used, device=device)
+    count = torch.tensor([[num_used, 10**6]], device=device)[:, 0]  # a strided one-element view
     fixed = centroid_interaction(centroid_scores, codes, offsets, pids, keep=keep, valid=valid,
                                  unmatched=-9999.0, num_used=count, validate=False)
+    assert torch.equal(fixed, centroid_interaction(
+        centroid_scores, codes, offsets, pids, keep=keep, valid=valid, unmatched=-9999.0,
+        num_used=torch.tensor(num_used, device=device), validate=False)), "a 0-d count alike"
     safe = torch.where(valid, pids, torch.zeros_like(pids))
     per_slot = centroid_interaction(centroid_scores, codes, offsets, safe, keep=keep, valid=valid,
                                     unmatched=-9999.0)
