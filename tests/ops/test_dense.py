@@ -4,8 +4,8 @@ return or raise before any kernel runs (kernel exactness: tests/kernels/test_max
 import pytest
 import torch
 
-from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config, maxsim_packed,
-                                        maxsim_padded)
+from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, MANY_DOCS,
+                                        MaxSimConfig, default_config, maxsim_packed, maxsim_padded)
 
 
 def _packed(lengths, d, device):
@@ -114,6 +114,23 @@ def test_default_config_by_number_of_documents():
     assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
     assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
                               element_size=4).hold_query
+
+
+@pytest.mark.parametrize("dim", [48, 96, 144, 160])
+def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
+    held = default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
+    assert held == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
+                                hold_query=True, block_d=HELD_CHUNK_COLUMNS)
+    # Not for a wider query block, padded documents, few documents, fp32, or past the cap.
+    assert default_config(1, 33, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) != held
+    assert default_config(1, 32, 180, dim, num_docs=MANY_DOCS) != held
+    assert default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS - 1) != held
+    assert default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS,
+                          element_size=4) != held
+    assert not default_config(1, 32, 180, HELD_CHUNKED_MAX_DIM + 16, variable_lengths=True,
+                              num_docs=MANY_DOCS).hold_query
+    # Powers of two keep the one-chunk held query.
+    assert default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
 
 
 def test_default_config_per_input_class():

@@ -63,6 +63,10 @@ class MaxSimConfig:
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
+# One query of up to 32 tokens at a d that is not a power of two is held in 32-column chunks up
+# to this d: one warp holds 160 fp16 columns in 80 registers a thread (d = 96 and 144 measured:
+# results/PERFORMANCE_LOG.md, run 99). Wider d keeps the 64-column streamed chunks.
+HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 160
 
 
 def _pow2(x: int) -> int:
@@ -86,7 +90,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90 and 92).
+    results/PERFORMANCE_LOG.md, runs 90, 92 and 99).
 
     Args:
         num_queries: B.
@@ -100,8 +104,14 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     """
     if num_queries == 1:
         wide_query = _pow2(Lq) > 32
-        holds = dim <= MAX_BLOCK_D and num_docs >= MANY_DOCS and element_size == 2
-        if holds and (variable_lengths or wide_query):
+        many = num_docs >= MANY_DOCS and element_size == 2
+        if many and variable_lengths and not wide_query and _pow2(dim) != dim and dim <= HELD_CHUNKED_MAX_DIM:
+            # d = 96 or 144: 32-column chunks mask at most 16 columns (one 128-wide chunk would
+            # multiply 32 masked columns at d = 96; 16-column chunks at d = 144 make 9 small
+            # products a tile).
+            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
+                                hold_query=True, block_d=HELD_CHUNK_COLUMNS)
+        if many and dim <= MAX_BLOCK_D and (variable_lengths or wide_query):
             # Many documents: programs that hold the query across several documents. Reloading
             # the query block from L2 for every document costs about a tenth of the read roof at
             # MS MARCO-like lengths. A 32-row query block (packed documents): one warp, 16-token
