@@ -153,7 +153,7 @@ def _patched_pass(ranker, config, Q_all, k, stock_tops, stock_candidates) -> dic
     seen: dict = {}
 
     def record_stage_1(result, index, config_, centroid_scores):
-        pids, valid, _ = result
+        pids, valid = result[:2]
         seen["centroid_scores"] = centroid_scores.detach().cpu()
         seen["stage_1"] = (pids if valid is None else pids[valid]).tolist()
 

@@ -24,6 +24,8 @@ For each k (colbert-ai's k-dependent defaults) it prints:
 * the candidate list's fixed capacity against the candidates a query actually has, and stage 2
   alone launched with one program per slot of that capacity against the fixed grid that visits
   only the used slots (``num_used``, the default).
+* stage 1's argmax over the centroids and max over the query columns of the table, as two torch
+  passes against the one fused read (``ops.centroid.probe_centroids``, the default).
 """
 
 from __future__ import annotations
@@ -147,8 +149,7 @@ def _stage_2_ab(index: DeviceIndex, config, Q: torch.Tensor) -> dict:
     """Stage 2 alone on one query's fixed-capacity list, replayed as a graph (µs): one program
     per slot of the capacity, against the fixed grid that visits the used slots only."""
     table = backends.centroid_table(index, Q)
-    pids, valid, num_used = scoring._generate_candidates(index, config, table)
-    keep = table.max(-1).values >= config.centroid_score_threshold
+    pids, valid, num_used, keep = scoring._generate_candidates(index, config, table)
     out = {}
     for label, count in (("per_slot", None), ("used_only", num_used)):
         out[label] = 1e3 * graph_replay_ms(lambda count=count: backends.centroid_interaction(
@@ -170,6 +171,19 @@ def table_builds_us(index: DeviceIndex, Q: torch.Tensor) -> dict:
     return out
 
 
+def probe_us(index: DeviceIndex, config, Q: torch.Tensor) -> dict:
+    """Stage 1's two reductions of the [C, Lq] table, replayed as a graph (µs): torch's argmax over
+    the centroids and max over the query columns (two passes), against the one-pass fused
+    ``ops.centroid.probe_centroids`` (the Triton backend's default)."""
+    from tilemaxsim_plaid.ops.centroid import probe_centroids
+
+    table = backends.centroid_table(index, Q)
+    threshold = config.centroid_score_threshold
+    return {"torch_two_passes": 1e3 * graph_replay_ms(
+                lambda: (table.argmax(dim=0), table.max(-1).values >= threshold)),
+            "fused": 1e3 * graph_replay_ms(lambda: probe_centroids(table, threshold))}
+
+
 def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dict:
     config = types.SimpleNamespace(query_maxlen=QUERY_LEN, **scoring.dense_search_knobs(k))
     holder = types.SimpleNamespace()  # carries the captured graphs, as an IndexScorer would
@@ -178,7 +192,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
     with torch.inference_mode():
         for Q in Qs[:16]:
             table = backends.centroid_table(index, Q)
-            _, valid, _ = scoring._generate_candidates(index, config, table)
+            valid = scoring._generate_candidates(index, config, table)[1]
             counts.append(int(valid.sum()))
         host_ms = []
         for Q in Qs:
@@ -197,6 +211,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
                 captured.graph.replay()
             torch.cuda.synchronize()
         stage_2 = _stage_2_ab(index, config, Q)
+        probe = probe_us(index, config, Q)
     events = _kernel_events(prof)
     per_replay = len(events) // replays
     one = events[:per_replay]
@@ -209,6 +224,7 @@ def profile_k(index: DeviceIndex, Qs: torch.Tensor, k: int, replays: int) -> dic
         by_kernel[name] = by_kernel.get(name, 0.0) + duration / replays
     span = (one[-1][1] + one[-1][2] - one[0][1]) if one else 0.0
     return {"k": k, "knobs": scoring.dense_search_knobs(k), "capacity": capacity, "stage_2_us": stage_2,
+            "probe_us": probe,
             "candidates_mean": statistics.mean(counts), "candidates_max": max(counts),
             "graph_gpu_ms": gpu_ms, "host_p50_ms": statistics.median(host_ms),
             "kernels_per_replay": per_replay, "kernel_us_sum": sum(e["us"] for e in timeline),
@@ -225,6 +241,8 @@ def print_profile(row: dict, label: str) -> None:
           f"{row['kernels_per_replay']} launches); rank + to_lists p50 {row['host_p50_ms'] * 1e3:.1f} us")
     print(f"stage 2 alone: one program per slot {row['stage_2_us']['per_slot']:.1f} us, used slots "
           f"only {row['stage_2_us']['used_only']:.1f} us")
+    print(f"stage 1 cells and pruning mask: torch argmax + max {row['probe_us']['torch_two_passes']:.1f} us, "
+          f"fused {row['probe_us']['fused']:.1f} us")
     print(f"{'#':>3} {'us':>8} {'gap':>6}  kernel")
     for i, e in enumerate(row["timeline"]):
         print(f"{i:>3} {e['us']:>8.1f} {e['gap_us']:>6.1f}  {_short(e['kernel'])}")

@@ -177,3 +177,64 @@ def test_torch_backend_floors_unmatched_documents_as_the_kernel_does(device):
                                  keep=keep.to(device), valid=valid.to(device), unmatched=-9999.0).cpu()
     assert torch.equal(torch.isneginf(on_cpu), torch.isneginf(fused)) and torch.isneginf(on_cpu[5])
     assert_close(on_cpu[:5], fused[:5], "centroid_interaction", torch.float32)
+
+
+def _probe_table(C, R, dtype, device, strided):
+    table = torch.randn(R, C).t() if strided else torch.randn(C, R)  # strided: a transposed view
+    if C > 8 and R > 2:
+        table[3, 1] = float("nan")         # column 1's argmax, row 3 never kept
+        table[C - 1, 2] = float("inf")     # column 2's argmax at the last row
+        table[5, 2] = float("inf")         # ... unless an earlier +inf ties it: the first one
+        table[:, R - 1] = float("-inf")    # a column of -inf: the first row
+        table[7] = 0.25                    # a row tied across its columns
+        table[C // 2:, 0] = table[:, 0].max()  # ties in column 0 across programs
+    table = table.to(dtype)
+    return table.to(device) if not strided else table.t().contiguous().t().to(device)
+
+
+@pytest.mark.parametrize("C,R", [(1, 1), (7, 3), (300, 32), (4097, 17), (129, 64), (70, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "transposed-view"])
+def test_probe_centroids_equals_torchs_two_reductions(C, R, dtype, strided, device):
+    """Stage 1's fused reductions: cells and pruning mask bit for bit as torch's argmax over the
+    centroids and max over the query columns, with NaN, +-inf and ties across programs."""
+    from tilemaxsim_plaid.ops.centroid import probe_centroids
+
+    table = _probe_table(C, R, dtype, device, strided)
+    assert strided is (not table.is_contiguous()) or R == 1 or C == 1
+    for threshold in (0.25, 0.5, float("-inf"), float("inf")):
+        cells, keep = probe_centroids(table, threshold)
+        assert cells.dtype == torch.int64 and keep.dtype == torch.bool
+        assert torch.equal(cells, table.argmax(dim=0))
+        assert torch.equal(keep, table.max(-1).values >= threshold)
+
+
+@pytest.mark.parametrize("ncells", [1, 3])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_backends_probe_the_same_cells_and_mask(ncells, backend, monkeypatch):
+    import types
+
+    from tilemaxsim_plaid.plaid import backends
+
+    monkeypatch.setenv("TILEMAXSIM_PLAID_BACKEND", backend)
+    table = torch.randn(500, 32)
+    index = types.SimpleNamespace(device=torch.device("cpu"))
+    cells, keep = backends.probe_centroids(index, table, ncells, 0.4)
+    assert torch.equal(keep, table.max(-1).values >= 0.4)
+    expected = table.topk(ncells, dim=0).indices
+    assert torch.equal(cells.view(ncells, 32).sort(0).values, expected.sort(0).values)
+
+
+@pytest.mark.parametrize("shape, error", [
+    pytest.param((0, 32), ValueError, id="no-centroids"),
+    pytest.param((8, 0), ValueError, id="no-columns"),
+    pytest.param((8, 257), ValueError, id="too-many-columns"),
+    pytest.param((8,), ValueError, id="1d"),
+])
+def test_probe_centroids_refuses_bad_tables_by_name(shape, error):
+    from tilemaxsim_plaid.ops.centroid import probe_centroids
+
+    with pytest.raises(error, match="centroid_scores"):
+        probe_centroids(torch.randn(shape), 0.5)
+    with pytest.raises(TypeError, match="centroid_scores"):
+        probe_centroids(torch.zeros(8, 4, dtype=torch.int32), 0.5)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kernel
+from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kernel, _probe_centroids_kernel
 from tilemaxsim_plaid.ops import checks
 # Query columns per launch; longer queries (full_length_search) are split and summed, which
 # is exact because the score is a sum over query tokens.
 from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, persistent_programs
 
-__all__ = ["centroid_interaction"]
+__all__ = ["centroid_interaction", "probe_centroids", "MAX_PROBE_COLUMNS"]
 
 # Tokens per step: a [64, 32] fp32 tile of gathered centroid scores is 8 KB of registers
 # across 4 warps, and 64 covers most passages (PLAID doclens ~ 30-180) in one or two steps.
@@ -19,6 +19,9 @@ BLOCK_T = 64
 NUM_WARPS = 4
 # Unused slots written as -inf per step of a num_used launch (one 4 KB store per program).
 BLOCK_FILL = 1024
+# probe_centroids: table entries per program (a [128, 32] fp32 tile, 32 registers a thread over
+# 4 warps) and the widest table it reads (query_maxlen); wider tables take torch's reductions.
+PROBE_TILE, MAX_PROBE_COLUMNS = 4096, 256
 
 
 def _check(centroid_scores, codes, offsets, pids, keep, valid, num_used, validate):
@@ -133,3 +136,40 @@ def centroid_interaction(
         )
         total = target if total is None else total.add_(target)
     return total
+
+
+def probe_centroids(centroid_scores: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's reductions of one query's centroid-score table, reading it once.
+
+    Equal to ``(centroid_scores.argmax(0), centroid_scores.max(-1).values >= threshold)`` bit
+    for bit, NaN included (torch's semantics: a NaN is a column's largest value, and a row
+    holding one is never kept); ties go to the first centroid. Two torch passes over a [C, 32]
+    fp32 table at C = 2^18 read it twice, the argmax along its strided dimension.
+
+    Args:
+        centroid_scores: [C, R] fp16/fp32, C >= 1 and 1 <= R <= MAX_PROBE_COLUMNS, any strides.
+        threshold: PLAID's ``centroid_score_threshold``.
+
+    Returns:
+        (cells [R] int64, each query column's best centroid; keep [C] bool).
+    """
+    checks.check_tensor("centroid_scores", centroid_scores, dims=(2,), dtypes=checks.FLOAT_DTYPES)
+    C, R = centroid_scores.shape
+    if C == 0 or not 1 <= R <= MAX_PROBE_COLUMNS:
+        raise ValueError(f"centroid_scores must be [C >= 1, 1 <= R <= {MAX_PROBE_COLUMNS}], "
+                         f"got {checks.describe(centroid_scores)}")
+    device = centroid_scores.device
+    block_r = max(16, triton.next_power_of_2(R))
+    block_c = PROBE_TILE // block_r
+    programs = triton.cdiv(C, block_c)
+    keep = torch.empty(C, dtype=torch.bool, device=device)
+    block_max = torch.empty(programs, block_r, dtype=torch.float32, device=device)
+    block_arg = torch.empty(programs, block_r, dtype=torch.int32, device=device)
+    _probe_centroids_kernel[(programs,)](
+        centroid_scores, centroid_scores.stride(0), centroid_scores.stride(1),
+        keep.view(torch.int8), block_max, block_arg, C, R, float(threshold),
+        BLOCK_C=block_c, BLOCK_R=block_r, num_warps=NUM_WARPS,
+    )
+    best_block = block_max[:, :R].argmax(0)
+    cells = block_arg[:, :R].gather(0, best_block[None]).flatten().to(torch.int64)
+    return cells, keep

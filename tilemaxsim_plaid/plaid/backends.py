@@ -45,6 +45,7 @@ __all__ = [
     "sorts_in_one_program",
     "cublas_fp32_is_exact",
     "backend_for",
+    "probe_centroids",
     "centroid_interaction",
     "mark_probed_documents",
     "sort_candidates",
@@ -144,6 +145,28 @@ def decompress_tokens(index: DeviceIndex, rows: torch.Tensor) -> torch.Tensor:
     embeddings += byte_weights.index_select(0, residual_bytes).reshape(flat.shape[0], index.dim)
     embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
     return embeddings.reshape(*rows.shape, index.dim)
+
+
+def probe_centroids(index, centroid_scores: torch.Tensor, ncells: int, threshold: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's cells and stage 2's pruning mask from one query's [C, Lq] table:
+    ``(the ncells best centroids of each query column, flattened; keep [C] bool, a centroid
+    whose best query score reaches threshold)``. On the Triton backend one launch reads the
+    table for both (ops.centroid.probe_centroids; torch's topk still picks ncells > 1)."""
+    C, columns = centroid_scores.shape
+    if backend_for(index.device) == "triton" and C >= 1:
+        from tilemaxsim_plaid.ops.centroid import MAX_PROBE_COLUMNS
+        from tilemaxsim_plaid.ops.centroid import probe_centroids as fused
+
+        if 1 <= columns <= MAX_PROBE_COLUMNS:
+            cells, keep = fused(centroid_scores, threshold)
+            if ncells > 1:
+                cells = centroid_scores.topk(ncells, dim=0, sorted=False).indices.flatten()
+            return cells, keep
+    keep = centroid_scores.max(-1).values >= threshold
+    if ncells == 1:
+        return centroid_scores.argmax(dim=0), keep
+    return centroid_scores.topk(ncells, dim=0, sorted=False).indices.flatten(), keep
 
 
 def centroid_interaction(index, centroid_scores, pids, *, keep=None, valid=None, unmatched=None,

@@ -200,8 +200,9 @@ def _keep_top(index, pids, valid, scores, count: int):
 
 
 @_in_range(CENTROID_INTERACTION)
-def _stages_2_and_3(index, config, centroid_scores, pids, valid, num_used=None):
-    keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
+def _stages_2_and_3(index, config, centroid_scores, pids, valid, num_used=None, keep=None):
+    if keep is None:
+        keep = backends.probe_centroids(index, centroid_scores, 1, config.centroid_score_threshold)[1]
     # A real candidate none of whose tokens survives scores UNMATCHED_TOKEN_SCORE per query
     # token, as upstream's; unused slots stay -inf, so they rank last. num_used (the count of
     # stage 1's list, on the device) keeps stage 2 from visiting the list's unused capacity.
@@ -241,17 +242,16 @@ def _centroid_scores(index: DeviceIndex, config, Q: torch.Tensor) -> torch.Tenso
 @_in_range(CANDIDATES)
 def _generate_candidates(index: DeviceIndex, config, centroid_scores: torch.Tensor):
     """Stage 1 without a host sync: (pids [cap] int64 ascending, valid [cap] bool, the number
-    of candidates as a 0-d int64 tensor); the used slots come first."""
+    of candidates as a 0-d int64 tensor, stage 2's pruning mask [C] bool); the used slots come
+    first."""
     ncells = min(int(config.ncells), centroid_scores.shape[0])
-    if ncells == 1:
-        cells = centroid_scores.argmax(dim=0)
-    else:
-        cells = centroid_scores.topk(ncells, dim=0, sorted=False).indices.flatten()
+    cells, keep = backends.probe_centroids(index, centroid_scores, ncells,
+                                           config.centroid_score_threshold)
     bitmap = backends.mark_probed_documents(index, cells)
     capacity = index.candidate_capacity(cells.numel())
     pids = torch.nonzero_static(bitmap[: index.num_docs], size=capacity, fill_value=-1).flatten()
     valid = pids >= 0
-    return pids.clamp_(min=0), valid, valid.sum()
+    return pids.clamp_(min=0), valid, valid.sum(), keep
 
 
 @_in_range(CANDIDATES)
@@ -331,21 +331,23 @@ def rank_on_device(scorer, config, Q, filter_fn=None, pids=None,
         return _stage_4(index, Q, candidates, None, sharded)
 
     centroid_scores = _centroid_scores(index, config, Q)
-    candidates, valid, num_used = _generate_candidates(index, config, centroid_scores)
+    candidates, valid, num_used, keep = _generate_candidates(index, config, centroid_scores)
     if filter_fn is not None:
         candidates, valid = _apply_filter(filter_fn, candidates, valid, index.device), None
         num_used = None
         if candidates.numel() == 0:
             return None
-    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used)
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used,
+                                        keep)
     return _stage_4(index, Q, candidates, valid, sharded, centroid_scores)
 
 
 def _search_pipeline(index: DeviceIndex, config, Q: torch.Tensor) -> RankedCandidates:
     """Stages 1-4 and the sort for one query, with no host sync: what a CUDA graph captures."""
     centroid_scores = _centroid_scores(index, config, Q)
-    candidates, valid, num_used = _generate_candidates(index, config, centroid_scores)
-    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used)
+    candidates, valid, num_used, keep = _generate_candidates(index, config, centroid_scores)
+    candidates, valid = _stages_2_and_3(index, config, centroid_scores, candidates, valid, num_used,
+                                        keep)
     return _stage_4(index, Q, candidates, valid, None, centroid_scores)
 
 
