@@ -211,14 +211,14 @@ def test_probe_centroids_equals_torchs_two_reductions(C, R, dtype, strided, devi
 
 @pytest.mark.parametrize("ncells", [1, 3])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_backends_probe_the_same_cells_and_mask(ncells, backend, monkeypatch):
+def test_backends_probe_the_same_cells_and_mask(ncells, backend, monkeypatch, device):
     import types
 
     from tilemaxsim_plaid.plaid import backends
 
     monkeypatch.setenv("TILEMAXSIM_PLAID_BACKEND", backend)
-    table = torch.randn(500, 32)
-    index = types.SimpleNamespace(device=torch.device("cpu"))
+    table = torch.randn(500, 32, device=device)
+    index = types.SimpleNamespace(device=torch.device(device))
     cells, keep = backends.probe_centroids(index, table, ncells, 0.4)
     assert torch.equal(keep, table.max(-1).values >= 0.4)
     expected = table.topk(ncells, dim=0).indices

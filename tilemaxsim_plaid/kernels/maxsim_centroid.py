@@ -109,8 +109,8 @@ def _probe_centroids_kernel(
     stride_cs_c,
     stride_cs_q,
     p_keep,  # [C] int8 out
-    p_block_max,  # [programs, BLOCK_R] fp32 out
-    p_block_arg,  # [programs, BLOCK_R] int32 out
+    p_block_max,  # [BLOCK_R, programs] fp32 out
+    p_block_arg,  # [BLOCK_R, programs] int32 out
     C,
     R,
     threshold,
@@ -120,12 +120,12 @@ def _probe_centroids_kernel(
     """Stage 1's two reductions of the centroid-score table in one read of it, per BLOCK_C rows:
 
         keep[c] = max_i S[c, i] >= threshold      (the stage-2 pruning mask)
-        block_max[p, i], block_arg[p, i] = max and first argmax of S[c, i] over this block's c
+        block_max[i, p], block_arg[i, p] = max and first argmax of S[c, i] over this block's c
 
     with torch's NaN semantics: a row holding a NaN has a NaN max (kept never), and a NaN is the
     largest value of a column (its first NaN is the argmax). The reductions use explicit NaN
     flags, so they need no NaN-propagating max. Over the blocks, the first block holding a
-    column's maximum (torch's argmax over block_max) holds its first argmax.
+    column's maximum (torch's argmax along block_max's contiguous rows) holds its first argmax.
     """
     program = tl.program_id(0)
     offs_c = program * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -148,6 +148,6 @@ def _probe_centroids_kernel(
     col_max = tl.max(tl.where(is_nan, float("-inf"), s), axis=0)
     # A column of only -inf has every row equal to its max: the first row, as torch's argmax.
     first_max = tl.min(tl.where((s == col_max[None, :]) & mask, rows, none), axis=0)
-    out = program * BLOCK_R + offs_r
+    out = offs_r * tl.num_programs(0) + program
     tl.store(p_block_max + out, tl.where(col_nan != 0, float("nan"), col_max))
     tl.store(p_block_arg + out, tl.where(col_nan != 0, first_nan, first_max))

@@ -163,13 +163,15 @@ def probe_centroids(centroid_scores: torch.Tensor, threshold: float) -> tuple[to
     block_c = PROBE_TILE // block_r
     programs = triton.cdiv(C, block_c)
     keep = torch.empty(C, dtype=torch.bool, device=device)
-    block_max = torch.empty(programs, block_r, dtype=torch.float32, device=device)
-    block_arg = torch.empty(programs, block_r, dtype=torch.int32, device=device)
+    # Per block and column, stored column-major: the reduction over blocks then runs along
+    # contiguous rows (torch's argmax over the strided dimension took 33 us for [2048, 32]).
+    block_max = torch.empty(block_r, programs, dtype=torch.float32, device=device)
+    block_arg = torch.empty(block_r, programs, dtype=torch.int32, device=device)
     _probe_centroids_kernel[(programs,)](
         centroid_scores, centroid_scores.stride(0), centroid_scores.stride(1),
         keep.view(torch.int8), block_max, block_arg, C, R, float(threshold),
         BLOCK_C=block_c, BLOCK_R=block_r, num_warps=NUM_WARPS,
     )
-    best_block = block_max[:, :R].argmax(0)
-    cells = block_arg[:, :R].gather(0, best_block[None]).flatten().to(torch.int64)
+    best_block = block_max[:R].argmax(1)
+    cells = block_arg[:R].gather(1, best_block[:, None]).flatten().to(torch.int64)
     return cells, keep
