@@ -121,7 +121,10 @@ def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
     held = default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
     assert held == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
                                 hold_query=True, block_d=HELD_CHUNK_COLUMNS)
-    # Not for a wider query block, padded documents, few documents, fp32, or past the cap.
+    assert default_config(1, 17, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) == held
+    # Not for a shorter or wider query block, padded documents, few documents, fp32, or past
+    # the cap.
+    assert default_config(1, 16, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) != held
     assert default_config(1, 33, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) != held
     assert default_config(1, 32, 180, dim, num_docs=MANY_DOCS) != held
     assert default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS - 1) != held

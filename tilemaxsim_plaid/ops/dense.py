@@ -63,9 +63,9 @@ class MaxSimConfig:
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
-# One query of up to 32 tokens at a d that is not a power of two is held in 32-column chunks up
+# One query of 17 to 32 tokens at a d that is not a power of two is held in 32-column chunks up
 # to this d: one warp holds 160 fp16 columns in 80 registers a thread (d = 96 and 144 measured:
-# results/PERFORMANCE_LOG.md, run 99). Wider d keeps the 64-column streamed chunks.
+# results/PERFORMANCE_LOG.md, runs 99 and 102). Wider d keeps the 64-column streamed chunks.
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 160
 
 
@@ -105,10 +105,12 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     if num_queries == 1:
         wide_query = _pow2(Lq) > 32
         many = num_docs >= MANY_DOCS and element_size == 2
-        if many and variable_lengths and not wide_query and _pow2(dim) != dim and dim <= HELD_CHUNKED_MAX_DIM:
+        if (many and variable_lengths and _pow2(Lq) == 32 and _pow2(dim) != dim
+                and dim <= HELD_CHUNKED_MAX_DIM):
             # d = 96 or 144: 32-column chunks mask at most 16 columns (one 128-wide chunk would
             # multiply 32 masked columns at d = 96; 16-column chunks at d = 144 make 9 small
-            # products a tile).
+            # products a tile). A query of up to 16 tokens keeps one chunk: its smaller products
+            # gain less from the columns than they lose to the chunk count (run 102).
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
                                 hold_query=True, block_d=HELD_CHUNK_COLUMNS)
         if many and dim <= MAX_BLOCK_D and (variable_lengths or wide_query):
