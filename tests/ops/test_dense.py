@@ -132,6 +132,9 @@ def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
                           element_size=4) != held
     assert not default_config(1, 32, 180, HELD_CHUNKED_MAX_DIM + 16, variable_lengths=True,
                               num_docs=MANY_DOCS).hold_query
+    # A wider query block held across 4 warps takes 32-column chunks at d = 96 as well.
+    wide = default_config(1, 33, 180, 96, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, HELD_CHUNK_COLUMNS)
     # Powers of two keep the one-chunk held query.
     assert default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
 

@@ -121,8 +121,10 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
             # 8 documents (one warp would need 128 registers per thread for the held query alone).
             if wide_query:
+                # d = 96 in 32-column chunks here too (run 104).
                 return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
-                                    hold_query=True)
+                                    hold_query=True,
+                                    block_d=None if _pow2(dim) == dim else HELD_CHUNK_COLUMNS)
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
                                 hold_query=True)
         # One query is memory-bound: plain per-document tiles, each program one document.
