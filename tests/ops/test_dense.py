@@ -116,7 +116,7 @@ def test_default_config_by_number_of_documents():
                               element_size=4).hold_query
 
 
-@pytest.mark.parametrize("dim", [48, 96, 144, 160])
+@pytest.mark.parametrize("dim", [80, 96, 144, 160])
 def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
     held = default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
     assert held == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
@@ -135,8 +135,10 @@ def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
     # A wider query block held across 4 warps takes 32-column chunks at d = 96 as well.
     wide = default_config(1, 33, 180, 96, variable_lengths=True, num_docs=MANY_DOCS)
     assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, HELD_CHUNK_COLUMNS)
-    # Powers of two keep the one-chunk held query.
-    assert default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
+    # Powers of two, and d that 32-column chunks would pad as much (48, 112), keep one chunk.
+    for one_chunk in (64, 128, 48, 112):
+        assert default_config(1, 32, 180, one_chunk, variable_lengths=True,
+                              num_docs=MANY_DOCS).block_d is None
 
 
 def test_default_config_per_input_class():

@@ -63,9 +63,9 @@ class MaxSimConfig:
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
-# One query of 17 to 32 tokens at a d that is not a power of two is held in 32-column chunks up
-# to this d: one warp holds 160 fp16 columns in 80 registers a thread (d = 96 and 144 measured:
-# results/PERFORMANCE_LOG.md, runs 99 and 102). Wider d keeps the 64-column streamed chunks.
+# A held query at a d that 32-column chunks pad less is held in them (default_config), up
+# to this d for a 32-row query block: one warp holds 160 fp16 columns in 80 registers a thread
+# (d = 96 and 144 measured). Wider d keeps the 64-column streamed chunks.
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 160
 
 
@@ -90,7 +90,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92 and 99).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102 and 104).
 
     Args:
         num_queries: B.
@@ -104,29 +104,28 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     """
     if num_queries == 1:
         wide_query = _pow2(Lq) > 32
-        many = num_docs >= MANY_DOCS and element_size == 2
-        if (many and variable_lengths and _pow2(Lq) == 32 and _pow2(dim) != dim
-                and dim <= HELD_CHUNKED_MAX_DIM):
-            # d = 96 or 144: 32-column chunks mask at most 16 columns (one 128-wide chunk would
-            # multiply 32 masked columns at d = 96; 16-column chunks at d = 144 make 9 small
-            # products a tile). A query of up to 16 tokens keeps one chunk: its smaller products
-            # gain less from the columns than they lose to the chunk count (run 102).
-            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
-                                hold_query=True, block_d=HELD_CHUNK_COLUMNS)
-        if many and dim <= MAX_BLOCK_D and (variable_lengths or wide_query):
+        # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
+        # 144) hold the query in such chunks: one 128-wide chunk multiplies 32 masked
+        # columns at d = 96, and 16-column chunks make d = 144 nine small products a tile. A
+        # query of up to 16 tokens keeps one chunk: its smaller products gain less from the
+        # columns than they lose to the chunk count (runs 99, 102 and 104).
+        chunked = (variable_lengths and _pow2(Lq) >= 32
+                   and triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim))
+        holds = num_docs >= MANY_DOCS and element_size == 2 and (
+            dim <= MAX_BLOCK_D or (chunked and not wide_query and dim <= HELD_CHUNKED_MAX_DIM))
+        if holds and (variable_lengths or wide_query):
             # Many documents: programs that hold the query across several documents. Reloading
             # the query block from L2 for every document costs about a tenth of the read roof at
             # MS MARCO-like lengths. A 32-row query block (packed documents): one warp, 16-token
             # tiles, 4 documents a program (16 leave long documents' last programs running
             # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
             # 8 documents (one warp would need 128 registers per thread for the held query alone).
+            block_d = HELD_CHUNK_COLUMNS if chunked else None
             if wide_query:
-                # d = 96 in 32-column chunks here too (run 104).
                 return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
-                                    hold_query=True,
-                                    block_d=None if _pow2(dim) == dim else HELD_CHUNK_COLUMNS)
+                                    hold_query=True, block_d=block_d)
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
-                                hold_query=True)
+                                hold_query=True, block_d=block_d)
         # One query is memory-bound: plain per-document tiles, each program one document.
         # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
