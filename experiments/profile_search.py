@@ -20,7 +20,8 @@ For each k (colbert-ai's k-dependent defaults) it prints:
   time by kernel summed over replays, so the part that grows with the corpus (the bitmap over
   every passage, the fixed-capacity candidate lists) is seen apart from the fixed part;
 * the centroid-score table built by cuBLAS in fp32 and by the one-launch fp16 build with the
-  query's halves (exact products from the fp16 centroids, half the bytes);
+  query's halves (exact products from the fp16 centroids, half the bytes), each also with stage
+  1's reductions (after cuBLAS: probe_centroids; in the fp16 build's own launch);
 * the candidate list's fixed capacity against the candidates a query actually has, and stage 2
   alone launched with one program per slot of that capacity against the fixed grid that visits
   only the used slots (``num_used``, the default).
@@ -158,16 +159,23 @@ def _stage_2_ab(index: DeviceIndex, config, Q: torch.Tensor) -> dict:
     return out
 
 
-def table_builds_us(index: DeviceIndex, Q: torch.Tensor) -> dict:
+def table_builds_us(index: DeviceIndex, Q: torch.Tensor, threshold: float = 0.5) -> dict:
     """Stage 1's centroid-score table for one query, replayed as a graph (µs): cuBLAS fp32 on the
     fp32 centroids (the plugin's default), and the one-launch build from the fp16 centroids with
-    the query's fp16 halves (exact products, half the bytes), where the centroids are fp16 values."""
-    from tilemaxsim_plaid.ops.residual import split_query_centroid_scores
+    the query's fp16 halves (exact products, half the bytes), where the centroids are fp16 values;
+    then each with stage 1's reductions: cuBLAS followed by probe_centroids (the default), and
+    the split build reducing its own blocks in the same launch (split_query_centroid_probe)."""
+    from tilemaxsim_plaid.ops.centroid import probe_centroids
+    from tilemaxsim_plaid.ops.residual import split_query_centroid_probe, split_query_centroid_scores
 
-    out = {"cublas_fp32": 1e3 * graph_replay_ms(lambda: backends.centroid_table(index, Q))}
+    out = {"cublas_fp32": 1e3 * graph_replay_ms(lambda: backends.centroid_table(index, Q)),
+           "cublas_fp32_probe": 1e3 * graph_replay_ms(
+               lambda: probe_centroids(backends.centroid_table(index, Q), threshold))}
     if index.centroids_half is not None:
         out["split_fp16"] = 1e3 * graph_replay_ms(
             lambda: split_query_centroid_scores(Q[None], index.centroids_half))
+        out["split_fp16_probe"] = 1e3 * graph_replay_ms(
+            lambda: split_query_centroid_probe(Q, index.centroids_half, threshold))
     return out
 
 

@@ -74,9 +74,12 @@ def test_stage_2_and_table_comparisons_run_the_ops_they_time(monkeypatch):
         stage_2 = profile_search._stage_2_ab(index, config, Q)
         tables = profile_search.table_builds_us(index, Q)
         probe = profile_search.probe_us(index, config, Q)
-    assert set(stage_2) == {"per_slot", "used_only"} and set(tables) == {"cublas_fp32", "split_fp16"}
+    assert set(stage_2) == {"per_slot", "used_only"}
+    assert set(tables) == {"cublas_fp32", "cublas_fp32_probe", "split_fp16", "split_fp16_probe"}
     assert set(probe) == {"torch_two_passes", "fused"}
-    per_slot, used_only, cublas, (split, _, _), two_passes, fused = calls
+    per_slot, used_only, cublas, cublas_probe, (split, _, _), split_probe, two_passes, fused = calls
+    assert torch.equal(split_probe[0], split) and torch.equal(split_probe[4], (split.max(-1).values >= 0.5))
+    assert torch.equal(cublas_probe[0], cublas.argmax(0))
     assert torch.equal(per_slot, used_only), "the two stage-2 launches score alike"
     assert torch.allclose(split, cublas, rtol=0, atol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(two_passes, fused)), "cells and mask alike"

@@ -238,3 +238,46 @@ def test_probe_centroids_refuses_bad_tables_by_name(shape, error):
         probe_centroids(torch.randn(shape), 0.5)
     with pytest.raises(TypeError, match="centroid_scores"):
         probe_centroids(torch.zeros(8, 4, dtype=torch.int32), 0.5)
+
+
+@pytest.mark.parametrize("C,Lq", [(1, 1), (300, 32), (129, 17), (257, 64)])
+def test_split_table_probe_equals_the_table_then_the_probe(C, Lq, device):
+    """One launch builds the split-query table and reduces it for stage 1: the same table,
+    halves, cells and mask as the table build followed by probe_centroids on its output,
+    with ties, a NaN query token and a NaN centroid."""
+    import torch.nn.functional as F
+
+    from tilemaxsim_plaid.ops.centroid import probe_centroids
+    from tilemaxsim_plaid.ops.residual import (split_query_centroid_probe,
+                                               split_query_centroid_scores)
+
+    centroids = F.normalize(torch.randn(C, 64), dim=-1).half()
+    if C > 8:
+        centroids[5] = centroids[2]              # tied rows in every column
+        centroids[7, 3] = float("nan")           # one centroid's scores all NaN
+    Q = F.normalize(torch.randn(Lq, 64), dim=-1)
+    if Lq > 4:
+        Q[4, 0] = float("nan")                   # one query column all NaN
+    centroids, Q = centroids.to(device), Q.to(device)
+    for threshold in (0.3, float("-inf")):
+        table, head, tail, cells, keep = split_query_centroid_probe(Q, centroids, threshold)
+        want_table, want_head, want_tail = split_query_centroid_scores(Q[None], centroids)
+        for got, want in ((table, want_table), (head, want_head), (tail, want_tail)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        want_cells, want_keep = probe_centroids(table, threshold)
+        assert torch.equal(cells, want_cells) and torch.equal(keep, want_keep)
+        assert torch.equal(cells, table.argmax(dim=0))
+        assert torch.equal(keep, table.max(-1).values >= threshold)
+
+
+def test_split_table_probe_refuses_what_one_launch_cannot_reduce():
+    from tilemaxsim_plaid.ops.residual import split_query_centroid_probe
+
+    centroids = torch.randn(8, 64).half()
+    for Q in (torch.randn(65, 64), torch.randn(0, 64), torch.randn(1, 4, 64)):
+        with pytest.raises(ValueError, match="split_query_centroid_probe"):
+            split_query_centroid_probe(Q, centroids, 0.5)
+    with pytest.raises(ValueError, match="C >= 1"):
+        split_query_centroid_probe(torch.randn(4, 64), centroids[:0], 0.5)
+    with pytest.raises(TypeError, match="fp32 Q and fp16 centroids"):
+        split_query_centroid_probe(torch.randn(4, 64).half(), centroids, 0.5)

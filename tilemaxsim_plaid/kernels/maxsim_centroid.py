@@ -104,6 +104,39 @@ def _centroid_interaction_kernel(
 
 
 @triton.jit
+def probe_tile(s, offs_c, offs_r, mask_c, mask, C, threshold, p_keep, p_block_max, p_block_arg,
+               program, programs):
+    """Stage 1's two reductions of one block of the centroid-score table, ``s`` [BLOCK_C,
+    BLOCK_R] fp32 (rows offs_c, columns offs_r; ``mask`` marks the table's entries):
+
+        keep[c] = max_i S[c, i] >= threshold      (the stage-2 pruning mask)
+        block_max[i, p], block_arg[i, p] = max and first argmax of S[c, i] over this block's c
+
+    with torch's NaN semantics: a row holding a NaN has a NaN max (kept never), and a NaN is the
+    largest value of a column (its first NaN is the argmax). The reductions use explicit NaN
+    flags, so they need no NaN-propagating max. Over the blocks, the first block holding a
+    column's maximum (torch's argmax along block_max's contiguous rows) holds its first argmax.
+    """
+    s = tl.where(mask, s, float("-inf"))
+    is_nan = s != s
+    row_nan = tl.max(is_nan.to(tl.int32), axis=1)
+    row_max = tl.max(tl.where(is_nan, float("-inf"), s), axis=1)
+    keep = (row_max >= threshold) & (row_nan == 0)
+    tl.store(p_keep + offs_c, keep.to(tl.int8), mask=mask_c)
+
+    none = C  # past every row: the identity of the first-index minimum
+    rows = tl.where(mask, offs_c[:, None], none)
+    col_nan = tl.max(is_nan.to(tl.int32), axis=0)
+    first_nan = tl.min(tl.where(is_nan, rows, none), axis=0)
+    col_max = tl.max(tl.where(is_nan, float("-inf"), s), axis=0)
+    # A column of only -inf has every row equal to its max: the first row, as torch's argmax.
+    first_max = tl.min(tl.where((s == col_max[None, :]) & mask, rows, none), axis=0)
+    out = offs_r * programs + program
+    tl.store(p_block_max + out, tl.where(col_nan != 0, float("nan"), col_max))
+    tl.store(p_block_arg + out, tl.where(col_nan != 0, first_nan, first_max).to(tl.int32))
+
+
+@triton.jit
 def _probe_centroids_kernel(
     p_centroid_scores,  # [C, R] fp16/fp32
     stride_cs_c,
@@ -117,16 +150,7 @@ def _probe_centroids_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    """Stage 1's two reductions of the centroid-score table in one read of it, per BLOCK_C rows:
-
-        keep[c] = max_i S[c, i] >= threshold      (the stage-2 pruning mask)
-        block_max[i, p], block_arg[i, p] = max and first argmax of S[c, i] over this block's c
-
-    with torch's NaN semantics: a row holding a NaN has a NaN max (kept never), and a NaN is the
-    largest value of a column (its first NaN is the argmax). The reductions use explicit NaN
-    flags, so they need no NaN-propagating max. Over the blocks, the first block holding a
-    column's maximum (torch's argmax along block_max's contiguous rows) holds its first argmax.
-    """
+    """probe_tile over a table built elsewhere (cuBLAS), BLOCK_C rows a program."""
     program = tl.program_id(0)
     offs_c = program * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_r = tl.arange(0, BLOCK_R)
@@ -134,20 +158,5 @@ def _probe_centroids_kernel(
     mask = mask_c[:, None] & (offs_r < R)[None, :]
     p_tile = p_centroid_scores + offs_c.to(tl.int64)[:, None] * stride_cs_c + offs_r[None, :] * stride_cs_q
     s = tl.load(p_tile, mask=mask, other=float("-inf")).to(tl.float32)  # [BLOCK_C, BLOCK_R]
-    is_nan = s != s
-
-    row_nan = tl.max(is_nan.to(tl.int32), axis=1)
-    row_max = tl.max(tl.where(is_nan, float("-inf"), s), axis=1)
-    keep = (row_max >= threshold) & (row_nan == 0)
-    tl.store(p_keep + offs_c, keep.to(tl.int8), mask=mask_c)
-
-    none = C  # past every row: the identity of the first-index minimum
-    rows = tl.where(mask, offs_c[:, None], none)
-    col_nan = tl.max(is_nan.to(tl.int32), axis=0)
-    first_nan = tl.min(tl.where(is_nan, rows, none), axis=0)
-    col_max = tl.max(tl.where(is_nan, float("-inf"), s), axis=0)
-    # A column of only -inf has every row equal to its max: the first row, as torch's argmax.
-    first_max = tl.min(tl.where((s == col_max[None, :]) & mask, rows, none), axis=0)
-    out = offs_r * tl.num_programs(0) + program
-    tl.store(p_block_max + out, tl.where(col_nan != 0, float("nan"), col_max))
-    tl.store(p_block_arg + out, tl.where(col_nan != 0, first_nan, first_max))
+    probe_tile(s, offs_c, offs_r, mask_c, mask, C, threshold, p_keep, p_block_max, p_block_arg,
+               program, tl.num_programs(0))

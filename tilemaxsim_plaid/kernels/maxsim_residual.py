@@ -74,16 +74,18 @@ import triton.language as tl
 
 from tilemaxsim_plaid.kernels.common import (max_nan, maximum_nan, packed_doc_bounds,
                                              prefetch_rows_l2, tile_dot, unpack_16bit_weights)
+from tilemaxsim_plaid.kernels.maxsim_centroid import probe_tile
 from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scores
 
 
 @triton.jit
 def _query_centroid_scores_kernel(
-    p_centroids, p_q, p_out, p_head, p_tail,
-    num_centroids, num_rows, dim,
+    p_centroids, p_q, p_out, p_head, p_tail, p_keep, p_block_max, p_block_arg,
+    num_centroids, num_rows, dim, threshold,
     stride_cc, stride_cd, stride_qr, stride_qd, stride_oc,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT_Q: tl.constexpr,
+    PROBE: tl.constexpr,
 ):
     """S[c, r] = <centroids[c], Q_rows[r]> in fp32.
 
@@ -96,6 +98,10 @@ def _query_centroid_scores_kernel(
     fp32 product's accuracy while the centroids are read in fp16. The programs of the first
     centroid block also store head and tail ([R, d] fp16 each, contiguous): the residual
     kernel's SPLIT_Q operands, without launches of their own.
+
+    PROBE (one block of rows: num_rows <= BLOCK_R): each program also reduces its block of S for
+    stage 1 (maxsim_centroid.probe_tile: the pruning mask and the per-block argmax of each
+    row), so candidate generation reads no table.
     """
     pid_c = tl.program_id(0)
     pid_r = tl.program_id(1)
@@ -130,6 +136,9 @@ def _query_centroid_scores_kernel(
             acc += tile_dot(b_c, b_q, INPUT_PRECISION, UPCAST)
     tl.store(p_out + offs_c[:, None] * stride_oc + offs_r[None, :], acc,
              mask=mask_c[:, None] & mask_r[None, :])
+    if PROBE:
+        probe_tile(acc, offs_c, offs_r, mask_c, mask_c[:, None] & mask_r[None, :], num_centroids,
+                   threshold, p_keep, p_block_max, p_block_arg, pid_c, tl.num_programs(0))
 
 
 @triton.jit

@@ -11,7 +11,7 @@ from tilemaxsim_plaid.ops import checks
 # is exact because the score is a sum over query tokens.
 from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, persistent_programs
 
-__all__ = ["centroid_interaction", "probe_centroids", "MAX_PROBE_COLUMNS"]
+__all__ = ["centroid_interaction", "probe_centroids", "cells_from_blocks", "MAX_PROBE_COLUMNS"]
 
 # Tokens per step: a [64, 32] fp32 tile of gathered centroid scores is 8 KB of registers
 # across 4 warps, and 64 covers most passages (PLAID doclens ~ 30-180) in one or two steps.
@@ -172,6 +172,11 @@ def probe_centroids(centroid_scores: torch.Tensor, threshold: float) -> tuple[to
         keep.view(torch.int8), block_max, block_arg, C, R, float(threshold),
         BLOCK_C=block_c, BLOCK_R=block_r, num_warps=NUM_WARPS,
     )
+    return cells_from_blocks(block_max, block_arg, R), keep
+
+
+def cells_from_blocks(block_max: torch.Tensor, block_arg: torch.Tensor, R: int) -> torch.Tensor:
+    """[R] int64: each column's first argmax over the table, from the per-block maxima and
+    first argmaxes [>= R, blocks] of ``kernels.maxsim_centroid.probe_tile``."""
     best_block = block_max[:R].argmax(1)
-    cells = block_arg[:R].gather(1, best_block[:, None]).flatten().to(torch.int64)
-    return cells, keep
+    return block_arg[:R].gather(1, best_block[:, None]).flatten().to(torch.int64)

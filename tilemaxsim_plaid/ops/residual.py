@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ResidualConfig", "centroid_table_fits", "centroid_table_tiles", "check_config",
            "decode_table", "default_residual_config", "maxsim_residual", "query_centroid_scores",
-           "split_query_centroid_scores"]
+           "split_query_centroid_scores", "split_query_centroid_probe"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
 # comfortably; longer queries are scored in chunks and the chunk scores summed.
@@ -317,11 +317,11 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
         return out
     grid = (triton.cdiv(C, TABLE_BLOCK_C), triton.cdiv(rows.shape[0], TABLE_BLOCK_R))
     _query_centroid_scores_kernel[grid](
-        centroids, rows, out, out, out, C, rows.shape[0], dim,
+        centroids, rows, out, out, out, out, out, out, C, rows.shape[0], dim, 0.0,
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, _pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
-        UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False,
+        UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False, PROBE=False,
     )
     return out
 
@@ -336,6 +336,24 @@ def split_query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor
     head, tail: [B, Lq, d] fp16 with head + tail = Q3 to ~2**-22, the operands of
     ``maxsim_residual(..., split_query=True)``.
     """
+    return _split_table(Q3, centroids)[:3]
+
+
+def split_query_centroid_probe(Q: torch.Tensor, centroids: torch.Tensor, threshold: float):
+    """(S, head, tail, cells, keep): :func:`split_query_centroid_scores` for one query [Lq, d]
+    (1 <= Lq <= SPLIT_TABLE_MAX_BLOCK_R) with stage 1's reductions of S in the same launch,
+    ``cells`` [Lq] int64 and ``keep`` [C] bool as ``ops.centroid.probe_centroids(S, threshold)``
+    gives them (C >= 1): candidate generation without a pass over the table."""
+    if Q.dim() != 2 or not 1 <= Q.shape[0] <= SPLIT_TABLE_MAX_BLOCK_R or centroids.shape[0] == 0:
+        raise ValueError(f"split_query_centroid_probe needs Q [Lq, d] with 1 <= Lq <= "
+                         f"{SPLIT_TABLE_MAX_BLOCK_R} and C >= 1 centroids, got Q "
+                         f"{checks.describe(Q)} and centroids {checks.describe(centroids)}")
+    return _split_table(Q[None], centroids, threshold)
+
+
+def _split_table(Q3, centroids, probe_threshold=None):
+    from tilemaxsim_plaid.ops.centroid import cells_from_blocks
+
     if Q3.dtype != torch.float32 or centroids.dtype != torch.float16:
         raise TypeError(f"split_query_centroid_scores needs an fp32 Q and fp16 centroids, got "
                         f"Q {checks.describe(Q3)} and centroids {checks.describe(centroids)}")
@@ -349,15 +367,23 @@ def split_query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor
     block_r = min(SPLIT_TABLE_MAX_BLOCK_R, max(MIN_DOT_DIM, _pow2(rows.shape[0])))
     # At least one centroid block, so that the head and tail are written even when C = 0.
     grid = (max(1, triton.cdiv(C, SPLIT_TABLE_BLOCK_C)), triton.cdiv(rows.shape[0], block_r))
+    probe = probe_threshold is not None
+    keep = torch.empty(C if probe else 0, dtype=torch.bool, device=Q3.device)
+    block_max = torch.empty((block_r, grid[0]) if probe else 0, dtype=torch.float32, device=Q3.device)
+    block_arg = torch.empty((block_r, grid[0]) if probe else 0, dtype=torch.int32, device=Q3.device)
     _query_centroid_scores_kernel[grid](
-        centroids, rows, out, head, tail, C, rows.shape[0], dim,
+        centroids, rows, out, head, tail, keep.view(torch.int8) if probe else out,
+        block_max if probe else out, block_arg if probe else out,
+        C, rows.shape[0], dim, float(probe_threshold or 0.0),
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
         BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float16), UPCAST=interpreter_upcast(torch.float16),
-        SPLIT_Q=True,
+        SPLIT_Q=True, PROBE=probe,
     )
-    return out, head, tail
+    if not probe:
+        return out, head, tail
+    return out, head, tail, cells_from_blocks(block_max, block_arg, rows.shape[0]), keep
 
 
 def centroid_table_fits(num_centroids: int, num_rows: int, element_size: int = 4) -> bool:
