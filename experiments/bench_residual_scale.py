@@ -10,12 +10,16 @@ alternative); and ``maxsim_pq`` (M = 16) with and without validation. The two re
 are timed in alternating order ``--repeats`` times (each row keeps the median of its repeats and
 every repeat's median), so that the order of measurement cannot pass for the cost of validation;
 ``graph_ms`` is the same call replayed from a CUDA graph, its GPU time without the host's work.
+With ``--caps R ...`` the default launch is also timed, in the same alternation, under each
+register cap R (ptxas .maxnreg; 0: none) instead of its own, each first checked to score exactly
+as the default: whether a cap that spills (nbits 4 under 96) or one that costs occupancy wins.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -29,6 +33,17 @@ __all__ = ["main"]
 SUITE = "residual_scale"
 
 
+def cap_variants(config, caps):
+    """(provider, config) for the default launch ``config`` under each register cap of ``caps``
+    (0 or None: uncapped) other than its own."""
+    variants = []
+    for cap in dict.fromkeys(cap or None for cap in caps):
+        if cap != config.maxnreg:
+            variants.append((f"maxsim_residual validate=False maxnreg={cap or 'none'}",
+                             dataclasses.replace(config, maxnreg=cap)))
+    return variants
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_residual_scale",
                                      description=__doc__.split("\n")[0])
@@ -37,6 +52,8 @@ def main(argv=None) -> int:
     parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4))
     parser.add_argument("--repeats", type=int, default=3,
                         help="alternating timings of the residual op with and without validation")
+    parser.add_argument("--caps", type=int, nargs="*", default=[],
+                        help="register caps (0: none) to time the default launch under")
     parser.add_argument("--out", default="results/residual_scale")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -44,6 +61,7 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid import maxsim_packed, maxsim_pq, maxsim_residual
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
+    from tilemaxsim_plaid.ops.residual import default_residual_config
 
     device = torch.device("cuda")
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -76,10 +94,21 @@ def main(argv=None) -> int:
             shape = f"1q N={args.num_docs // 1000}k C={C} nbits={nbits} d={DIM}"
             call = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
                     index["bucket_weights"], nbits)
-            timed_alternating(shape, [
+            variants = [
                 ("maxsim_residual validate=False",
                  lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False)),
-                ("maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))])
+                ("maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))]
+            # The launch the op picks here: one fp16 query builds an fp16 table.
+            default = default_residual_config(1, QUERY_LEN, False, args.num_docs, Q.element_size(),
+                                              half_table=True)
+            want = variants[0][1]()
+            for provider, config in cap_variants(default, args.caps):
+                fn = (lambda c=config: maxsim_residual(*call, inv_norms=index["inv_norms"],
+                                                       config=c, validate=False))
+                if not torch.equal(fn(), want):
+                    raise SystemExit(f"{provider} does not score as the default at {shape}")
+                variants.append((provider, fn))
+            timed_alternating(shape, variants)
             if C == args.centroids[0]:
                 D16 = decompress_residuals(index["codes"], index["residuals"], index["centroids"],
                                            index["bucket_weights"], nbits)

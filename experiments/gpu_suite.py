@@ -191,6 +191,14 @@ def profile_search(work: Path, opts) -> list[Step]:
                                                "--out", str(work / "profile-search-100k")), 150)]
 
 
+def residual_caps(work: Path, opts) -> list[Step]:
+    """The residual op's default launch under other register caps, nbits 1, 2 and 4, beside dense
+    scoring of the decoded documents (issue 25's residual targets; about 4 minutes)."""
+    return [Step("residual-caps", module("experiments.bench_residual_scale", "--centroids", "65536",
+                                         "--caps", "0", "104", "112", "128",
+                                         "--out", str(work / "residual-caps")), 420)]
+
+
 def json_rows(filename: str, keep: Callable[[dict], bool]) -> Callable[[Path, Path], list[dict]]:
     """Reader of a benchmark's result file: the rows that ``keep`` selects."""
     def read(out: Path, log: Path) -> list[dict]:
@@ -291,6 +299,9 @@ SUITES = {
     "engines-msmarco": Suite("the three engines at MS MARCO's size, 8.8M passages (two device calls' "
                              "worth: run the steps with --only in two calls on one warm machine)",
                              engines_msmarco),
+    "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
+                           "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
+                           residual_caps),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "

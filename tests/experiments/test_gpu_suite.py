@@ -78,6 +78,10 @@ EXPECTED = {
         "profile-search": ["-m", "experiments.profile_search", "--index", "/tmp/engines/engines-8841823/colbert",
                            "--out", "W/profile-search"],
     },
+    "residual-caps": {
+        "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
+                          "0", "104", "112", "128", "--out", "W/residual-caps"],
+    },
     "profile-search": {
         "profile-search-8.8m": ["-m", "experiments.profile_search", "--passages", "8841823", "--out",
                                 "W/profile-search-8.8m"],
