@@ -178,9 +178,13 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
 def _several_queries_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     """B >= 4, packed: slots (documents side by side) and per-document tiles, over query rows
     per product (64 / 128 / 256), query blocks per program, documents per program or slot, tile
-    length, warps and stages."""
+    length, warps and stages; then a 128-row query block held in registers across several
+    documents (hold_query, one query block a program), as one query over many documents is."""
     k = dict(lq=_pow2(cell.Lq), B=cell.B)
-    return [
+    held = [_cfg(t, w, s, docs, hold=True, rows=128, **k)
+            for t, w, s, docs in ((32, 4, 3, 8), (32, 8, 3, 8), (64, 8, 3, 4), (16, 4, 3, 16),
+                                  (32, 4, 3, 4), (64, 4, 2, 4))]
+    return held + [
         _cfg(32, 8, 2, 2, rows=128, slots=True, **k), _cfg(32, 4, 3, 2, rows=128, slots=True, **k),
         _cfg(32, 8, 3, 2, rows=128, slots=True, **k), _cfg(32, 8, 2, 4, rows=128, slots=True, **k),
         _cfg(16, 4, 2, 4, rows=128, slots=True, **k), _cfg(16, 8, 2, 8, rows=128, slots=True, **k),
