@@ -268,6 +268,13 @@ def test_split_table_probe_equals_the_table_then_the_probe(C, Lq, device):
         assert torch.equal(cells, want_cells) and torch.equal(keep, want_keep)
         assert torch.equal(cells, table.argmax(dim=0))
         assert torch.equal(keep, table.max(-1).values >= threshold)
+    # Strided views of both operands read as their contiguous copies.
+    strided_Q = torch.stack([Q, torch.zeros_like(Q)], -1)[..., 0]
+    strided_centroids = centroids.t().contiguous().t()
+    assert not strided_Q.is_contiguous() and (C == 1 or not strided_centroids.is_contiguous())
+    for got, want in zip(split_query_centroid_probe(strided_Q, strided_centroids, 0.3),
+                         split_query_centroid_probe(Q, centroids, 0.3)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_split_table_probe_refuses_what_one_launch_cannot_reduce():

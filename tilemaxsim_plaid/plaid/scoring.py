@@ -201,8 +201,8 @@ def _keep_top(index, pids, valid, scores, count: int):
 
 @_in_range(CENTROID_INTERACTION)
 def _stages_2_and_3(index, config, centroid_scores, pids, valid, num_used=None, keep=None):
-    if keep is None:
-        keep = backends.probe_centroids(index, centroid_scores, 1, config.centroid_score_threshold)[1]
+    if keep is None:  # a rerank of given candidates with upstream's centroid scores: no stage 1
+        keep = centroid_scores.max(-1).values >= config.centroid_score_threshold
     # A real candidate none of whose tokens survives scores UNMATCHED_TOKEN_SCORE per query
     # token, as upstream's; unused slots stay -inf, so they rank last. num_used (the count of
     # stage 1's list, on the device) keeps stage 2 from visiting the list's unused capacity.
