@@ -15,6 +15,7 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
     _query_centroid_scores_kernel,
 )
 from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops.centroid import cells_from_blocks
 from tilemaxsim_plaid.ops.launch import (
     FLAG,
     MAX_LQ_PER_LAUNCH,
@@ -352,8 +353,6 @@ def split_query_centroid_probe(Q: torch.Tensor, centroids: torch.Tensor, thresho
 
 
 def _split_table(Q3, centroids, probe_threshold=None):
-    from tilemaxsim_plaid.ops.centroid import cells_from_blocks
-
     if Q3.dtype != torch.float32 or centroids.dtype != torch.float16:
         raise TypeError(f"split_query_centroid_scores needs an fp32 Q and fp16 centroids, got "
                         f"Q {checks.describe(Q3)} and centroids {checks.describe(centroids)}")
@@ -368,13 +367,15 @@ def _split_table(Q3, centroids, probe_threshold=None):
     # At least one centroid block, so that the head and tail are written even when C = 0.
     grid = (max(1, triton.cdiv(C, SPLIT_TABLE_BLOCK_C)), triton.cdiv(rows.shape[0], block_r))
     probe = probe_threshold is not None
-    keep = torch.empty(C if probe else 0, dtype=torch.bool, device=Q3.device)
-    block_max = torch.empty((block_r, grid[0]) if probe else 0, dtype=torch.float32, device=Q3.device)
-    block_arg = torch.empty((block_r, grid[0]) if probe else 0, dtype=torch.int32, device=Q3.device)
+    # Without the probe its outputs are never written: the table stands in for their pointers.
+    keep, block_max, block_arg = out, out, out
+    if probe:
+        keep = torch.empty(C, dtype=torch.bool, device=Q3.device)
+        block_max = torch.empty(block_r, grid[0], dtype=torch.float32, device=Q3.device)
+        block_arg = torch.empty(block_r, grid[0], dtype=torch.int32, device=Q3.device)
     _query_centroid_scores_kernel[grid](
         centroids, rows, out, head, tail, keep.view(torch.int8) if probe else out,
-        block_max if probe else out, block_arg if probe else out,
-        C, rows.shape[0], dim, float(probe_threshold or 0.0),
+        block_max, block_arg, C, rows.shape[0], dim, float(probe_threshold or 0.0),
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
         BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim))),
