@@ -1,7 +1,7 @@
 """Launch-config sweep over cells of the shape grid, so that the dense defaults can be chosen from
 it by rules (issue 25).
 
-    python -m experiments.sweep_configs [--cells weak|smoke] [--budget SECONDS] [--cell-cap S]
+    python -m experiments.sweep_configs [--cells weak|second|multi|smoke] [--budget SECONDS] [--cell-cap S]
                                         [--compile-workers K] [--max-configs K] [--out DIR]
                                         [--device cuda|cpu] [--dry-run]
 
@@ -78,9 +78,11 @@ SECOND = (
     {"Lq": 33, "d": 384}, {"Lq": 64, "d": 384}, {"Lq": 33, "d": 96}, {"d": 96},
     {"dist": "lognormal-30"}, {"Lq": 33},
 )
+# Several queries sharing packed documents (issue 25's tensor-ceiling target), longest first.
+MULTI = ({"B": 32}, {"B": 4, "Lq": 64}, {"B": 4}, {"B": 16}, {"B": 32, "Lq": 64})
 # Two cells of the grid for a CPU run under the interpreter: packed one query, padded four.
 SMOKE = ({"Lq": 8}, {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST})
-CELL_SETS = {"weak": WEAK, "second": SECOND, "smoke": SMOKE}
+CELL_SETS = {"weak": WEAK, "second": SECOND, "multi": MULTI, "smoke": SMOKE}
 
 # Seconds of wall time one cell may take (its reference, checks, timings and in-process compiles):
 # ~25 candidates at bench_grid's timing window each, with room for a few compiles.
