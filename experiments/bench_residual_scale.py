@@ -44,6 +44,17 @@ def cap_variants(config, caps):
     return variants
 
 
+def op_default(nbits: int, num_docs: int, element_size: int):
+    """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
+    default config, with the pair decoder where byte permutes cannot serve (nbits != 2), as
+    ops.residual falls back."""
+    from tilemaxsim_plaid.ops.residual import default_residual_config
+    config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True)
+    if config.decode == "permute" and nbits != 2:
+        config = dataclasses.replace(config, decode="pairs")
+    return config
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_residual_scale",
                                      description=__doc__.split("\n")[0])
@@ -61,7 +72,6 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid import maxsim_packed, maxsim_pq, maxsim_residual
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
-    from tilemaxsim_plaid.ops.residual import default_residual_config
 
     device = torch.device("cuda")
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -99,8 +109,7 @@ def main(argv=None) -> int:
                  lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False)),
                 ("maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))]
             # The launch the op picks here: one fp16 query builds an fp16 table.
-            default = default_residual_config(1, QUERY_LEN, False, args.num_docs, Q.element_size(),
-                                              half_table=True)
+            default = op_default(nbits, args.num_docs, Q.element_size())
             want = variants[0][1]()
             for provider, config in cap_variants(default, args.caps):
                 fn = (lambda c=config: maxsim_residual(*call, inv_norms=index["inv_norms"],

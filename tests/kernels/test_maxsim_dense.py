@@ -190,6 +190,19 @@ DEFAULT_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("B,Lq", [(4, 32), (5, 17), (3, 40)])
+def test_default_held_query_blocks_of_several_queries_are_exact(B, Lq, device):
+    """Several queries over many packed documents longer than one tile: 128-row query blocks
+    held across documents (a last block partly empty at B = 5 and 3)."""
+    lengths = [3, 0, 150, 1, 17, 64, 2, 129, 9, 33]
+    config = default_config(B, Lq, max(lengths), 128, variable_lengths=True, num_docs=MANY_DOCS)
+    assert config.hold_query and config.queries_per_block * 2 ** (Lq - 1).bit_length() == 128
+    Q = _rand(B, Lq, 128, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
+    out = maxsim_packed(Q, D, offsets, config=config)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
 @pytest.mark.parametrize("B,Lq,d,packed,num_docs", DEFAULT_SHAPES)
 def test_default_configs_are_exact(B, Lq, d, packed, num_docs, device):
     lengths = [3, 0, 50, 1, 17, 64, 2, 128, 9]

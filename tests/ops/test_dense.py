@@ -1,6 +1,7 @@
 """Host side of the dense ops: config rules, refusals, default choice and the empty cases, which
 return or raise before any kernel runs (kernel exactness: tests/kernels/test_maxsim_dense.py)."""
 
+import dataclasses
 import pytest
 import torch
 
@@ -114,6 +115,25 @@ def test_default_config_by_number_of_documents():
     assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
     assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
                               element_size=4).hold_query
+
+
+def test_default_config_holds_full_query_blocks_of_several_queries():
+    held = MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8, hold_query=True,
+                        num_warps=4, num_stages=3)
+    for B in (4, 16, 32):
+        assert default_config(B, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == held
+    assert default_config(4, 17, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == held
+    assert default_config(4, 64, 300, 64, variable_lengths=True,
+                          num_docs=MANY_DOCS) == dataclasses.replace(held, queries_per_block=2)
+    # Not for fewer rows than 128 (B = 2 at 32 tokens), short queries, padded or few documents,
+    # fp32, d past one chunk, or documents that fit one tile (the cross-query tiles).
+    for B, Lq, max_len, d, packed, docs, size in [
+            (2, 32, 300, 128, True, MANY_DOCS, 2), (8, 16, 300, 128, True, MANY_DOCS, 2),
+            (4, 32, 300, 128, False, MANY_DOCS, 2), (4, 32, 300, 128, True, MANY_DOCS - 1, 2),
+            (4, 32, 300, 128, True, MANY_DOCS, 4), (4, 32, 300, 256, True, MANY_DOCS, 2),
+            (4, 32, 128, 128, True, MANY_DOCS, 2)]:
+        assert not default_config(B, Lq, max_len, d, variable_lengths=packed, num_docs=docs,
+                                  element_size=size).hold_query
 
 
 @pytest.mark.parametrize("dim", [80, 96, 144, 160])

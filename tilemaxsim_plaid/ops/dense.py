@@ -90,7 +90,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102 and 104).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104 and 105).
 
     Args:
         num_queries: B.
@@ -155,6 +155,13 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                             queries_per_block=queries_per_block,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
                             num_warps=4, num_stages=2)
+    if (variable_lengths and num_docs >= MANY_DOCS and element_size == 2 and dim <= MAX_BLOCK_D
+            and 32 <= _pow2(Lq) <= 64 and queries_per_block * _pow2(Lq) == 128):
+        # Many packed documents and full 128-row query blocks (4 queries of 17-32 tokens, 2 of
+        # 33-64): the block held in registers across 8 documents, 32-token tiles of 4 warps
+        # (run 105; the slots below re-read the query block from L2 for every step).
+        return MaxSimConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=8,
+                            hold_query=True, num_warps=4, num_stages=3)
     if variable_lengths:
         # Short varied documents four at a time, 16-token slots: one [128 x 64] product per step.
         return MaxSimConfig(block_t=16, queries_per_block=queries_per_block, docs_per_program=4,
