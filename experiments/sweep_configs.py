@@ -1,7 +1,7 @@
 """Launch-config sweep over cells of the shape grid, so that the dense defaults can be chosen from
 it by rules (issue 25).
 
-    python -m experiments.sweep_configs [--cells weak|second|third|multi|smoke] [--budget SECONDS] [--cell-cap S]
+    python -m experiments.sweep_configs [--cells weak|second|third|fourth|multi|smoke] [--budget SECONDS] [--cell-cap S]
                                         [--compile-workers K] [--max-configs K] [--out DIR]
                                         [--device cuda|cpu] [--dry-run]
 
@@ -84,11 +84,17 @@ THIRD = (
     {"Lq": 48, "d": 144}, {"Lq": 64, "d": 144}, {"Lq": 31, "d": 256}, {"Lq": 24, "d": 256},
     {"d": 256}, {"layout": "padded", "dist": "fixed-180"}, {"B": 4, "Lq": 33},
 )
+# After the third set: d = 144 under 17 query tokens, d = 192, d = 64 past 32 tokens, short
+# documents.
+FOURTH = (
+    {"Lq": 16, "d": 144}, {"Lq": 1, "d": 144}, {"d": 192}, {"Lq": 48, "d": 192},
+    {"Lq": 33, "d": 64}, {"dist": "lognormal-30"},
+)
 # Several queries sharing packed documents (issue 25's tensor-ceiling target), longest first.
 MULTI = ({"B": 32}, {"B": 4, "Lq": 64}, {"B": 4}, {"B": 16}, {"B": 32, "Lq": 64})
 # Two cells of the grid for a CPU run under the interpreter: packed one query, padded four.
 SMOKE = ({"Lq": 8}, {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST})
-CELL_SETS = {"weak": WEAK, "second": SECOND, "third": THIRD, "multi": MULTI, "smoke": SMOKE}
+CELL_SETS = {"weak": WEAK, "second": SECOND, "third": THIRD, "fourth": FOURTH, "multi": MULTI, "smoke": SMOKE}
 
 # Seconds of wall time one cell may take (its reference, checks, timings and in-process compiles):
 # ~25 candidates at bench_grid's timing window each, with room for a few compiles.
@@ -165,13 +171,13 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     # 144 (9 x 16; 5 x 32 masks 16), smaller pipelined chunks at 384 / 768. They are what these
     # cells are weak for, so they come right after the held query.
     chunked = []
-    for block_d in {96: (32,), 144: (16, 32), 256: (128, 64), 384: (64, 32),
+    for block_d in {96: (32,), 144: (16, 32), 192: (32, 64), 256: (128, 64), 384: (64, 32),
                      768: (64,)}.get(cell.d, ()):
-        # The query held as one register tile per chunk: one warp while it fits (d <= 144),
+        # The query held as one register tile per chunk: one warp while it fits (d <= 192),
         # four warps over wide d (a [32, 384] fp16 block is 192 registers a lane in one warp).
         held_chunked = ((_cfg(16, 1, 3, 4, hold=True), _cfg(16, 2, 3, 4, hold=True),
                          _cfg(32, 4, 3, 8, hold=True))
-                        if cell.d <= 144 else
+                        if cell.d <= 192 else
                         (_cfg(32, 4, 3, 4, hold=True), _cfg(64, 4, 3, 4, hold=True),
                          _cfg(32, 4, 3, 8, hold=True)))
         chunked += [dataclasses.replace(c, block_d=block_d) for c in

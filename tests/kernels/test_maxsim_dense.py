@@ -182,6 +182,7 @@ DEFAULT_SHAPES = [
     pytest.param(1, 32, 144, True, MANY_DOCS, id="one-query-d144-many-docs"),
     pytest.param(1, 32, 96, True, MANY_DOCS, id="one-query-d96-many-docs"),
     pytest.param(1, 33, 96, True, MANY_DOCS, id="one-query-64-rows-d96-many-docs"),
+    pytest.param(1, 48, 144, True, MANY_DOCS, id="one-query-64-rows-d144-many-docs"),
     pytest.param(1, 32, 192, True, 0, id="one-query-d192"),
     pytest.param(4, 32, 128, False, 0, id="one-query-block-padded"),
     pytest.param(1, 64, 128, False, MANY_DOCS, id="one-query-64-rows-padded-many-docs"),

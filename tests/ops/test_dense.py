@@ -117,6 +117,15 @@ def test_default_config_by_number_of_documents():
                               element_size=4).hold_query
 
 
+def test_default_config_tiles_padded_documents_past_128_tokens_as_varied_ones():
+    assert default_config(1, 32, 180, 128, num_docs=MANY_DOCS) == MaxSimConfig(
+        block_t=32, num_warps=2, num_stages=2)
+    # Multiples of 128, and one tile's length, keep tiles sized to the documents.
+    for max_len, block_t in ((256, 128), (128, 128), (100, 128), (64, 64)):
+        assert default_config(1, 32, max_len, 128, num_docs=MANY_DOCS) == MaxSimConfig(
+            block_t=block_t, num_warps=4, num_stages=2)
+
+
 def test_default_config_holds_full_query_blocks_of_several_queries():
     held = MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8, hold_query=True,
                         num_warps=4, num_stages=3)
@@ -153,8 +162,11 @@ def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
     assert not default_config(1, 32, 180, HELD_CHUNKED_MAX_DIM + 16, variable_lengths=True,
                               num_docs=MANY_DOCS).hold_query
     # A wider query block held across 4 warps takes 32-column chunks at d = 96 as well.
-    wide = default_config(1, 33, 180, 96, variable_lengths=True, num_docs=MANY_DOCS)
-    assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, HELD_CHUNK_COLUMNS)
+    for wide_dim in (96, 144):
+        for Lq in (33, 64):
+            wide = default_config(1, Lq, 180, wide_dim, variable_lengths=True, num_docs=MANY_DOCS)
+            assert (wide.hold_query, wide.num_warps, wide.block_t, wide.docs_per_program,
+                    wide.block_d) == (True, 4, 32, 8, HELD_CHUNK_COLUMNS)
     # Powers of two, and d that 32-column chunks would pad as much (48, 112), keep one chunk.
     for one_chunk in (64, 128, 48, 112):
         assert default_config(1, 32, 180, one_chunk, variable_lengths=True,

@@ -90,7 +90,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104 and 105).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105 and 107).
 
     Args:
         num_queries: B.
@@ -108,11 +108,11 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # 144) hold the query in such chunks: one 128-wide chunk multiplies 32 masked
         # columns at d = 96, and 16-column chunks make d = 144 nine small products a tile. A
         # query of up to 16 tokens keeps one chunk: its smaller products gain less from the
-        # columns than they lose to the chunk count (runs 99, 102 and 104).
+        # columns than they lose to the chunk count (runs 99, 102, 104 and 107).
         chunked = (variable_lengths and _pow2(Lq) >= 32
                    and triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (
-            dim <= MAX_BLOCK_D or (chunked and not wide_query and dim <= HELD_CHUNKED_MAX_DIM))
+            dim <= MAX_BLOCK_D or (chunked and dim <= HELD_CHUNKED_MAX_DIM))
         if holds and (variable_lengths or wide_query):
             # Many documents: programs that hold the query across several documents. Reloading
             # the query block from L2 for every document costs about a tenth of the read roof at
@@ -141,6 +141,10 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             if chunk < 64 or wide_query:
                 return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
+        if max_doc_len > 128 and max_doc_len % 128 and dim <= MAX_BLOCK_D:
+            # Padded documents that 128-token tiles would end in a mostly masked tile (180
+            # tokens: 1.13x, run 107) stream as varied ones do.
+            return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
