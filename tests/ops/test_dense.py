@@ -145,15 +145,31 @@ def test_default_config_holds_full_query_blocks_of_several_queries():
                                   element_size=size).hold_query
 
 
+def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():
+    for Lq in (1, 16, 32):
+        at_144 = default_config(1, Lq, 180, 144, variable_lengths=True, num_docs=MANY_DOCS)
+        at_192 = default_config(1, Lq, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
+        assert at_144 == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
+                                      hold_query=True, block_d=HELD_CHUNK_COLUMNS)
+        assert at_192 == dataclasses.replace(at_144, block_d=2 * HELD_CHUNK_COLUMNS)
+    wide = default_config(1, 48, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, 2 * HELD_CHUNK_COLUMNS)
+    # Up to 16 tokens at a d that fits one chunk keep it; d = 256 is a power of two.
+    assert default_config(1, 16, 180, 96, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
+    assert not default_config(1, 32, 180, 256, variable_lengths=True,
+                              num_docs=MANY_DOCS).hold_query
+
+
 @pytest.mark.parametrize("dim", [80, 96, 144, 160])
 def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
     held = default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
     assert held == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
                                 hold_query=True, block_d=HELD_CHUNK_COLUMNS)
     assert default_config(1, 17, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) == held
-    # Not for a shorter or wider query block, padded documents, few documents, fp32, or past
-    # the cap.
-    assert default_config(1, 16, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) != held
+    # Not for a shorter query block where d fits one chunk, a wider one, padded documents, few
+    # documents, fp32, or past the cap.
+    short = default_config(1, 16, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (short != held) == (dim <= 128)
     assert default_config(1, 33, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) != held
     assert default_config(1, 32, 180, dim, num_docs=MANY_DOCS) != held
     assert default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS - 1) != held

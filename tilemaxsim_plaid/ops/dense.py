@@ -63,10 +63,11 @@ class MaxSimConfig:
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
-# A held query at a d that 32-column chunks pad less is held in them (default_config), up
-# to this d for a 32-row query block: one warp holds 160 fp16 columns in 80 registers a thread
-# (d = 96 and 144 measured). Wider d keeps the 64-column streamed chunks.
-HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 160
+# A held query at a d that 32-column chunks pad less is held in them, or in twice as wide ones
+# that divide d (default_config), up to this d: one warp holds a 32-row block of 192 fp16
+# columns in 96 registers a thread (d = 96, 144 and 192 measured). Wider d keeps the streamed
+# chunks.
+HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 192
 
 
 def _pow2(x: int) -> int:
@@ -90,7 +91,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105 and 107).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107 and 108).
 
     Args:
         num_queries: B.
@@ -105,11 +106,12 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     if num_queries == 1:
         wide_query = _pow2(Lq) > 32
         # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
-        # 144) hold the query in such chunks: one 128-wide chunk multiplies 32 masked
-        # columns at d = 96, and 16-column chunks make d = 144 nine small products a tile. A
-        # query of up to 16 tokens keeps one chunk: its smaller products gain less from the
-        # columns than they lose to the chunk count (runs 99, 102, 104 and 107).
-        chunked = (variable_lengths and _pow2(Lq) >= 32
+        # 144, 192) hold the query in chunks of 64 columns where they divide d, else of 32: one
+        # 128-wide chunk multiplies 32 masked columns at d = 96, and 16-column chunks make
+        # d = 144 nine small products a tile. Where d fits one chunk, a query of up to 16 tokens
+        # keeps it: its smaller products gain less from the columns than they lose to the chunk
+        # count (runs 99, 102, 104, 107 and 108).
+        chunked = (variable_lengths and (_pow2(Lq) >= 32 or dim > MAX_BLOCK_D)
                    and triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (
             dim <= MAX_BLOCK_D or (chunked and dim <= HELD_CHUNKED_MAX_DIM))
@@ -120,7 +122,8 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             # tiles, 4 documents a program (16 leave long documents' last programs running
             # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
             # 8 documents (one warp would need 128 registers per thread for the held query alone).
-            block_d = HELD_CHUNK_COLUMNS if chunked else None
+            block_d = (2 * HELD_CHUNK_COLUMNS if dim % (2 * HELD_CHUNK_COLUMNS) == 0
+                       else HELD_CHUNK_COLUMNS) if chunked else None
             if wide_query:
                 return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
                                     hold_query=True, block_d=block_d)
