@@ -11,8 +11,8 @@ from tests.conftest import property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
-from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config, maxsim_packed,
-                                         maxsim_padded)
+from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config,
+                                         default_query_chunks, maxsim_packed, maxsim_padded)
 
 DTYPES = [
     pytest.param(torch.float16, id="fp16"),
@@ -204,6 +204,29 @@ def test_default_held_query_blocks_of_several_queries_are_exact(B, Lq, device):
     D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
     out = maxsim_packed(Q, D, offsets, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("Lq", [33, 40])
+def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packed, device):
+    """Four queries of 33-48 tokens go in two launches (32 tokens, then the rest) whose scores
+    add up; with query lengths, some queries end inside the first launch."""
+    assert default_query_chunks(4, Lq) == [32, Lq - 32]
+    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
+    Q = _rand(4, Lq, 64, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    q_lengths = torch.tensor([Lq, 20, 33, 1], device=device)
+    if packed:
+        out = maxsim_packed(Q, D, offsets, query_lengths=q_lengths)
+        ref = reference.maxsim_packed(Q, D, offsets, query_lengths=q_lengths)
+    else:
+        D_padded = torch.zeros(len(lengths), max(lengths), 64, dtype=torch.float16, device=device)
+        for n, (start, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            D_padded[n, :end - start] = D[start:end]
+        doc_lengths = torch.tensor(lengths, device=device)
+        out = maxsim_padded(Q, D_padded, doc_lengths, query_lengths=q_lengths)
+        ref = reference.maxsim_padded(Q, D_padded, doc_lengths, query_lengths=q_lengths)
+    assert_close(out, ref, "maxsim_dense", torch.float16)
 
 
 @pytest.mark.parametrize("B,Lq,d,packed,num_docs", DEFAULT_SHAPES)

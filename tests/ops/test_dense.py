@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, MANY_DOCS,
-                                        MaxSimConfig, default_config, maxsim_packed, maxsim_padded)
+                                        MaxSimConfig, default_config, default_query_chunks,
+                                        maxsim_packed, maxsim_padded)
 
 
 def _packed(lengths, d, device):
@@ -236,3 +237,14 @@ def test_empty_inputs(device):
     pids = torch.empty(0, dtype=torch.int64, device=device)
     offsets = torch.tensor([0, 5], device=device)
     assert maxsim_packed(Q, D[0], offsets, pids).shape == (2, 0)
+
+
+def test_default_query_chunks_split_past_a_power_of_two_for_several_queries():
+    assert default_query_chunks(4, 33) == [32, 1]
+    assert default_query_chunks(16, 48) == [32, 16]
+    assert default_query_chunks(4, 80) == [64, 16]
+    assert default_query_chunks(4, 96) == [64, 32]
+    # One launch: fewer than 4 queries (the read bound), powers of two, up to 32 tokens, a rest
+    # of more than half the power of two, past one launch's tokens.
+    for B, Lq in [(3, 33), (1, 40), (4, 32), (4, 64), (4, 17), (4, 49), (4, 97), (4, 200)]:
+        assert default_query_chunks(B, Lq) is None

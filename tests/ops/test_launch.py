@@ -62,6 +62,23 @@ def test_long_queries_in_chunks_checked_once():
     assert torch.equal(out, torch.full((2, 3), 3.0))
 
 
+def test_query_chunks_given_by_the_op():
+    launches = []
+
+    def launch(Q, lengths):
+        launches.append((Q.shape[1], None if lengths is None else lengths.tolist()))
+        return torch.full((Q.shape[0], 3), float(Q.shape[1]))
+
+    out = launch_ops.launch_in_query_chunks(torch.zeros(2, 33, 8), torch.tensor([33, 20]), 3,
+                                            launch, chunk_tokens=[32, 1])
+    assert launches == [(32, [32, 20]), (1, [1, 0])]
+    assert torch.equal(out, torch.full((2, 3), 33.0))
+    for bad in ([32, 2], [16], [MAX_LQ_PER_LAUNCH + 1, -MAX_LQ_PER_LAUNCH + 32]):
+        with pytest.raises(ValueError, match="query chunks"):
+            launch_ops.launch_in_query_chunks(torch.zeros(2, 33, 8), None, 3, launch,
+                                              chunk_tokens=bad)
+
+
 @pytest.mark.parametrize("rule,good,bad", [
     (launch_ops.power_of_two(1), (1, 2, 64), (0, 3, -4, 2.0, True, None)),
     (launch_ops.power_of_two(16), (16, 128), (8, 24)),

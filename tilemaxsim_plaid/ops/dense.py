@@ -9,9 +9,10 @@ import triton
 
 from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import dot_precision, interpreter_upcast, launch_in_query_chunks
+from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, dot_precision, interpreter_upcast,
+                                         launch_in_query_chunks)
 
-__all__ = ["MaxSimConfig", "default_config", "maxsim_padded", "maxsim_packed"]
+__all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded", "maxsim_packed"]
 
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
@@ -201,6 +202,23 @@ def _check_config(cfg: MaxSimConfig) -> None:
         )
 
 
+def default_query_chunks(num_queries: int, Lq: int) -> list[int] | None:
+    """Query tokens per launch of the default, where a query that fits one launch is split.
+
+    Several queries are bound by the tensor cores, and a query block has a power of two of rows
+    per query: 33 tokens cost the products of 64. Where the tokens past the largest power of two
+    p >= 32 take at most p / 2 rows, two launches (p tokens, then the rest) read the documents
+    twice but skip a quarter to a half of the products (the two parts' times in
+    results/PERFORMANCE_LOG.md, run 109, add up to less than the one launch's). One query is
+    bound by the read, which a second launch repeats."""
+    if num_queries < 4 or Lq <= 32 or Lq > MAX_LQ_PER_LAUNCH:
+        return None
+    head = 1 << (Lq.bit_length() - 1)
+    if head == Lq or _pow2(Lq - head) > head // 2:
+        return None
+    return [head, Lq - head]
+
+
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
             padded_doc_len, max_doc_len, config):
     def launch(Q_chunk, chunk_lengths):
@@ -209,7 +227,9 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                               padded_doc_len=padded_doc_len, max_doc_len=max_doc_len,
                               config=config)
 
-    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, _check_config)
+    chunks = default_query_chunks(Q3.shape[0], Q3.shape[1]) if config is None else None
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, _check_config,
+                                  chunks)
 
 
 def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -122,7 +122,8 @@ def check_config_fields(config, rules: Mapping[str, FieldRule]) -> None:
 
 
 def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch,
-                           config=None, check_config: Callable[[object], None] | None = None):
+                           config=None, check_config: Callable[[object], None] | None = None,
+                           chunk_tokens: Sequence[int] | None = None):
     """Shared outer layer of every MaxSim host function.
 
     First ``check_config(config)`` where both are given, so that a malformed config is refused
@@ -141,11 +142,13 @@ def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, l
             construction).
         check_config: the op's check of a config's own fields (no input needed); raises
             ValueError naming the config.
+        chunk_tokens: query tokens per launch (summing to Lq, each <= MAX_LQ_PER_LAUNCH),
+            where the op splits a query that fits one launch; None: MAX_LQ_PER_LAUNCH each.
     """
     if config is not None and check_config is not None:
         check_config(config)
     with _fitting(config):
-        return _launch_chunks(Q3, query_lengths, num_out_docs, launch)
+        return _launch_chunks(Q3, query_lengths, num_out_docs, launch, chunk_tokens)
 
 
 @contextlib.contextmanager
@@ -164,19 +167,28 @@ def _fitting(config):
                          f"do") from err
 
 
-def _launch_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch):
+def _launch_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch, chunk_tokens=None):
     B, Lq, _ = Q3.shape
     if num_out_docs == 0 or B == 0:
         return torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     if Lq == 0:
         return torch.zeros(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    if Lq <= MAX_LQ_PER_LAUNCH:
-        return launch(Q3, query_lengths)
-    out = torch.zeros(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    for start in range(0, Lq, MAX_LQ_PER_LAUNCH):
-        chunk = Q3[:, start:start + MAX_LQ_PER_LAUNCH]
+    if chunk_tokens is None:
+        if Lq <= MAX_LQ_PER_LAUNCH:
+            return launch(Q3, query_lengths)
+        chunk_tokens = [MAX_LQ_PER_LAUNCH] * (Lq // MAX_LQ_PER_LAUNCH) + [Lq % MAX_LQ_PER_LAUNCH]
+    chunk_tokens = [n for n in chunk_tokens if n]
+    if sum(chunk_tokens) != Lq or max(chunk_tokens) > MAX_LQ_PER_LAUNCH:
+        raise ValueError(f"query chunks {chunk_tokens} must sum to Lq = {Lq}, each at most "
+                         f"{MAX_LQ_PER_LAUNCH} tokens")
+    out = None
+    start = 0
+    for size in chunk_tokens:
+        chunk = Q3[:, start:start + size]
         chunk_lengths = None
         if query_lengths is not None:
-            chunk_lengths = (query_lengths - start).clamp(0, chunk.shape[1])
-        out += launch(chunk, chunk_lengths)
+            chunk_lengths = (query_lengths - start).clamp(0, size)
+        scores = launch(chunk, chunk_lengths)
+        out = scores if out is None else out.add_(scores)
+        start += size
     return out
