@@ -228,6 +228,28 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
     assert {k: kwargs[k] for k in want} == want
 
 
+@pytest.mark.parametrize("nbits,decoder,maxnreg", [
+    (1, "pairs", 96), (2, "permute", 96), (4, "pairs", residual.NBITS4_MAXNREG[1])])
+def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
+    """One fp16 query over many documents on the table path: byte permutes at nbits = 2 only,
+    and nbits = 4 under the register cap its decoder does not spill under."""
+    kernel = RecordingKernel()
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    monkeypatch.setattr(residual, "MANY_DOCS", 4)
+    index = random_index(device, 128, nbits, lengths=[3] * 4)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    score(Q, index, nbits, inv_norms=norms_of(index, nbits), validate=False)
+    (_, kwargs), = kernel.launches
+    assert (kwargs["DECODE_GROUP"], kwargs["maxnreg"]) == (residual.DECODERS[decoder], maxnreg)
+    # An explicit config keeps its own cap.
+    kernel.launches.clear()
+    config = residual.default_residual_config(1, 32, False, 4, 2, half_table=True)
+    score(Q, index, nbits, inv_norms=norms_of(index, nbits), validate=False,
+          config=dataclasses.replace(config, decode=decoder))
+    (_, kwargs), = kernel.launches
+    assert kwargs["maxnreg"] == residual.NBITS4_MAXNREG[0]
+
+
 def _index_at(num_centroids, device, dim=128, nbits=2):
     """A small index whose codes span num_centroids centroids (one row, broadcast: no memory)."""
     index = random_index(device, dim, nbits, lengths=[3, 4, 2])
