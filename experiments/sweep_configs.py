@@ -131,13 +131,14 @@ def select_cells(cell_set: str, sizing: bg.Sizing = bg.Sizing()) -> list[bg.Cell
 # ---- candidates ----
 
 def _cfg(block_t, num_warps, num_stages, docs=1, *, hold=False, rows=None, lq=32, B=1, qbpp=1,
-         slots=False, single=False, block_d=None) -> MaxSimConfig:
+         slots=False, single=False, block_d=None, regq=False) -> MaxSimConfig:
     """A config; ``rows`` query rows per product become queries_per_block for this Lq and B."""
     qpb = 1 if rows is None else max(1, min(_pow2(B), rows // lq))
     qbpp = max(1, min(qbpp, -(-B // qpb)))  # no more query blocks per program than there are
     return MaxSimConfig(block_t=block_t, queries_per_block=qpb, q_blocks_per_program=qbpp,
                         docs_per_program=docs, single_tile=single, num_warps=num_warps,
-                        num_stages=num_stages, slots=slots, hold_query=hold, block_d=block_d)
+                        num_stages=num_stages, slots=slots, hold_query=hold, block_d=block_d,
+                        register_query=regq)
 
 
 def _pow2(x: int) -> int:
@@ -159,7 +160,9 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
         _cfg(32, 2, 2, 4, hold=True), _cfg(64, 2, 3, 8, hold=True), _cfg(64, 4, 3, 4, hold=True),
     ]
     if cell.Lq > 32:
-        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True)]
+        # A 64-row block over 4 warps is a warpgroup product: its query from registers too.
+        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True),
+                 _cfg(32, 4, 3, 8, hold=True, regq=True), _cfg(64, 4, 3, 4, hold=True, regq=True)]
     plain = [
         _cfg(32, 2, 2),  # the few-documents default
         _cfg(16, 1, 3, 16), _cfg(32, 2, 3), _cfg(32, 4, 3), _cfg(64, 4, 2), _cfg(64, 4, 3),
@@ -199,6 +202,10 @@ def _several_queries_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     held = [_cfg(t, w, s, docs, hold=True, rows=128, **k)
             for t, w, s, docs in ((32, 4, 3, 8), (32, 8, 3, 8), (64, 8, 3, 4), (16, 4, 3, 16),
                                   (32, 4, 3, 4), (64, 4, 2, 4))]
+    # The held block as the products' register operand: a third of the shared-memory reads.
+    held += [_cfg(t, w, s, docs, hold=True, rows=128, regq=True, **k)
+             for t, w, s, docs in ((32, 4, 3, 8), (32, 4, 2, 8), (32, 8, 3, 8), (64, 4, 3, 4),
+                                   (16, 4, 3, 16))]
     return held + [
         _cfg(32, 8, 2, 2, rows=128, slots=True, **k), _cfg(32, 4, 3, 2, rows=128, slots=True, **k),
         _cfg(32, 8, 3, 2, rows=128, slots=True, **k), _cfg(32, 8, 2, 4, rows=128, slots=True, **k),
@@ -254,6 +261,8 @@ def label(config: MaxSimConfig) -> str:
         parts.append(f"qb{config.q_blocks_per_program}")
     if config.block_d is not None:
         parts.append(f"bd{config.block_d}")
+    if config.register_query:
+        parts.append("regq")
     return " ".join(parts)
 
 

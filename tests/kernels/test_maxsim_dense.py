@@ -1,5 +1,6 @@
 """Dense TileMaxSim kernels against the float64 reference (CPU interpreter or GPU)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -204,6 +205,26 @@ def test_default_held_query_blocks_of_several_queries_are_exact(B, Lq, device):
     D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
     out = maxsim_packed(Q, D, offsets, config=config)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("B,Lq,qpb", [(4, 32, 4), (3, 20, 2), (1, 64, 1)])
+def test_register_query_scores_as_the_held_query(B, Lq, qpb, device):
+    """register_query takes the held query from registers: the same products, bit for bit,
+    with NaN in a query token reaching its query's scores."""
+    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
+    Q = _rand(B, Lq, 64, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    held = MaxSimConfig(block_t=16, queries_per_block=qpb, docs_per_program=3, hold_query=True)
+    in_registers = dataclasses.replace(held, register_query=True)
+    out = maxsim_packed(Q, D, offsets, config=in_registers)
+    assert torch.equal(out, maxsim_packed(Q, D, offsets, config=held))
+    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+    Q[0, 1, 5] = float("nan")
+    out = maxsim_packed(Q, D, offsets, config=in_registers, validate=False)
+    want = reference.maxsim_packed(Q, D, offsets)
+    assert torch.equal(out.isnan(), want.isnan()) and out[0].isnan()[torch.tensor(lengths) > 0].all()
+    with pytest.raises(ValueError, match="register_query"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(register_query=True))
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -214,35 +214,57 @@ def test_residual(device, kwargs, where, value):
     assert_same_pattern(out, ref, "maxsim_residual", torch.float16, value)
 
 
-# The table path multiplies the padded columns' decoded weights by zero query columns (the known
-# gap of docs/kernels.md, NaN and inf): strict, so a fix shows.
-_PADDED_GAP = pytest.mark.xfail(strict=True, reason="docs/kernels.md known gap: padded columns "
-                                                    "decode to bucket 0's weight on the table path")
-ODD_D_CONFIGS = [pytest.param(*p.values, marks=_PADDED_GAP, id=p.id)
-                 if p.values[0]["centroid_table"] else p for p in RESIDUAL_CONFIGS]
+# d = 96 on every decoder, with and without precomputed inverse norms (the centroid-table path
+# always has them).
+ODD_D_CONFIGS = [
+    pytest.param(dict(centroid_table=False), False, id="gather"),
+    pytest.param(dict(centroid_table=False), True, id="gather-norms"),
+    pytest.param(dict(centroid_table=False, decode="select"), False, id="gather-select"),
+    pytest.param(dict(centroid_table=False, decode="select"), True, id="gather-select-norms"),
+    pytest.param(dict(centroid_table=True), True, id="table"),
+    pytest.param(dict(centroid_table=True, decode="select"), True, id="table-select"),
+    pytest.param(dict(centroid_table=True, decode="permute"), True, id="table-permute"),
+]
+# "unused": bucket 0 is poisoned and no real dimension is in it; "all_but_last": every bucket but
+# the last is poisoned and every real dimension is in the last.
+UNUSED_BUCKETS = ["unused", "all_but_last"]
 
 
 @pytest.mark.parametrize("value", VALUES)
-@pytest.mark.parametrize("kwargs", ODD_D_CONFIGS)
-def test_residual_unused_bucket_weight_at_odd_d(device, kwargs, value):
+@pytest.mark.parametrize("poisoned", UNUSED_BUCKETS)
+@pytest.mark.parametrize("units", ["words", "bytes"])
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("kwargs,with_norms", ODD_D_CONFIGS)
+def test_residual_unused_bucket_weight_at_odd_d(device, kwargs, with_norms, nbits, units,
+                                                poisoned, value):
     """d = 96 is scored in one masked 128-column chunk. A non-finite weight of a bucket that no
     real dimension uses must reach no score, as in the reference (0 x NaN is NaN: the chunk's
-    columns past d, whose missing bits decode to field value 0, must not meet it)."""
-    dim, nbits = 96, 2
+    columns past d, which have no bits, must not decode to it)."""
+    if kwargs.get("decode") == "permute" and (nbits != 2 or units == "bytes"):
+        pytest.skip("byte permutes decode nbits = 2 in 32-bit words only")
+    dim, last = 96, (1 << nbits) - 1
     index = random_index(device, dim, nbits, lengths=LENGTHS)
-    # Every 2-bit field of every residual byte nonzero: no real dimension is in bucket 0.
-    fields = torch.randint(1, 4, (*index["residuals"].shape, 4))
-    index["residuals"] = (fields << torch.tensor([0, 2, 4, 6])).sum(-1).to(torch.uint8).to(device)
-    index["bucket_weights"] = _poisoned(index["bucket_weights"], 0, value)
+    # The raw field of bucket b is b's bits reversed: 0 and all ones map to themselves.
+    low = 1 if poisoned == "unused" else last
+    fields = torch.randint(low, last + 1, (*index["residuals"].shape, 8 // nbits))
+    shifts = nbits * torch.arange(8 // nbits)
+    rows = (fields << shifts).sum(-1).to(torch.uint8).to(device)
+    if units == "bytes":
+        # Rows one byte off 4-byte alignment are read byte by byte.
+        rows = torch.cat([torch.zeros_like(rows[:, :1]), rows], dim=1)[:, 1:]
+    index["residuals"] = rows
+    weights = index["bucket_weights"].clone()
+    weights[:1 if poisoned == "unused" else last] = value
+    index["bucket_weights"] = weights
     Q = torch.nn.functional.normalize(torch.randn(B, LQ, dim), dim=-1).half().to(device)
-    inv_norms = norms_of(index, nbits) if kwargs["centroid_table"] else None
+    inv_norms = norms_of(index, nbits) if with_norms else None
     out = residual.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
                                    index["centroids"], index["bucket_weights"], nbits,
                                    inv_norms=inv_norms, config=ResidualConfig(**kwargs),
                                    validate=False)
     ref = reference.maxsim_residual(Q, index["codes"], index["residuals"], index["offsets"],
                                     index["centroids"], index["bucket_weights"], nbits)
-    assert torch.isfinite(ref[:, torch.tensor(LENGTHS) > 0]).all(), "bucket 0 is unused"
+    assert torch.isfinite(ref[:, torch.tensor(LENGTHS) > 0]).all(), "the poison is unused"
     assert_same_pattern(out, ref, "maxsim_residual", torch.float16, 0.0)
 
 

@@ -89,7 +89,7 @@ def _maxsim_dense_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    REGISTER_QUERY: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -112,9 +112,13 @@ def _maxsim_dense_kernel(
                                                             QUERIES_PER_BLOCK)
         q_held = ()
         for k in tl.static_range(NUM_D_TILES):
-            q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
-                                                k * BLOCK_D, dim, stride_qb, stride_qt,
-                                                stride_qd, BLOCK_D),)
+            q_k = _load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held, k * BLOCK_D,
+                                   dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
+            if REGISTER_QUERY:
+                # A loaded operand goes to shared memory; a computed one (x + 0.0: the same
+                # values, -0.0 as +0.0) is taken from registers.
+                q_k = q_k + 0.0
+            q_held = q_held + (q_k,)
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step

@@ -65,7 +65,9 @@ kernel is built around the instructions per embedding element:
   part of the score that is itself small), about 1e-5 per document score.
 
 Masking: a token past its document's end is -inf (never wins a max); a query row past its
-query's length contributes 0. An empty document scores -inf, an empty query 0. Token indices are
+query's length contributes 0. Residual units past d read as a pad unit whose every field decodes
+to the first finite weight (not field 0's, which may be NaN or inf), so the zero query columns
+cancel them. An empty document scores -inf, an empty query 0. Token indices are
 int64; offsets into the centroid table and S are int32 (the host checks they fit).
 """
 
@@ -155,15 +157,23 @@ def _unit_shifts(NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, WIDTH: tl.conste
 
 
 @triton.jit
-def _ptx_load_words(ptrs, mask, MASKED: tl.constexpr):
-    """int32 words at ``ptrs`` (0 where masked), streamed (L1 evict-first), by inline PTX.
+def _ptx_load_words(ptrs, mask, pad, MASKED: tl.constexpr, PADDED: tl.constexpr):
+    """int32 words at ``ptrs`` (where masked: ``pad`` with PADDED, else 0), streamed (L1
+    evict-first), by inline PTX.
 
     An inline-asm load is an elementwise op, so it takes whatever layout its consumer needs,
     here the tensor-core operand's: the words land in the threads that decode them. A tl.load is
     given a coalesced layout of its own, and its result crosses shared memory (store, barrier,
     load) to reach the operand's layout on every tile.
     """
-    if MASKED:
+    if MASKED and PADDED:
+        flags = mask.to(tl.int32)
+        words = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b32 $0, $3; "
+            "@p ld.global.L1::evict_first.b32 $0, [$1]; }",
+            "=r,l,r,r", [ptrs, flags, pad + tl.zeros_like(flags)], dtype=tl.int32, is_pure=True,
+            pack=1)
+    elif MASKED:
         words = tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b32 $0, 0; "
             "@p ld.global.L1::evict_first.b32 $0, [$1]; }",
@@ -304,8 +314,64 @@ def decode_pair_words_fp16(words, p_table, NBITS: tl.constexpr, BLOCK_T: tl.cons
 
 
 @triton.jit
+def _finite(x):
+    """Whether each value is neither inf nor NaN."""
+    return tl.abs(x.to(tl.float32)) < float("inf")
+
+
+@triton.jit
+def _first_true(flags, N: tl.constexpr):
+    """The smallest index of [N] ``flags`` that is true; 0 when none is."""
+    first = tl.min(tl.where(flags, tl.arange(0, N), N), axis=0)
+    return tl.where(first == N, 0, first)
+
+
+@triton.jit
+def _first_finite_field(p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr, NBITS: tl.constexpr,
+                        DECODE_GROUP: tl.constexpr, ELEM_BITS: tl.constexpr):
+    """The smallest raw field value whose decoded weight is finite (0 when none is), read from
+    the decoder's own table (see _decode_chunk and the kernel's table argument)."""
+    FIELDS: tl.constexpr = 1 << NBITS
+    if DECODE_GROUP == 0:
+        # Weight f is byte f of w0 (its low byte) and byte f of w1 (its high byte).
+        shift = 8 * tl.arange(0, 4)
+        bits = ((w0 >> shift) & 0xFF) | (((w1 >> shift) & 0xFF) << 8)
+        field = _first_true(_finite(bits.to(tl.int16).to(dot_dtype, bitcast=True)), 4)
+    elif DECODE_GROUP == 2:
+        # Entry g * (FIELDS + 1) is the pair of fields (g, g): its low half is weight g.
+        entry = tl.load(p_table + (FIELDS + 1) * tl.arange(0, FIELDS))
+        if ELEM_BITS == 16:
+            low = entry.to(tl.int16)
+        else:
+            low = entry.to(tl.int32)
+        field = _first_true(_finite(low.to(dot_dtype, bitcast=True)), FIELDS)
+    elif NBITS == 4:
+        field = _first_true(_finite(tl.load(p_table + tl.arange(0, FIELDS))), FIELDS)
+    elif NBITS == 2:
+        field = tl.where(_finite(w0), 0, tl.where(_finite(w1), 1, tl.where(
+            _finite(w2), 2, tl.where(_finite(w3), 3, 0))))
+    else:
+        field = tl.where(_finite(w0) | ~_finite(w1), 0, 1)
+    return field
+
+
+@triton.jit
+def _pad_unit(field, NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr):
+    """A UNIT_BYTES-byte residual unit whose every NBITS-bit field is ``field`` (int32)."""
+    if UNIT_BYTES == 1:
+        unit = field * (0xFF // ((1 << NBITS) - 1))
+    elif NBITS == 1:
+        unit = -field  # 0 or all ones
+    elif NBITS == 2:
+        unit = field * 0x55555555
+    else:
+        unit = field * 0x11111111
+    return unit
+
+
+@triton.jit
 def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table,
-                   w0, w1, w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd,
+                   w0, w1, w2, w3, pad_unit, p_centroids, dim, units_per_row, stride_cc, stride_cd,
                    NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
                    ELEM_BITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
@@ -318,10 +384,13 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
     # [BLOCK_T, UNITS]: whole rows, streamed once.
     p_units = p_rows[:, None] + offs_u[None, :]
     mask_units = mask_t[:, None] & (offs_u < units_per_row)[None, :]
+    # Masked units past d read as pad_unit (a constant 0 when EVEN_D): every field decodes to a
+    # finite weight, which the zero query columns cancel.
     if PTX_LOADS and UNIT_BYTES == 4:
-        b_units = _ptx_load_words(p_units, mask_units, not (FULL and EVEN_D))
+        b_units = _ptx_load_words(p_units, mask_units, pad_unit, not (FULL and EVEN_D),
+                                  not EVEN_D)
     else:
-        b_units = tl.load(p_units, mask=mask_units, other=0,
+        b_units = tl.load(p_units, mask=mask_units, other=pad_unit,
                           eviction_policy="evict_first").to(tl.int32)
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
                           DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
@@ -348,7 +417,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
 def _residual_tile_scores(
     t0, t_end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
-    w0, w1, w2, w3,
+    w0, w1, w2, w3, pad_unit,
     dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
     stride_sc,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
@@ -386,9 +455,9 @@ def _residual_tile_scores(
     if NUM_D_BLOCKS == 1:
         acc, sum_sq = _chunk_product(
             0, b_q0, b_q0_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1, w2,
-            w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
-            DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-            SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
+            w3, pad_unit, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS,
+            UNIT_BYTES, DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE,
+            PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
@@ -404,9 +473,9 @@ def _residual_tile_scores(
                 b_q_lo = b_q
             acc, sum_sq = _chunk_product(
                 kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, p_table, w0, w1,
-                w2, w3, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS, UNIT_BYTES,
-                DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE, PRECOMPUTED_NORMS,
-                SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
+                w2, w3, pad_unit, p_centroids, dim, units_per_row, stride_cc, stride_cd, NBITS,
+                UNIT_BYTES, DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, CENTROID_TABLE,
+                PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, FULL, EVEN_D, PTX_LOADS)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)
@@ -432,7 +501,7 @@ def _prefetch_document(p_codes, p_units, p_inv_norms, first, last, stride_ut,
 def _score_document(
     out_idx, pid_qblock, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
-    p_centroid_scores, p_out, w0, w1, w2, w3,
+    p_centroid_scores, p_out, w0, w1, w2, w3, pad_unit,
     num_out_docs, num_queries, dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut,
     stride_cc, stride_cd, stride_sc, stride_ob, stride_on,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
@@ -458,7 +527,7 @@ def _score_document(
         scores = _residual_tile_scores(
             t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
-            p_centroid_scores, w0, w1, w2, w3,
+            p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
@@ -470,7 +539,7 @@ def _score_document(
         scores = _residual_tile_scores(
             t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
-            p_centroid_scores, w0, w1, w2, w3,
+            p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
@@ -550,6 +619,13 @@ def _maxsim_residual_kernel(
         w1 = tl.load(p_table + 1)
         w2 = tl.load(p_table + 2 % (1 << NBITS))
         w3 = tl.load(p_table + 3 % (1 << NBITS))
+    if EVEN_D:
+        pad_unit = 0
+    else:
+        # Units past d decode to the first finite weight rather than field 0's: a NaN or inf
+        # weight then reaches only the tokens that use it (0 x NaN is NaN).
+        pad_unit = _pad_unit(_first_finite_field(p_table, w0, w1, w2, w3, b_q0.dtype, NBITS,
+                                                 DECODE_GROUP, ELEM_BITS), NBITS, UNIT_BYTES)
     if UNIT_BYTES == 4:
         p_units = p_units.to(tl.pointer_type(tl.int32))
 
@@ -564,12 +640,12 @@ def _maxsim_residual_kernel(
                     chunk.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q0_lo,
                     offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_q_lo, p_codes, p_units,
                     p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
-                    w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
-                    stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
-                    stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
-                    BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
-                    CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                    PTX_LOADS, PREFETCH)
+                    w0, w1, w2, w3, pad_unit, num_out_docs, num_queries, dim, units_per_row,
+                    stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
+                    stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
+                    QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS,
+                    HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
+                    EVEN_D, PTX_LOADS, PREFETCH)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         # The static grid keeps a plain loop (no while, no atomic).
@@ -578,9 +654,9 @@ def _maxsim_residual_kernel(
                 pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step, pid_qblock, b_q0, b_q0_lo,
                 offs_b, offs_i, mask_r, offs_col, mask_col, p_q, p_q_lo, p_codes, p_units,
                 p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
-                w0, w1, w2, w3, num_out_docs, num_queries, dim, units_per_row, stride_qb,
-                stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc, stride_ob,
-                stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ, QUERIES_PER_BLOCK,
-                BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
+                w0, w1, w2, w3, pad_unit, num_out_docs, num_queries, dim, units_per_row,
+                stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
+                stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
+                QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
                 PTX_LOADS, PREFETCH)

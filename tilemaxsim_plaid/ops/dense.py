@@ -41,6 +41,10 @@ class MaxSimConfig:
         hold_query: tiled per-document path with one query block per program: load the query
             block once per program, one register tile per chunk of d (at most MAX_HELD_CHUNKS),
             and hold it across all tiles and documents.
+        register_query: with hold_query: the held query is the tensor-core product's first
+            operand from registers instead of shared memory (Hopper's warpgroup products read
+            both operands from shared memory otherwise, three times the bytes a [64 x 32]
+            product of a 32-token tile needs); more registers per thread.
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
@@ -59,6 +63,7 @@ class MaxSimConfig:
     slots: bool = False
     hold_query: bool = False
     block_d: int | None = None
+    register_query: bool = False
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
@@ -246,6 +251,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             f"config.block_d={cfg.block_d} splits d={dim} into {num_d_tiles} chunks; "
             f"config.single_tile needs d in one chunk (block_d >= d)"
         )
+    if cfg.register_query and not cfg.hold_query:
+        raise ValueError("config.register_query needs hold_query=True (the held query is what "
+                         "stays in registers)")
     if cfg.hold_query and (num_d_tiles > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1
                            or cfg.single_tile or cfg.slots):
         raise ValueError(
@@ -315,7 +323,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
-        HOLD_QUERY=cfg.hold_query,
+        HOLD_QUERY=cfg.hold_query, REGISTER_QUERY=cfg.register_query,
         **common,
     )
     return out
