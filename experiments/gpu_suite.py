@@ -199,6 +199,16 @@ def residual_caps(work: Path, opts) -> list[Step]:
                                          "--out", str(work / "residual-caps")), 420)]
 
 
+def grid(work: Path, opts) -> list[Step]:
+    """The dense sweep over several queries (the register-operand candidates), then the full
+    shape grid with the peers (flash-maxsim and late-interaction-kernels as wheels; about 12
+    minutes, two device calls' worth: run the steps with --only)."""
+    return [Step("sweep-multi", module("experiments.sweep_configs", "--cells", "multi",
+                                       "--budget", "170", "--out", str(work / "sweep-multi")), 220),
+            Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
+                                     "--no-plots", "--out", str(work / "grid-full")), 560)]
+
+
 def json_rows(filename: str, keep: Callable[[dict], bool]) -> Callable[[Path, Path], list[dict]]:
     """Reader of a benchmark's result file: the rows that ``keep`` selects."""
     def read(out: Path, log: Path) -> list[dict]:
@@ -302,6 +312,8 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
+    "grid": Suite("the dense sweep over several queries, then the full shape grid with the peers",
+                  grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "

@@ -82,6 +82,12 @@ EXPECTED = {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
                           "0", "104", "112", "128", "--out", "W/residual-caps"],
     },
+    "grid": {
+        "sweep-multi": ["-m", "experiments.sweep_configs", "--cells", "multi", "--budget", "170",
+                        "--out", "W/sweep-multi"],
+        "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
+                      "--no-plots", "--out", "W/grid-full"],
+    },
     "profile-search": {
         "profile-search-8.8m": ["-m", "experiments.profile_search", "--passages", "8841823", "--out",
                                 "W/profile-search-8.8m"],
