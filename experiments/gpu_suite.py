@@ -200,11 +200,14 @@ def residual_caps(work: Path, opts) -> list[Step]:
 
 
 def grid(work: Path, opts) -> list[Step]:
-    """The dense sweep over several queries (the register-operand candidates), then the full
-    shape grid with the peers (flash-maxsim and late-interaction-kernels as wheels; about 12
-    minutes, two device calls' worth: run the steps with --only)."""
+    """The dense sweeps over several queries (the register-operand candidates) and over the
+    third set of weak cells (d = 256 held in one warp), then the full shape grid with the peers
+    (flash-maxsim and late-interaction-kernels as wheels; about 15 minutes, two device calls'
+    worth: run the steps with --only)."""
     return [Step("sweep-multi", module("experiments.sweep_configs", "--cells", "multi",
                                        "--budget", "170", "--out", str(work / "sweep-multi")), 220),
+            Step("sweep-third", module("experiments.sweep_configs", "--cells", "third",
+                                       "--budget", "170", "--out", str(work / "sweep-third")), 220),
             Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 

@@ -176,11 +176,12 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     chunked = []
     for block_d in {96: (32,), 144: (16, 32), 192: (32, 64), 256: (128, 64), 384: (64, 32),
                      768: (64,)}.get(cell.d, ()):
-        # The query held as one register tile per chunk: one warp while it fits (d <= 192),
-        # four warps over wide d (a [32, 384] fp16 block is 192 registers a lane in one warp).
+        # The query held as one register tile per chunk: one warp while it fits (d <= 256:
+        # 127 registers at 64-column chunks, no spill under triton 3.6), four warps over wider d
+        # (a [32, 384] fp16 block is 192 registers a lane in one warp).
         held_chunked = ((_cfg(16, 1, 3, 4, hold=True), _cfg(16, 2, 3, 4, hold=True),
                          _cfg(32, 4, 3, 8, hold=True))
-                        if cell.d <= 192 else
+                        if cell.d <= 256 else
                         (_cfg(32, 4, 3, 4, hold=True), _cfg(64, 4, 3, 4, hold=True),
                          _cfg(32, 4, 3, 8, hold=True)))
         chunked += [dataclasses.replace(c, block_d=block_d) for c in

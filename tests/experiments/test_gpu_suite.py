@@ -85,6 +85,8 @@ EXPECTED = {
     "grid": {
         "sweep-multi": ["-m", "experiments.sweep_configs", "--cells", "multi", "--budget", "170",
                         "--out", "W/sweep-multi"],
+        "sweep-third": ["-m", "experiments.sweep_configs", "--cells", "third", "--budget", "170",
+                        "--out", "W/sweep-third"],
         "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
                       "--no-plots", "--out", "W/grid-full"],
     },
