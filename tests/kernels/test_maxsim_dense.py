@@ -218,6 +218,12 @@ def test_register_query_scores_as_the_held_query(B, Lq, qpb, device):
     in_registers = dataclasses.replace(held, register_query=True)
     out = maxsim_packed(Q, D, offsets, config=in_registers)
     assert torch.equal(out, maxsim_packed(Q, D, offsets, config=held))
+    # Strided query, documents and offsets read as their contiguous copies.
+    Q_view = torch.stack([Q, torch.zeros_like(Q)], -1)[..., 0]
+    D_view = torch.stack([D, torch.zeros_like(D)], 0)[0].t().contiguous().t()
+    off_view = torch.stack([offsets, torch.zeros_like(offsets)], 1)[:, 0]
+    assert not (Q_view.is_contiguous() or D_view.is_contiguous() or off_view.is_contiguous())
+    assert torch.equal(maxsim_packed(Q_view, D_view, off_view, config=in_registers), out)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
     Q[0, 1, 5] = float("nan")
     out = maxsim_packed(Q, D, offsets, config=in_registers, validate=False)
