@@ -12,7 +12,8 @@ from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, dot_precision, interpreter_upcast,
                                          launch_in_query_chunks)
 
-__all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded", "maxsim_packed"]
+__all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
+           "maxsim_packed"]
 
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
@@ -152,7 +153,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
         if max_doc_len > 128 and max_doc_len % 128 and dim <= MAX_BLOCK_D:
             # Padded documents that 128-token tiles would end in a mostly masked tile (180
-            # tokens: 1.13x, run 107) stream as varied ones do.
+            # tokens, run 107) stream as varied ones do.
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)

@@ -149,7 +149,7 @@ class ResidualConfig:
 # The one-warp default's register cap, and the one nbits = 4 takes instead: its 16-entry table
 # decoder spills under the first and not under the second (results/PERFORMANCE_LOG.md, runs 98
 # and 106).
-NBITS4_MAXNREG = (96, 128)
+ONE_WARP_MAXNREG, NBITS4_MAXNREG = 96, 128
 # ptxas's range for .maxnreg on sm_80/sm_90.
 MIN_MAXNREG, MAX_MAXNREG = 24, 255
 
@@ -229,7 +229,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
             # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
             # with split_query.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
-                                  maxnreg=128 if split_query else NBITS4_MAXNREG[0], docs_per_program=2,
+                                  maxnreg=128 if split_query else ONE_WARP_MAXNREG,
+                                  docs_per_program=2,
                                   persistent=True, prefetch=half_table,
                                   decode="pairs" if split_query else "permute")
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
@@ -559,8 +560,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
         cfg = dataclasses.replace(cfg, decode="pairs")
-    if config is None and nbits == 4 and cfg.maxnreg == NBITS4_MAXNREG[0]:
-        cfg = dataclasses.replace(cfg, maxnreg=NBITS4_MAXNREG[1])
+    if config is None and nbits == 4 and cfg.maxnreg == ONE_WARP_MAXNREG:
+        cfg = dataclasses.replace(cfg, maxnreg=NBITS4_MAXNREG)
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
                          f"centroid_scores, no split_query); got {Q3.dtype} queries")
