@@ -46,15 +46,13 @@ def cap_variants(config, caps):
 
 def op_default(nbits: int, num_docs: int, element_size: int):
     """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
-    default config, with the pair decoder where byte permutes cannot serve (nbits != 2) and
-    nbits 4's register cap, as ops.residual._launch_kernel adjusts it."""
-    from tilemaxsim_plaid.ops.residual import (NBITS4_MAXNREG, ONE_WARP_MAXNREG,
-                                               default_residual_config)
-    config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True)
+    default config, with the pair decoder where byte permutes cannot serve (nbits != 2), as
+    ops.residual._launch_kernel falls back."""
+    from tilemaxsim_plaid.ops.residual import default_residual_config
+    config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
+                                     nbits=nbits)
     if config.decode == "permute" and nbits != 2:
         config = dataclasses.replace(config, decode="pairs")
-    if nbits == 4 and config.maxnreg == ONE_WARP_MAXNREG:
-        config = dataclasses.replace(config, maxnreg=NBITS4_MAXNREG)
     return config
 
 

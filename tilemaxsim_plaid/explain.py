@@ -182,8 +182,7 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
     entry = {"path": "Triton fused residual kernel (decoded in registers)", "why": why,
              "default_config": configs}
     restated.append("maxsim_residual: a default decode='permute' becomes 'pairs' where byte "
-                    "permutes do not apply, and nbits = 4 takes a register cap of "
-                    f"{residual.NBITS4_MAXNREG} (inline in ops/residual._launch_kernel)")
+                    "permutes do not apply (inline in ops/residual._launch_kernel)")
     ops["maxsim_residual"] = entry
     # maxsim_pq is shown at the one shape its mma kernel serves.
     pq_dim, m, sub_dim = pq_mma.DIM, pq_mma.NUM_SUBQUANTIZERS, pq_mma.SUB_DIM

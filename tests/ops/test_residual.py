@@ -229,7 +229,7 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
 
 
 @pytest.mark.parametrize("nbits,decoder,maxnreg", [
-    (1, "pairs", 96), (2, "permute", 96), (4, "pairs", residual.NBITS4_MAXNREG)])
+    (1, "pairs", 96), (2, "permute", 96), (4, "pairs", 128)])
 def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
     """One fp16 query over many documents on the table path: byte permutes at nbits = 2 only,
     and nbits = 4 under the register cap its decoder does not spill under."""
@@ -241,13 +241,7 @@ def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
     score(Q, index, nbits, inv_norms=norms_of(index, nbits), validate=False)
     (_, kwargs), = kernel.launches
     assert (kwargs["DECODE_GROUP"], kwargs["maxnreg"]) == (residual.DECODERS[decoder], maxnreg)
-    # An explicit config keeps its own cap.
-    kernel.launches.clear()
-    config = residual.default_residual_config(1, 32, False, 4, 2, half_table=True)
-    score(Q, index, nbits, inv_norms=norms_of(index, nbits), validate=False,
-          config=dataclasses.replace(config, decode=decoder))
-    (_, kwargs), = kernel.launches
-    assert kwargs["maxnreg"] == residual.ONE_WARP_MAXNREG
+    assert residual.default_residual_config(1, 32, False, 4, 2, True, nbits).maxnreg == maxnreg
 
 
 def _index_at(num_centroids, device, dim=128, nbits=2):

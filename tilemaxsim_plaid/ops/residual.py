@@ -146,10 +146,9 @@ class ResidualConfig:
     half_table: bool | None = None
 
 
-# The one-warp default's register cap, and the one nbits = 4 takes instead: its 16-entry table
-# decoder spills under the first and not under the second (results/PERFORMANCE_LOG.md, runs 98
-# and 106).
-ONE_WARP_MAXNREG, NBITS4_MAXNREG = 96, 128
+# The one-warp default's register cap; nbits = 4's 16-entry table decoder spills under it and
+# takes 128, as split_query does (results/PERFORMANCE_LOG.md, runs 98 and 106).
+ONE_WARP_MAXNREG = 96
 # ptxas's range for .maxnreg on sm_80/sm_90.
 MIN_MAXNREG, MAX_MAXNREG = 24, 255
 
@@ -197,7 +196,7 @@ def default_block_d(dim: int) -> int:
 
 def default_residual_config(num_queries: int, Lq: int, split_query: bool = False,
                             num_docs: int = 0, element_size: int = 2,
-                            half_table: bool = False) -> ResidualConfig:
+                            half_table: bool = False, nbits: int = 2) -> ResidualConfig:
     """Deterministic heuristic, no autotuning at call time (rules measured on the H200 in
     interleaved rounds of experiments/profile_kernels.py; see results/PERFORMANCE_LOG.md, run 43).
 
@@ -205,7 +204,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
 
     * At least MANY_DOCS documents with 16-bit products (fp16/bf16 queries, or split_query):
       one-warp programs of 16-token tiles on a persistent grid taking 2 documents at a time,
-      with a register cap (96; 128 with split_query's second query operand). A 2-warp program
+      with a register cap (96; 128 with split_query's second query operand, and at nbits = 4,
+      whose table decoder spills under 96). A 2-warp program
       splits a 16-token tile's products by query columns, so both warps decode the whole tile;
       one warp decodes it once, and the cap fits more programs per SM; the persistent grid has
       no last wave running alone. 16-bit queries decode by byte permutes (no table loads),
@@ -229,7 +229,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
             # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
             # with split_query.
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
-                                  maxnreg=128 if split_query else ONE_WARP_MAXNREG,
+                                  maxnreg=128 if split_query or nbits == 4
+                                  else ONE_WARP_MAXNREG,
                                   docs_per_program=2,
                                   persistent=True, prefetch=half_table,
                                   decode="pairs" if split_query else "permute")
@@ -550,7 +551,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     builds_table = centroid_scores is None and not split_query
     half_default = _half_table(Q3, inv_norms, None, centroid_scores, split_query)
     cfg = config or default_residual_config(B, Lq, split_query, num_out_docs, Q3.element_size(),
-                                            half_default)
+                                            half_default, nbits)
     half_table = _half_table(Q3, inv_norms, cfg, centroid_scores, split_query)
     table_bytes = _table_entry_bytes(centroid_scores, half_table)
     if config is None and cfg.decode == "permute" and not (
@@ -560,8 +561,6 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
         cfg = dataclasses.replace(cfg, decode="pairs")
-    if config is None and nbits == 4 and cfg.maxnreg == ONE_WARP_MAXNREG:
-        cfg = dataclasses.replace(cfg, maxnreg=NBITS4_MAXNREG)
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
                          f"centroid_scores, no split_query); got {Q3.dtype} queries")
