@@ -319,6 +319,28 @@ def _ptxas(capability: int):
         return get_ptxas()
 
 
+def ptxas_available() -> bool:
+    """Whether triton's bundled ptxas is there to compile for sm_90a (no NVIDIA backend in some
+    triton builds)."""
+    try:
+        return Path(_ptxas(90).path).exists()
+    except Exception:
+        return False
+
+
+def run_compiled_mode(code: str, out: Path, timeout: int) -> dict:
+    """Runs the Python ``code`` (it writes JSON to the path in ``sys.argv[1]``) in a subprocess
+    at the repository root without TRITON_INTERPRET, so @triton.jit builds JITFunctions and host
+    code takes its GPU choices; returns the JSON it wrote."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code, str(out)], cwd=Path(__file__).resolve().parents[1],
+                   env=env, check=True, timeout=timeout)
+    return json.loads(Path(out).read_text())
+
+
 def _ptxas_spills(ptx: str, capability: int) -> tuple[int, int]:
     """(spill store bytes, spill load bytes) from ptxas -v on the PTX (its .maxnreg included)."""
     with tempfile.TemporaryDirectory() as tmp:

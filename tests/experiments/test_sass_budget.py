@@ -5,19 +5,12 @@ it without a GPU; under it @triton.jit builds no JITFunction and host code takes
 choices); they need triton's bundled ptxas, which CI's triton wheel carries too.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from experiments import sass_budget as sb
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Launch capture and compile of the dense launch and the nbits = 2 residual launch, as JSON.
 _CAPTURE = textwrap.dedent("""
@@ -36,22 +29,12 @@ _CAPTURE = textwrap.dedent("""
 """)
 
 
-def _has_ptxas() -> bool:
-    try:
-        return Path(sb._ptxas(90).path).exists()
-    except Exception:  # no NVIDIA backend in this triton build
-        return False
-
-
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    if not _has_ptxas():
+    if not sb.ptxas_available():
         pytest.skip("triton's bundled ptxas is not available")
-    path = tmp_path_factory.mktemp("sass") / "captured.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, "-c", _CAPTURE, str(path)], cwd=REPO, env=env, check=True,
-                   timeout=240)
-    return json.loads(path.read_text())
+    return sb.run_compiled_mode(_CAPTURE, tmp_path_factory.mktemp("sass") / "captured.json",
+                                timeout=240)
 
 
 def test_capture_records_the_benchmark_launches_without_running_them(captured):

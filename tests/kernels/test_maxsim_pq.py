@@ -113,6 +113,20 @@ def test_chunks_narrower_than_a_code_word(device, poisoned_outputs, dim, num_sub
         assert torch.isneginf(out[:, 0]).all()
 
 
+@residual_modes
+def test_fp32_query_in_32_token_launches(device, poisoned_outputs, residual_mode):
+    """The default scores an fp32 query of 40 tokens in launches of 32 and 8 tokens
+    (ops/pq.FP32_QUERY_CHUNK): the launches' sums are the whole query's score."""
+    index = random_pq_index(device, 384, 48, [0, 1, 17, 40, 5, 16],
+                            num_centroids=7 if residual_mode else 0)
+    args, extra = split(index)
+    Q = unit_queries(2, 40, 384, torch.float32, device)
+    query_lengths = torch.tensor([40, 35], device=device)
+    want = reference.maxsim_pq(Q, *args, query_lengths=query_lengths, **extra)
+    assert_close(maxsim_pq(Q, *args, query_lengths=query_lengths, **extra), want, "maxsim_pq",
+                 torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"),
                                    pytest.param(torch.float32, id="fp32")])
 def test_other_dtypes(device, poisoned_outputs, dtype):

@@ -295,6 +295,29 @@ def test_default_launches_per_input_class(recorded, monkeypatch, residual_mode):
     # Several queries: 64-token tiles, 4 warps, queries stacked per block.
     launch = default_launch(recorded, 8, 32, MANY_DOCS, 128, 16, residual_mode=residual_mode)
     assert (launch["BLOCK_T"], launch["num_warps"], launch["QUERIES_PER_BLOCK"]) == (64, 4, 2)
+    # fp32, several queries: 32-token tiles, one query a block (shared memory).
+    launch = default_launch(recorded, 8, 32, MANY_DOCS, 384, 48, torch.float32, residual_mode)
+    assert (launch["BLOCK_T"], launch["QUERIES_PER_BLOCK"]) == (32, 1)
+
+
+def test_fp32_queries_past_32_tokens_launch_in_32_token_chunks(recorded):
+    """An fp32 query of more than FP32_QUERY_CHUNK tokens is scored in launches of that many
+    (a 64-row block of fp32 chunks does not fit a block's shared memory at d = 384); 16-bit
+    queries and explicit configs take one launch."""
+    assert pq_ops.FP32_QUERY_CHUNK == 32
+    for Lq, launches in ((32, 1), (33, 2), (64, 2), (70, 3)):
+        default_launch_count = _launch_count(recorded, 2, Lq, 384, 48, torch.float32)
+        assert default_launch_count == launches, Lq
+    assert _launch_count(recorded, 2, 64, 384, 48, torch.float16) == 1
+    assert _launch_count(recorded, 2, 64, 384, 48, torch.float32, PQConfig(block_t=32)) == 1
+
+
+def _launch_count(recorded, B, Lq, dim, num_subquantizers, dtype, config=None):
+    args, extra = split(index_of(MANY_DOCS, dim, num_subquantizers))
+    recorded.launches.clear()
+    maxsim_pq(torch.zeros(B, Lq, dim, dtype=dtype), *args, **extra, config=config,
+              validate=False)
+    return len(recorded.launches)
 
 
 def test_mma_is_the_default_where_it_applies(recorded, monkeypatch):

@@ -194,7 +194,7 @@ def _load_pq_code_words(kd, offs_t, mask_t, p_code_words, stride_pw, BLOCK_T: tl
     p_units = p_code_words + offs_t.to(tl.int64)[:, None] * stride_pw + offs_u[None, :]
     if PTX_LOADS:
         words = _ptx_load_words(p_units, tl.broadcast_to(mask_t[:, None], [BLOCK_T, CODE_WORDS]),
-                                MASKED)
+                                0, MASKED, False)
     else:
         words = tl.load(p_units, mask=mask_t[:, None], other=0, eviction_policy="evict_first")
     return words
@@ -254,6 +254,45 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
 
 
 @triton.jit
+def _pq_chunk_product(
+    kd, acc, b_q, next_words, offs_t, mask_t, p_pq_codes, p_codebooks, num_subquantizers,
+    stride_pt, BLOCK_T: tl.constexpr, M_BLOCK: tl.constexpr, DSUB: tl.constexpr,
+    DSUB_PAD: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    FULL: tl.constexpr, WORD_GATHER: tl.constexpr, PTX_LOADS: tl.constexpr,
+    GATHER_BYTES: tl.constexpr, HOLD_QUERY: tl.constexpr, PIPELINE_CODES: tl.constexpr,
+):
+    """acc plus the product of query chunk b_q with the decoded sub-quantizers kd * M_BLOCK ..
+    (kd + 1) * M_BLOCK of tokens offs_t (as _pq_tile_scores lays them out)."""
+    if WORD_GATHER:
+        if PIPELINE_CODES:
+            words = next_words  # loaded one tile ahead by the caller
+        else:
+            words = _load_pq_code_words(kd, offs_t, mask_t, p_pq_codes, stride_pt, BLOCK_T,
+                                        M_BLOCK, not FULL, PTX_LOADS)
+        b_emb = _decode_pq_words(kd, words, p_codebooks, b_q.dtype, BLOCK_T, M_BLOCK, DSUB,
+                                 PTX_LOADS, GATHER_BYTES, HOLD_QUERY)
+    else:
+        offs_k = tl.arange(0, DSUB_PAD)
+        offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
+        mask_m = offs_m < num_subquantizers
+        # [BLOCK_T, M_BLOCK] one byte per sub-quantizer
+        b_codes = tl.load(p_pq_codes + offs_t[:, None] * stride_pt + offs_m[None, :],
+                          mask=mask_t[:, None] & mask_m[None, :], other=0,
+                          eviction_policy="evict_first").to(tl.int32)
+        # [BLOCK_T, M_BLOCK, DSUB_PAD]: codebooks[m, code] sub-vectors, contiguous in k
+        rows = offs_m[None, :, None] * CODEBOOK_SIZE + b_codes[:, :, None]
+        p_sub = p_codebooks + (rows * DSUB + offs_k[None, None, :])
+        b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
+                        other=0.0, eviction_policy="evict_last")
+        b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD]).to(b_q.dtype)
+    if HOLD_QUERY:
+        acc += tile_dot(b_q, b_emb, INPUT_PRECISION, UPCAST)
+    else:
+        acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+    return acc
+
+
+@triton.jit
 def _pq_tile_scores(
     t0, t_end, next_words, b_q0, b_q1, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_pq_codes, p_codebooks, p_centroid_codes, p_inv_norms, p_centroid_scores,
@@ -294,42 +333,25 @@ def _pq_tile_scores(
         acc = tl.zeros([BLOCK_Q, BLOCK_T], tl.float32)
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_Q], tl.float32)
-    offs_k = tl.arange(0, DSUB_PAD)
-    for kd in tl.static_range(NUM_M_BLOCKS):
-        if WORD_GATHER:
-            if PIPELINE_CODES:
-                words = next_words  # loaded one tile ahead by the caller
-            else:
-                words = _load_pq_code_words(kd, offs_t, mask_t, p_pq_codes, stride_pt, BLOCK_T,
-                                            M_BLOCK, not FULL, PTX_LOADS)
-            b_emb = _decode_pq_words(kd, words, p_codebooks, b_q0.dtype, BLOCK_T, M_BLOCK, DSUB,
-                                     PTX_LOADS, GATHER_BYTES, HOLD_QUERY)
-        else:
-            offs_m = kd * M_BLOCK + tl.arange(0, M_BLOCK)
-            mask_m = offs_m < num_subquantizers
-            # [BLOCK_T, M_BLOCK] one byte per sub-quantizer
-            b_codes = tl.load(p_pq_codes + offs_t[:, None] * stride_pt + offs_m[None, :],
-                              mask=mask_t[:, None] & mask_m[None, :], other=0,
-                              eviction_policy="evict_first").to(tl.int32)
-            # [BLOCK_T, M_BLOCK, DSUB_PAD]: codebooks[m, code] sub-vectors, contiguous in k
-            rows = offs_m[None, :, None] * CODEBOOK_SIZE + b_codes[:, :, None]
-            p_sub = p_codebooks + (rows * DSUB + offs_k[None, None, :])
-            b_sub = tl.load(p_sub, mask=mask_m[None, :, None] & (offs_k[None, None, :] < DSUB),
-                            other=0.0, eviction_policy="evict_last")
-            b_emb = tl.reshape(b_sub, [BLOCK_T, M_BLOCK * DSUB_PAD]).to(b_q0.dtype)
-        if kd == 0:
-            b_q = b_q0
-        elif kd == 1:
-            b_q = b_q1
-        else:
+    # The first two chunks' query tiles are held by the caller (b_q0, b_q1), unrolled; the
+    # rest stream in a dynamic loop, which reuses one set of shared-memory staging buffers
+    # (unrolled, each chunk's add up: 393 KB at fp32, d = 768, M = 16).
+    HELD_M_BLOCKS: tl.constexpr = 2 if NUM_M_BLOCKS > 2 else NUM_M_BLOCKS
+    for kd in tl.static_range(HELD_M_BLOCKS):
+        acc = _pq_chunk_product(
+            kd, acc, b_q0 if kd == 0 else b_q1, next_words, offs_t, mask_t, p_pq_codes,
+            p_codebooks, num_subquantizers, stride_pt, BLOCK_T, M_BLOCK, DSUB, DSUB_PAD,
+            INPUT_PRECISION, UPCAST, FULL, WORD_GATHER, PTX_LOADS, GATHER_BYTES, HOLD_QUERY,
+            PIPELINE_CODES)
+    if NUM_M_BLOCKS > HELD_M_BLOCKS:  # (its body builds only for chunks of that shape)
+        for kd in range(HELD_M_BLOCKS, NUM_M_BLOCKS):
             b_q = _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt,
                                       stride_qd, num_subquantizers, M_BLOCK, DSUB, DSUB_PAD)
-            b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES,
-                                     HOLD_QUERY)
-        if HOLD_QUERY:
-            acc += tile_dot(b_q, b_emb, INPUT_PRECISION, UPCAST)
-        else:
-            acc += tile_dot(b_emb, b_q, INPUT_PRECISION, UPCAST)
+            b_q = _to_gather16_order(b_q, BLOCK_Q, M_BLOCK * DSUB_PAD, GATHER_BYTES, HOLD_QUERY)
+            acc = _pq_chunk_product(
+                kd, acc, b_q, next_words, offs_t, mask_t, p_pq_codes, p_codebooks,
+                num_subquantizers, stride_pt, BLOCK_T, M_BLOCK, DSUB, DSUB_PAD, INPUT_PRECISION,
+                UPCAST, FULL, WORD_GATHER, PTX_LOADS, GATHER_BYTES, HOLD_QUERY, False)
     if PRECOMPUTED_NORMS:
         inv_norm = tl.load(p_inv_norms + offs_t, mask=mask_t, other=0.0,
                            eviction_policy="evict_first").to(tl.float32)

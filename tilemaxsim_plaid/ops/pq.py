@@ -168,7 +168,9 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       reduced as they come under a cap of 128 registers (16 programs per SM), and at M = 16
       code words loaded a tile ahead.
     * Other shapes of at most 32 query rows: 32-token tiles, 16 documents per program, 2 warps.
-    * Larger query blocks: 64-token tiles, 4 warps, 4 or 2 documents per program.
+    * Larger query blocks: 64-token tiles, 4 warps, 4 or 2 documents per program; with fp32
+      queries 32-token tiles and one query per block, which fits a block's shared memory at any
+      d (see FP32_QUERY_CHUNK; results/PERFORMANCE_LOG.md, run 114).
     """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
@@ -183,6 +185,8 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
             return one_warp
         return PQConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=16,
                         num_warps=2)
+    if element_size == 4:
+        return PQConfig(block_t=32, queries_per_block=1, docs_per_program=4)
     return PQConfig(queries_per_block=queries_per_block,
                     docs_per_program=4 if num_queries * lq <= 64 else 2)
 
@@ -242,7 +246,25 @@ def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, i
         return _launch_kernel(Q_chunk, pq_codes, offsets, codebooks, pids, centroid_codes,
                               centroids, inv_norms, chunk_lengths, num_out_docs, config)
 
-    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, check_config)
+    return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, check_config,
+                                  _default_query_chunks(Q3) if config is None else None)
+
+
+# Query tokens per launch of the default for fp32 queries: a block of more rows of fp32 chunks
+# does not fit a block's shared memory at d >= 256; 32 rows do (results/PERFORMANCE_LOG.md,
+# run 114).
+FP32_QUERY_CHUNK = 32
+
+
+def _default_query_chunks(Q3: torch.Tensor) -> list[int] | None:
+    """Query tokens per launch where the default splits a query that fits one launch: fp32
+    queries past FP32_QUERY_CHUNK tokens, in chunks of that many (each launch reads the codes
+    again)."""
+    Lq = Q3.shape[1]
+    if Q3.element_size() != 4 or Lq <= FP32_QUERY_CHUNK:
+        return None
+    return [FP32_QUERY_CHUNK] * (Lq // FP32_QUERY_CHUNK) + ([Lq % FP32_QUERY_CHUNK]
+                                                            if Lq % FP32_QUERY_CHUNK else [])
 
 
 def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,

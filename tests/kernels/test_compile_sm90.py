@@ -1,0 +1,113 @@
+"""Every kernel path that only a GPU runs compiles for sm_90a, on the CPU, within the shared
+memory one block may use.
+
+The interpreter (tests/conftest.py sets TRITON_INTERPRET without a GPU) runs no inline PTX: the
+residual and PQ kernels' PTX loads, byte permutes and the paths behind them are compiled only on
+a GPU. Here each op's launch is captured as its host code makes it on a GPU (no kernel runs) and
+compiled with triton's bundled ptxas (experiments/sass_budget), in a subprocess without
+TRITON_INTERPRET: a kernel that does not build (a helper called with the wrong arguments, a bad
+asm constraint, staging buffers past the block's shared memory) fails here, not on a user's
+GPU.
+"""
+
+import textwrap
+
+import pytest
+
+from experiments import sass_budget as sb
+
+_COMPILE = textwrap.dedent("""
+    import json, sys
+    import torch
+    from experiments import sass_budget as sb
+    from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
+    from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
+    from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
+    from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
+                                                          _query_centroid_scores_kernel)
+    from tilemaxsim_plaid.ops.dense import maxsim_packed
+    from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
+    from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
+
+    lengths, offsets = sb.benchmark_offsets()
+    T, g = sb.CAPTURE_TOKENS, torch.Generator().manual_seed(1)
+    max_len = int(lengths.max())
+    Q = torch.randn(32, 128, generator=g).half()
+    calls = {}
+    for d in (128, 256):  # the held query in one chunk and in 64-column chunks
+        Qd, D = torch.randn(32, d, generator=g).half(), torch.zeros(T, d, dtype=torch.float16)
+        calls[f"dense d={d}"] = (_maxsim_dense_kernel, lambda Qd=Qd, D=D: maxsim_packed(
+            Qd, D, offsets, max_doc_len=max_len, validate=False), ())
+    codes, books = torch.zeros(T, 16, dtype=torch.uint8), torch.randn(16, 256, 8, generator=g)
+    calls["pq decode"] = (_maxsim_pq_kernel, lambda: maxsim_pq(Q, codes, offsets, books,
+                                                               validate=False), ())
+    # Chunks of fewer sub-quantizers than a code word over wide d, fp32 (8 chunks of 2 x 48).
+    Q768 = torch.randn(2, 9, 768, generator=g)
+    books768 = torch.randn(16, 256, 48, generator=g)
+    calls["pq decode fp32 d=768"] = (_maxsim_pq_kernel, lambda: maxsim_pq(
+        Q768, codes, offsets, books768, validate=False), ())
+    # Several fp32 queries, and one of 64 tokens, at d = 384 as 48 x 8 (three chunks).
+    Q384, books384 = torch.randn(4, 64, 384, generator=g), torch.randn(48, 256, 8, generator=g)
+    codes48 = torch.zeros(T, 48, dtype=torch.uint8)
+    calls["pq decode fp32 d=384 B=4 Lq=64"] = (_maxsim_pq_kernel, lambda: maxsim_pq(
+        Q384, codes48, offsets, books384, validate=False), ())
+    calls["pq lut"] = (_maxsim_pq_lut_kernel, lambda: maxsim_pq(
+        Q, codes, offsets, books, config=PQConfig(scoring="lut"), validate=False), ())
+    centroids = torch.randn(4096, 128, generator=g).half()
+    for nbits in (1, 2, 4):
+        rc = torch.zeros(T, dtype=torch.int32)
+        res = torch.zeros(T, 128 * nbits // 8, dtype=torch.uint8)
+        w = torch.sort(torch.randn(1 << nbits, generator=g) * 0.03).values
+        for decode in ("pairs", "select") + (("permute",) if nbits == 2 else ()):
+            for table in (True, False):
+                cfg = ResidualConfig(decode=decode, centroid_table=table)
+                calls[f"residual nbits={nbits} {decode} table={table}"] = (
+                    _maxsim_residual_kernel,
+                    lambda rc=rc, res=res, w=w, nbits=nbits, cfg=cfg: maxsim_residual(
+                        Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T),
+                        config=cfg, validate=False),
+                    (_query_centroid_scores_kernel,))
+    out = {}
+    for name, (kernel, call, skip) in calls.items():
+        launch = sb.capture_launch(kernel, call, name, skip=skip)
+        compiled = sb.compile_launch(launch)
+        out[name] = {"registers": compiled.registers, "cubin_bytes": len(compiled.cubin),
+                     "shared_bytes": compiled.shared_bytes,
+                     "ptx_loads": launch.constexprs.get("PTX_LOADS"),
+                     "decode_group": launch.constexprs.get("DECODE_GROUP"),
+                     "centroid_table": launch.constexprs.get("CENTROID_TABLE")}
+    json.dump(out, open(sys.argv[1], "w"))
+""")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if not sb.ptxas_available():
+        pytest.skip("triton's bundled ptxas is not available")
+    return sb.run_compiled_mode(_COMPILE, tmp_path_factory.mktemp("sm90") / "compiled.json",
+                                timeout=900)
+
+
+# Shared memory one block may use on sm_90 (227 KB, opted in); a launch past it fails on the
+# GPU with OutOfResources.
+SM90_SHARED_PER_BLOCK = 232_448
+
+
+def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
+    assert len(compiled) == 2 + 4 + 2 * 7
+    for name, kernel in compiled.items():
+        assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
+        assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
+
+
+def test_the_ptx_paths_are_the_ones_compiled(compiled):
+    """The residual and PQ decode launches take their GPU code (PTX loads), each decoder and
+    both centroid paths as named."""
+    assert compiled["pq decode"]["ptx_loads"] is True
+    groups = {"pairs": 2, "select": 1, "permute": 0}
+    for name, kernel in compiled.items():
+        if name.startswith("residual"):
+            _, _, decode, table = name.split()
+            assert kernel["ptx_loads"] is True, name
+            assert kernel["decode_group"] == groups[decode], name
+            assert kernel["centroid_table"] == (table == "table=True"), name
