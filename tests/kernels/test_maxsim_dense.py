@@ -207,32 +207,6 @@ def test_default_held_query_blocks_of_several_queries_are_exact(B, Lq, device):
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
 
 
-@pytest.mark.parametrize("B,Lq,qpb", [(4, 32, 4), (3, 20, 2), (1, 64, 1)])
-def test_register_query_scores_as_the_held_query(B, Lq, qpb, device):
-    """register_query takes the held query from registers: the same products, bit for bit,
-    with NaN in a query token reaching its query's scores."""
-    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
-    Q = _rand(B, Lq, 64, dtype=torch.float16, device=device)
-    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
-    held = MaxSimConfig(block_t=16, queries_per_block=qpb, docs_per_program=3, hold_query=True)
-    in_registers = dataclasses.replace(held, register_query=True)
-    out = maxsim_packed(Q, D, offsets, config=in_registers)
-    assert torch.equal(out, maxsim_packed(Q, D, offsets, config=held))
-    # Strided query, documents and offsets read as their contiguous copies.
-    Q_view = torch.stack([Q, torch.zeros_like(Q)], -1)[..., 0]
-    D_view = torch.stack([D, torch.zeros_like(D)], 0)[0].t().contiguous().t()
-    off_view = torch.stack([offsets, torch.zeros_like(offsets)], 1)[:, 0]
-    assert not (Q_view.is_contiguous() or D_view.is_contiguous() or off_view.is_contiguous())
-    assert torch.equal(maxsim_packed(Q_view, D_view, off_view, config=in_registers), out)
-    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
-    Q[0, 1, 5] = float("nan")
-    out = maxsim_packed(Q, D, offsets, config=in_registers, validate=False)
-    want = reference.maxsim_packed(Q, D, offsets)
-    assert torch.equal(out.isnan(), want.isnan()) and out[0].isnan()[torch.tensor(lengths) > 0].all()
-    with pytest.raises(ValueError, match="register_query"):
-        maxsim_packed(Q, D, offsets, config=MaxSimConfig(register_query=True))
-
-
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("Lq", [33, 40])
 def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packed, device):
@@ -284,9 +258,35 @@ def test_hold_query_padded(device):
 
 
 
+@pytest.mark.parametrize("config", [
+    pytest.param(None, id="default"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, block_d=32),
+                 id="held-chunks"),
+    pytest.param(MaxSimConfig(block_t=32, num_warps=2, num_stages=2), id="tiles")])
+def test_64_bit_row_offsets_score_as_32_bit_ones(config, device, monkeypatch):
+    """Documents whose row offsets would overflow int32 take 64-bit ones (TOKENS_I32 False):
+    the same scores, bit for bit, on packed and padded documents, at d = 96 (a masked chunk)."""
+    D, offsets = _packed_from_lengths([3, 0, 40, 1, 17], 96, torch.float16, device)
+    Q = _rand(1, 9, 96, dtype=torch.float16, device=device)
+    Dp = _rand(4, 33, 96, dtype=torch.float16, device=device)
+    lengths = torch.tensor([33, 0, 1, 20], device=device)
+    assert not dense._row_offsets_fit_int32(2**31 // 128, 128, 128, 1)
+    assert dense._row_offsets_fit_int32(2**31 // 128 - 2, 128, 128, 1)
+    narrow = (maxsim_packed(Q, D, offsets, config=config),
+              maxsim_padded(Q, Dp, lengths, config=config))
+    monkeypatch.setattr(dense, "_row_offsets_fit_int32", lambda *args: False)
+    wide = (maxsim_packed(Q, D, offsets, config=config),
+            maxsim_padded(Q, Dp, lengths, config=config))
+    for a, b in zip(narrow, wide):
+        assert torch.equal(a, b)
+    assert_close(narrow[0], reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
 # block_d: d in narrower chunks, with no masked column where block_d divides d (96 as 3 x 32,
-# 144 as 9 x 16, 80 as 5 x 16) and with a masked last chunk where it does not (80 as 3 x 32).
+# 144 as 9 x 16, 80 as 5 x 16, 256 as 4 x 64: the default's held chunks past one) and with a
+# masked last chunk where it does not (80 as 3 x 32).
 BLOCK_D_CASES = [
+    pytest.param(256, 64, id="d256-4x64"),
     pytest.param(96, 32, id="d96-3x32"),
     pytest.param(144, 16, id="d144-9x16"),
     pytest.param(80, 16, id="d80-5x16"),

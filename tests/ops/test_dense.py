@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, MANY_DOCS,
+from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM,
+                                        HELD_ONE_WARP_MAX_DIM, MANY_DOCS,
                                         MaxSimConfig, default_config, default_query_chunks,
                                         maxsim_packed, maxsim_padded)
 
@@ -155,10 +156,17 @@ def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():
         assert at_192 == dataclasses.replace(at_144, block_d=2 * HELD_CHUNK_COLUMNS)
     wide = default_config(1, 48, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
     assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, 2 * HELD_CHUNK_COLUMNS)
-    # Up to 16 tokens at a d that fits one chunk keep it; d = 256 is a power of two.
+    # Up to 16 tokens at a d that fits one chunk keep it.
     assert default_config(1, 16, 180, 96, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
-    assert not default_config(1, 32, 180, 256, variable_lengths=True,
-                              num_docs=MANY_DOCS).hold_query
+    # d = 256: up to 32 tokens held in one warp over 64-column chunks; a 64-row block is not
+    # held, nor past HELD_ONE_WARP_MAX_DIM, nor d in between that 64 does not divide.
+    for Lq in (1, 24, 32):
+        at_256 = default_config(1, Lq, 180, 256, variable_lengths=True, num_docs=MANY_DOCS)
+        assert at_256 == dataclasses.replace(at_144, block_d=2 * HELD_CHUNK_COLUMNS)
+    for Lq, d in ((33, 256), (64, 256), (32, 2 * HELD_ONE_WARP_MAX_DIM), (32, 224)):
+        assert not default_config(1, Lq, 180, d, variable_lengths=True,
+                                  num_docs=MANY_DOCS).hold_query, (Lq, d)
+    assert not default_config(1, 32, 180, 256, num_docs=MANY_DOCS).hold_query  # padded
 
 
 @pytest.mark.parametrize("dim", [80, 96, 144, 160])

@@ -56,11 +56,13 @@ def _load_query_tile(p_q, offs_b, offs_i, mask_r, d0, dim, stride_qb, stride_qt,
 
 @triton.jit
 def _load_doc_tile(p_doc, t0, doc_len, d0, dim, stride_dt, stride_dd,
-                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
     offs_t = t0 + tl.arange(0, BLOCK_T)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     p = p_doc + offs_t[:, None] * stride_dt + offs_d[None, :] * stride_dd
     # [BLOCK_T, BLOCK_D]; masked rows are never fetched, so short documents cost only their bytes.
+    if EVEN_D:  # every chunk is whole: the rows' mask only
+        return tl.load(p, mask=offs_t[:, None] < doc_len, other=0.0)
     return tl.load(p, mask=(offs_t[:, None] < doc_len) & (offs_d[None, :] < dim), other=0.0)
 
 
@@ -89,7 +91,8 @@ def _maxsim_dense_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
-    REGISTER_QUERY: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -97,7 +100,8 @@ def _maxsim_dense_kernel(
     HOLD_QUERY (one query block per program, tiled path): the query block is loaded once per
     program, as one register tile per d chunk (a tuple of NUM_D_TILES tiles: d = 96 as 3 x 32
     with no masked column), and held across all its tiles and documents, instead of once per
-    document; the chunk loop is then unrolled."""
+    document; the chunk loop is then unrolled. EVEN_D: BLOCK_D divides d (no column mask on
+    document tiles). TOKENS_I32: row offsets within a document, times stride_dt, fit int32."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -112,13 +116,9 @@ def _maxsim_dense_kernel(
                                                             QUERIES_PER_BLOCK)
         q_held = ()
         for k in tl.static_range(NUM_D_TILES):
-            q_k = _load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held, k * BLOCK_D,
-                                   dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
-            if REGISTER_QUERY:
-                # A loaded operand goes to shared memory; a computed one (x + 0.0: the same
-                # values, -0.0 as +0.0) is taken from registers.
-                q_k = q_k + 0.0
-            q_held = q_held + (q_k,)
+            q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
+                                                k * BLOCK_D, dim, stride_qb, stride_qt,
+                                                stride_qd, BLOCK_D),)
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
@@ -136,10 +136,15 @@ def _maxsim_dense_kernel(
             else:
                 doc_len = tl.where(valid_doc, padded_doc_len, 0).to(tl.int64)
             p_doc = p_d + out_idx * stride_dn
+        if TOKENS_I32:
+            # Every row offset within a document fits 32 bits (the host checks): the tile loop's
+            # addresses and masks in half the integer instructions of 64-bit ones.
+            doc_len = doc_len.to(tl.int32)
 
         if SINGLE_TILE:
             # [BLOCK_T, BLOCK_D]: read from HBM once, reused by every query block below.
-            d_tile = _load_doc_tile(p_doc, 0, doc_len, 0, dim, stride_dt, stride_dd, BLOCK_T, BLOCK_D)
+            d_tile = _load_doc_tile(p_doc, 0, doc_len, 0, dim, stride_dt, stride_dd, BLOCK_T, BLOCK_D,
+                                    EVEN_D)
             mask_t = tl.arange(0, BLOCK_T) < doc_len
             for qb in tl.static_range(Q_BLOCKS_PER_PROGRAM):
                 pid_qblock = pid_qgroup * Q_BLOCKS_PER_PROGRAM + qb
@@ -165,7 +170,7 @@ def _maxsim_dense_kernel(
                         # The held chunks are a tuple: indexed by a compile-time k.
                         for k in tl.static_range(NUM_D_TILES):
                             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
-                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D)
+                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D, EVEN_D)
                             sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
                     else:
                         # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines
@@ -174,7 +179,7 @@ def _maxsim_dense_kernel(
                             q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D,
                                                       dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
                             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
-                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D)
+                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D, EVEN_D)
                             # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
                             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
                     mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len

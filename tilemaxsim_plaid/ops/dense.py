@@ -42,10 +42,6 @@ class MaxSimConfig:
         hold_query: tiled per-document path with one query block per program: load the query
             block once per program, one register tile per chunk of d (at most MAX_HELD_CHUNKS),
             and hold it across all tiles and documents.
-        register_query: with hold_query: the held query is the tensor-core product's first
-            operand from registers instead of shared memory (Hopper's warpgroup products read
-            both operands from shared memory otherwise, three times the bytes a [64 x 32]
-            product of a 32-token tile needs); more registers per thread.
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
@@ -64,17 +60,17 @@ class MaxSimConfig:
     slots: bool = False
     hold_query: bool = False
     block_d: int | None = None
-    register_query: bool = False
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
 # A held query at a d that 32-column chunks pad less is held in them, or in twice as wide ones
-# that divide d (default_config), up to this d: one warp holds a 32-row block of 192 fp16
-# columns in 96 registers a thread (d = 96, 144 and 192 measured). Wider d keeps the streamed
-# chunks.
-HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM = 32, 192
+# that divide d (default_config), up to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of
+# 192 fp16 columns in 96 registers a thread (d = 96, 144 and 192 measured). A query of up to 32
+# tokens is also held at d = 256 in 64-column chunks, in one warp (127 registers, no spill;
+# run 111). Wider d keeps the streamed chunks.
+HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
 
 
 def _pow2(x: int) -> int:
@@ -98,7 +94,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107 and 108).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107, 108 and 111).
 
     Args:
         num_queries: B.
@@ -118,10 +114,13 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # d = 144 nine small products a tile. Where d fits one chunk, a query of up to 16 tokens
         # keeps it: its smaller products gain less from the columns than they lose to the chunk
         # count (runs 99, 102, 104, 107 and 108).
-        chunked = (variable_lengths and (_pow2(Lq) >= 32 or dim > MAX_BLOCK_D)
-                   and triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim))
-        holds = num_docs >= MANY_DOCS and element_size == 2 and (
-            dim <= MAX_BLOCK_D or (chunked and dim <= HELD_CHUNKED_MAX_DIM))
+        # A 32-row block is also held at d = 256, one warp over 64-column chunks (run 111).
+        pads_less = triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim)
+        chunked = variable_lengths and (
+            (pads_less and (_pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
+            or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
+                and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
+        holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
         if holds and (variable_lengths or wide_query):
             # Many documents: programs that hold the query across several documents. Reloading
             # the query block from L2 for every document costs about a tenth of the read roof at
@@ -225,6 +224,13 @@ def default_query_chunks(num_queries: int, Lq: int) -> list[int] | None:
     return [head, Lq - head]
 
 
+def _row_offsets_fit_int32(rows: int, columns: int, stride_dt: int, stride_dd: int) -> bool:
+    """Whether every element offset a tile computes within one document (``rows``: the longest
+    document, or every row of D when that is not known, plus a whole tile of masked rows) fits
+    int32, so the kernel takes its 32-bit row offsets (TOKENS_I32)."""
+    return rows * abs(stride_dt) + columns * abs(stride_dd) < 2**31
+
+
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
             padded_doc_len, max_doc_len, config):
     def launch(Q_chunk, chunk_lengths):
@@ -252,9 +258,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             f"config.block_d={cfg.block_d} splits d={dim} into {num_d_tiles} chunks; "
             f"config.single_tile needs d in one chunk (block_d >= d)"
         )
-    if cfg.register_query and not cfg.hold_query:
-        raise ValueError("config.register_query needs hold_query=True (the held query is what "
-                         "stays in registers)")
     if cfg.hold_query and (num_d_tiles > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1
                            or cfg.single_tile or cfg.slots):
         raise ValueError(
@@ -302,6 +305,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
+    tokens_i32 = _row_offsets_fit_int32(
+        (max_doc_len if max_doc_len is not None else D.shape[-2]) + max(MIN_DOT_DIM, cfg.block_t),
+        num_d_tiles * block_d, stride_dt, stride_dd)
     _maxsim_dense_kernel[(num_doc_programs * num_qgroups,)](
         Q3, D,
         offsets if packed else dummy,
@@ -324,7 +330,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
-        HOLD_QUERY=cfg.hold_query, REGISTER_QUERY=cfg.register_query,
+        HOLD_QUERY=cfg.hold_query,
+        EVEN_D=dim % block_d == 0,
+        TOKENS_I32=tokens_i32,
         **common,
     )
     return out
