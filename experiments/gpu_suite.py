@@ -200,14 +200,13 @@ def residual_caps(work: Path, opts) -> list[Step]:
 
 
 def grid(work: Path, opts) -> list[Step]:
-    """The dense sweeps over several queries (the register-operand candidates) and over the
-    third set of weak cells (d = 256 held in one warp), then the full shape grid with the peers
-    (flash-maxsim and late-interaction-kernels as wheels; about 15 minutes, two device calls'
-    worth: run the steps with --only)."""
-    return [Step("sweep-multi", module("experiments.sweep_configs", "--cells", "multi",
-                                       "--budget", "170", "--out", str(work / "sweep-multi")), 220),
-            Step("sweep-third", module("experiments.sweep_configs", "--cells", "third",
-                                       "--budget", "170", "--out", str(work / "sweep-third")), 220),
+    """The dense sweeps over the cells below target in the last full grid (the fifth set) and
+    one query of 33-64 tokens, then the full shape grid with the peers (flash-maxsim and
+    late-interaction-kernels as wheels; about 12 minutes, two device calls' worth: run the steps
+    with --only)."""
+    return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
+                                            "--budget", "120", "--out", str(work / f"sweep-{cells}")),
+                   150) for cells in ("fifth", "wide")),
             Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 
@@ -315,8 +314,8 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
-    "grid": Suite("the dense sweep over several queries, then the full shape grid with the peers",
-                  grid),
+    "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
+                  "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "

@@ -85,11 +85,32 @@ def dense_ops(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     return ops
 
 
+def wide_ops(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
+    """{name: (run, check)} for maxsim_packed at its defaults off the headline's one query of 32
+    tokens: one query of 64 tokens (a 64-row query block), and 4 and 32 queries of 32 tokens
+    sharing the documents (issue 25's tensor-ceiling cells)."""
+    ops = {}
+    for B, Lq in ((1, 64), (4, 32), (32, 32)):
+        case = Case(f"{B}q packed N={num_docs} mean70 d=128 Lq={Lq}", B, Lq, num_docs, 0, DIM,
+                    packed=True)
+        x = make_inputs(case, device=device)
+        max_len = int(x.lengths.max())
+        ref = reference_slice(case, x).reshape(B, -1)
+        Q = x.Q if B > 1 else x.Q[0]
+        name = f"packed B{B} Lq{Lq}"
+        ops[name] = (lambda Q=Q, x=x, max_len=max_len: maxsim_packed(
+                         Q, x.D_packed, x.offsets, max_doc_len=max_len, validate=False),
+                     lambda out, name=name, ref=ref: _assert_close(
+                         name, out.reshape(ref.shape[0], -1)[:, :ref.shape[1]], ref))
+    return ops
+
+
 def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
-                 num_centroids: int = NUM_CENTROIDS) -> dict:
+                 num_centroids: int = NUM_CENTROIDS, wide_nbits: tuple = (4,)) -> dict:
     """{name: (run, check)} for maxsim_residual at its defaults: an fp16 query over every
     document, PLAID's rerank (an fp32 query, every document once in shuffled order) with both
-    fp32 products the plugin uses (fp16x2 = split_query, tf32x3), and the decode floor."""
+    fp32 products the plugin uses (fp16x2 = split_query, tf32x3), and the decode floor; then the
+    fp16 query at each of ``wide_nbits`` on documents of the same lengths."""
     device = torch.device(device)
     index = make_index(num_docs, num_centroids, DIM, NBITS, device)
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -120,6 +141,17 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
     ops["residual floor decode"] = (lambda: residual_floor("decode", *floor_args),
                                     lambda out: torch.testing.assert_close(
                                         out.double(), floor_ref, rtol=1e-4, atol=1e-2))
+    for nbits in wide_nbits:
+        wide = make_index(num_docs, num_centroids, DIM, nbits, device)
+        wide_args = (Q, wide["codes"], wide["residuals"], wide["offsets"], wide["centroids"],
+                     wide["bucket_weights"], nbits)
+        wide_ref = reference.maxsim_residual(Q.cpu(), *(t.cpu() for t in wide_args[1:3]),
+                                             wide["offsets"][: n + 1].cpu(),
+                                             *(t.cpu() for t in wide_args[4:6]), nbits)
+        name = f"residual nbits{nbits}"
+        ops[name] = (lambda a=wide_args, w=wide: maxsim_residual(*a, inv_norms=w["inv_norms"],
+                                                                 validate=False),
+                     lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n], ref))
     return ops
 
 
@@ -165,7 +197,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernels times GPU kernels and needs a CUDA device")
-    variants = {**dense_ops(), **residual_ops(), **pq_ops()}
+    variants = {**dense_ops(), **wide_ops(), **residual_ops(), **pq_ops()}
     if args.only:
         keys = [k.strip() for k in args.only.split(",")]
         variants = {n: v for n, v in variants.items()

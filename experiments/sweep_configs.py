@@ -1,7 +1,7 @@
 """Launch-config sweep over cells of the shape grid, so that the dense defaults can be chosen from
 it by rules (issue 25).
 
-    python -m experiments.sweep_configs [--cells weak|second|third|fourth|multi|smoke] [--budget SECONDS] [--cell-cap S]
+    python -m experiments.sweep_configs [--cells weak|second|third|fourth|fifth|wide|multi|smoke] [--budget SECONDS] [--cell-cap S]
                                         [--compile-workers K] [--max-configs K] [--out DIR]
                                         [--device cuda|cpu] [--dry-run]
 
@@ -90,11 +90,24 @@ FOURTH = (
     {"Lq": 16, "d": 144}, {"Lq": 1, "d": 144}, {"d": 192}, {"Lq": 48, "d": 192},
     {"Lq": 33, "d": 64}, {"dist": "lognormal-30"},
 )
+# The cells below target in the full grid of run 112: short padded documents (0.84x
+# flash-maxsim at 32 tokens), d = 256 and 512 over long documents (0.92-0.99x), d = 384 at 24-32
+# query tokens, short varied documents, and d = 256 at Lq = 32 (slower in run 113).
+FIFTH = (
+    {"layout": "padded", "dist": "fixed-32"}, {"layout": "padded", "dist": "fixed-64"},
+    {"d": 256, "dist": "lognormal-150"}, {"d": 256, "dist": "uniform-1-300"},
+    {"d": 512, "dist": "lognormal-150"}, {"d": 384}, {"Lq": 24, "d": 384},
+    {"dist": "lognormal-30"}, {"d": 64, "dist": "lognormal-30"}, {"d": 256},
+)
+# One query of 33-64 tokens (a 64-row query block over 4 warps, a warpgroup product), d = 128
+# first.
+WIDE = ({"Lq": 64}, {"Lq": 33}, {"Lq": 64, "d": 64}, {"Lq": 48, "d": 96}, {"Lq": 64, "d": 256})
 # Several queries sharing packed documents (issue 25's tensor-ceiling target), longest first.
 MULTI = ({"B": 32}, {"B": 4, "Lq": 64}, {"B": 4}, {"B": 16}, {"B": 32, "Lq": 64})
 # Two cells of the grid for a CPU run under the interpreter: packed one query, padded four.
 SMOKE = ({"Lq": 8}, {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST})
-CELL_SETS = {"weak": WEAK, "second": SECOND, "third": THIRD, "fourth": FOURTH, "multi": MULTI, "smoke": SMOKE}
+CELL_SETS = {"weak": WEAK, "second": SECOND, "third": THIRD, "fourth": FOURTH, "fifth": FIFTH,
+             "wide": WIDE, "multi": MULTI, "smoke": SMOKE}
 
 # Seconds of wall time one cell may take (its reference, checks, timings and in-process compiles):
 # ~25 candidates at bench_grid's timing window each, with room for a few compiles.
@@ -131,14 +144,13 @@ def select_cells(cell_set: str, sizing: bg.Sizing = bg.Sizing()) -> list[bg.Cell
 # ---- candidates ----
 
 def _cfg(block_t, num_warps, num_stages, docs=1, *, hold=False, rows=None, lq=32, B=1, qbpp=1,
-         slots=False, single=False, block_d=None, regq=False) -> MaxSimConfig:
+         slots=False, single=False, block_d=None) -> MaxSimConfig:
     """A config; ``rows`` query rows per product become queries_per_block for this Lq and B."""
     qpb = 1 if rows is None else max(1, min(_pow2(B), rows // lq))
     qbpp = max(1, min(qbpp, -(-B // qpb)))  # no more query blocks per program than there are
     return MaxSimConfig(block_t=block_t, queries_per_block=qpb, q_blocks_per_program=qbpp,
                         docs_per_program=docs, single_tile=single, num_warps=num_warps,
-                        num_stages=num_stages, slots=slots, hold_query=hold, block_d=block_d,
-                        register_query=regq)
+                        num_stages=num_stages, slots=slots, hold_query=hold, block_d=block_d)
 
 
 def _pow2(x: int) -> int:
@@ -160,9 +172,8 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
         _cfg(32, 2, 2, 4, hold=True), _cfg(64, 2, 3, 8, hold=True), _cfg(64, 4, 3, 4, hold=True),
     ]
     if cell.Lq > 32:
-        # A 64-row block over 4 warps is a warpgroup product: its query from registers too.
-        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True),
-                 _cfg(32, 4, 3, 8, hold=True, regq=True), _cfg(64, 4, 3, 4, hold=True, regq=True)]
+        # A 64-row block: more warps per product.
+        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True)]
     plain = [
         _cfg(32, 2, 2),  # the few-documents default
         _cfg(16, 1, 3, 16), _cfg(32, 2, 3), _cfg(32, 4, 3), _cfg(64, 4, 2), _cfg(64, 4, 3),
@@ -171,11 +182,11 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     slots = [_cfg(16, 2, 2, 4, slots=True), _cfg(16, 4, 2, 8, slots=True),
              _cfg(32, 2, 2, 2, slots=True), _cfg(32, 4, 3, 4, slots=True)]
     # Narrower d chunks on the paths that walk several: no masked column at d = 96 (3 x 32) and
-    # 144 (9 x 16; 5 x 32 masks 16), smaller pipelined chunks at 384 / 768. They are what these
+    # 144 (9 x 16; 5 x 32 masks 16), smaller pipelined chunks at 320 - 768. They are what these
     # cells are weak for, so they come right after the held query.
     chunked = []
-    for block_d in {96: (32,), 144: (16, 32), 192: (32, 64), 256: (128, 64), 384: (64, 32),
-                     768: (64,)}.get(cell.d, ()):
+    for block_d in {96: (32,), 144: (16, 32), 192: (32, 64), 256: (128, 64), 320: (64,),
+                     384: (64, 32), 512: (64, 128), 640: (64,), 768: (64,)}.get(cell.d, ()):
         # The query held as one register tile per chunk: one warp while it fits (d <= 256:
         # 127 registers at 64-column chunks, no spill under triton 3.6), four warps over wider d
         # (a [32, 384] fp16 block is 192 registers a lane in one warp).
@@ -203,10 +214,6 @@ def _several_queries_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     held = [_cfg(t, w, s, docs, hold=True, rows=128, **k)
             for t, w, s, docs in ((32, 4, 3, 8), (32, 8, 3, 8), (64, 8, 3, 4), (16, 4, 3, 16),
                                   (32, 4, 3, 4), (64, 4, 2, 4))]
-    # The held block as the products' register operand: a third of the shared-memory reads.
-    held += [_cfg(t, w, s, docs, hold=True, rows=128, regq=True, **k)
-             for t, w, s, docs in ((32, 4, 3, 8), (32, 4, 2, 8), (32, 8, 3, 8), (64, 4, 3, 4),
-                                   (16, 4, 3, 16))]
     return held + [
         _cfg(32, 8, 2, 2, rows=128, slots=True, **k), _cfg(32, 4, 3, 2, rows=128, slots=True, **k),
         _cfg(32, 8, 3, 2, rows=128, slots=True, **k), _cfg(32, 8, 2, 4, rows=128, slots=True, **k),
@@ -228,9 +235,14 @@ def _padded(cell: bg.Cell) -> list[MaxSimConfig]:
     if cell.B == 1:
         longer = [_cfg(32, 4, 3, 8, hold=True), _cfg(64, 4, 3), _cfg(128, 8, 3), _cfg(64, 8, 2),
                   _cfg(32, 4, 2, 4, hold=True)] if cell.Lq > 32 else []
+        # Short documents: the query held across many of them (reloaded per document it is as
+        # many bytes from L2 as a 32-token document is from HBM).
+        short = [_cfg(32, 1, 3, 16, hold=True), _cfg(32, 2, 3, 16, hold=True),
+                 _cfg(32, 4, 3, 8, hold=True), _cfg(16, 1, 3, 32, hold=True)
+                 ] if bg.padded_length(cell.dist) <= 64 else []
         return [_cfg(64, 4, 2), _cfg(128, 8, 2), _cfg(128, 4, 3), _cfg(32, 2, 2),
                 _cfg(16, 1, 3, 16, hold=True), _cfg(32, 2, 3, 4, hold=True),
-                _cfg(64, 4, 3, 4, hold=True)] + longer
+                _cfg(64, 4, 3, 4, hold=True)] + short + longer
     k = dict(lq=_pow2(cell.Lq), B=cell.B)
     ld = bg.padded_length(cell.dist)
     single = [_cfg(_pow2(ld), w, s, docs, rows=128, single=True, **k)
@@ -262,8 +274,6 @@ def label(config: MaxSimConfig) -> str:
         parts.append(f"qb{config.q_blocks_per_program}")
     if config.block_d is not None:
         parts.append(f"bd{config.block_d}")
-    if config.register_query:
-        parts.append("regq")
     return " ".join(parts)
 
 

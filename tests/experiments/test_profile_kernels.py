@@ -8,6 +8,7 @@ from experiments import profile_kernels
 
 @pytest.mark.parametrize("make, sizes", [
     pytest.param(profile_kernels.dense_ops, {}, id="dense"),
+    pytest.param(profile_kernels.wide_ops, {}, id="wide"),
     pytest.param(profile_kernels.residual_ops, {"num_centroids": 256}, id="residual"),
     pytest.param(profile_kernels.pq_ops, {"subquantizers": (16,)}, id="pq"),
 ])

@@ -80,6 +80,26 @@ def test_candidates_cover_the_axes_the_issue_names():
             assert {c.block_d for c in sc.candidates(cell) if c.hold_query} >= widths, d
 
 
+def test_wide_cells_are_grid_cells_of_one_query_past_32_tokens():
+    full = {c.key: c for c in bg.build_cells("full")}
+    cells = sc.select_cells("wide")
+    assert cells and all(full[c.key] == c for c in cells)
+    assert all(c.packed and c.B == 1 and c.Lq > 32 for c in cells)
+    for cell in cells:  # a 64-row block held over 4 warps among the candidates, every d
+        assert any(c.hold_query and c.num_warps == 4 for c in sc.candidates(cell)), cell.name
+
+
+def test_fifth_cells_are_grid_cells_and_short_padded_ones_hold_the_query():
+    full = {c.key: c for c in bg.build_cells("full")}
+    cells = sc.select_cells("fifth")
+    assert cells and all(full[c.key] == c for c in cells)
+    short = [c for c in cells if not c.packed and bg.padded_length(c.dist) <= 64]
+    assert short
+    for cell in short:
+        held = [c for c in sc.candidates(cell) if c.hold_query]
+        assert max(c.docs_per_program for c in held) >= 16, cell.name
+
+
 def test_default_rows_name_what_default_config_chose():
     cell = bg.Cell(1, 8, 64, "fp16", "packed", "lognormal-30", 5)
     x = bg.make_inputs(cell, "cpu")
