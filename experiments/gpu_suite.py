@@ -199,6 +199,15 @@ def residual_caps(work: Path, opts) -> list[Step]:
                                          "--out", str(work / "residual-caps")), 420)]
 
 
+def residual_decoders(work: Path, opts) -> list[Step]:
+    """The residual op's default launch with the shuffle decoder (and pairs / permute where the
+    default takes the other), nbits 1, 2 and 4 at C = 2^16, beside dense scoring of the decoded
+    documents (about 3 minutes)."""
+    return [Step("residual-decoders", module("experiments.bench_residual_scale", "--centroids",
+                                             "65536", "--decoders", "shuffle", "pairs", "permute",
+                                             "--out", str(work / "residual-decoders")), 360)]
+
+
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the fifth set) and
     one query of 33-64 tokens, then the full shape grid with the peers (flash-maxsim and
@@ -314,6 +323,9 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
+    "residual-decoders": Suite("the residual op's default launch with the shuffle, pair and "
+                               "permute decoders, nbits 1 / 2 / 4, beside dense on the decoded "
+                               "documents", residual_decoders),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
                   "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "

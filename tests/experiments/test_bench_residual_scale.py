@@ -1,6 +1,7 @@
-"""The register-cap variants of bench_residual_scale (the timing itself needs a GPU)."""
+"""The register-cap and decoder variants of bench_residual_scale (timing needs a GPU)."""
 
-from experiments.bench_residual_scale import cap_variants, op_default
+from experiments.bench_residual_scale import (cap_variants, decoder_variants, op_default,
+                                             scores_as_default)
 from tilemaxsim_plaid.ops.residual import ResidualConfig, default_residual_config
 
 
@@ -24,3 +25,29 @@ def test_the_capped_launch_is_the_ops_own_at_every_nbits():
         config = op_default(nbits, 100_000, 2)
         assert config.decode == "pairs"
         assert all(c.decode == "pairs" for _, c in cap_variants(config, [0, 112]))
+
+
+def test_decoder_variants_skip_the_defaults_own_and_permute_off_nbits_2():
+    for nbits, own, others in ((2, "permute", ["shuffle", "pairs"]), (4, "pairs", ["shuffle"])):
+        default = op_default(nbits, 100_000, 2)
+        assert default.decode == own
+        variants = decoder_variants(default, ["shuffle", "pairs", "permute", "shuffle"], nbits)
+        assert [c.decode for _, c in variants] == others
+        assert all(ResidualConfig(**{**vars(c), "decode": own}) == default for _, c in variants)
+        assert [name for name, _ in variants] == [
+            f"maxsim_residual validate=False decode={d}" for d in others]
+
+
+def test_pairs_and_shuffle_must_score_bit_for_bit_other_decoders_within_rounding():
+    import torch
+
+    want = torch.tensor([1.0, 2.0, float("-inf")])
+    near = want + torch.tensor([1e-4, 0.0, 0.0])
+    pairs = op_default(4, 100_000, 2)
+    shuffle = ResidualConfig(**{**vars(pairs), "decode": "shuffle"})
+    permute = op_default(2, 100_000, 2)
+    assert scores_as_default(shuffle, pairs, want.clone(), want)
+    assert not scores_as_default(shuffle, pairs, near, want)
+    assert scores_as_default(ResidualConfig(**{**vars(permute), "decode": "shuffle"}), permute,
+                             near, want)
+    assert not scores_as_default(shuffle, permute, want + 0.1, want)

@@ -82,6 +82,11 @@ EXPECTED = {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
                           "0", "104", "112", "128", "--out", "W/residual-caps"],
     },
+    "residual-decoders": {
+        "residual-decoders": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
+                              "--decoders", "shuffle", "pairs", "permute", "--out",
+                              "W/residual-decoders"],
+    },
     "grid": {
         "sweep-fifth": ["-m", "experiments.sweep_configs", "--cells", "fifth", "--budget", "120",
                         "--out", "W/sweep-fifth"],

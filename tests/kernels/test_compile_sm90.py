@@ -58,7 +58,7 @@ _COMPILE = textwrap.dedent("""
         rc = torch.zeros(T, dtype=torch.int32)
         res = torch.zeros(T, 128 * nbits // 8, dtype=torch.uint8)
         w = torch.sort(torch.randn(1 << nbits, generator=g) * 0.03).values
-        for decode in ("pairs", "select") + (("permute",) if nbits == 2 else ()):
+        for decode in ("pairs", "select", "shuffle") + (("permute",) if nbits == 2 else ()):
             for table in (True, False):
                 cfg = ResidualConfig(decode=decode, centroid_table=table)
                 calls[f"residual nbits={nbits} {decode} table={table}"] = (
@@ -73,6 +73,8 @@ _COMPILE = textwrap.dedent("""
         compiled = sb.compile_launch(launch)
         out[name] = {"registers": compiled.registers, "cubin_bytes": len(compiled.cubin),
                      "shared_bytes": compiled.shared_bytes,
+                     "opcodes": [i.opcode + (".IDX" if "SHFL.IDX" in i.text else "")
+                                 for i in sb.parse_sass(sb.sass_text(compiled.cubin))],
                      "ptx_loads": launch.constexprs.get("PTX_LOADS"),
                      "decode_group": launch.constexprs.get("DECODE_GROUP"),
                      "centroid_table": launch.constexprs.get("CENTROID_TABLE")}
@@ -94,7 +96,7 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 2 + 4 + 2 * 7
+    assert len(compiled) == 2 + 4 + 2 * 10
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -104,10 +106,21 @@ def test_the_ptx_paths_are_the_ones_compiled(compiled):
     """The residual and PQ decode launches take their GPU code (PTX loads), each decoder and
     both centroid paths as named."""
     assert compiled["pq decode"]["ptx_loads"] is True
-    groups = {"pairs": 2, "select": 1, "permute": 0}
+    groups = {"pairs": 2, "select": 1, "permute": 0, "shuffle": 3}
     for name, kernel in compiled.items():
         if name.startswith("residual"):
             _, _, decode, table = name.split()
             assert kernel["ptx_loads"] is True, name
             assert kernel["decode_group"] == groups[decode], name
             assert kernel["centroid_table"] == (table == "table=True"), name
+
+
+def test_the_shuffle_decoder_reads_weights_from_lanes_not_tables(compiled):
+    """decode="shuffle" replaces the pair decoder's table loads by warp shuffles: every global
+    load it drops is one of the pair table's, and each pair costs two indexed shuffles."""
+    for nbits in (1, 2, 4):
+        for table in ("table=True", "table=False"):
+            pairs = compiled[f"residual nbits={nbits} pairs {table}"]["opcodes"]
+            shuffle = compiled[f"residual nbits={nbits} shuffle {table}"]["opcodes"]
+            assert shuffle.count("SHFL.IDX") > pairs.count("SHFL.IDX"), (nbits, table)
+            assert shuffle.count("LDG") < pairs.count("LDG"), (nbits, table)

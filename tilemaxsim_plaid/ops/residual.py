@@ -75,9 +75,10 @@ MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
 # "permute" (nbits = 2, 32-bit word units, 16-bit products) assembles two weights per PTX byte
-# permute from the four held in two registers, with no lookup at all. Dimensions per lookup
-# (0: none):
-DECODERS = {"select": 1, "pairs": 2, "permute": 0}
+# permute from the four held in two registers, with no lookup at all; "shuffle" reads each weight
+# from the lane of the warp that holds it (a warp shuffle), two per step as pairs. The kernel's
+# DECODE_GROUP: dimensions per lookup for 0-2 (0: none), 3 for the shuffles.
+DECODERS = {"select": 1, "pairs": 2, "permute": 0, "shuffle": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +105,11 @@ class ResidualConfig:
             with half_table), over as many launches by query rows as it takes for each
             launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once);
             gather where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once).
-        decode: "pairs" (two weights per table load), "select" (a select tree per dimension) or
+        decode: "pairs" (two weights per table load), "select" (a select tree per dimension),
             "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
-            4-byte aligned residual rows, 16-bit products only). Byte-unit rows in chunks
-            narrower than 128 columns always decode with "select".
+            4-byte aligned residual rows, 16-bit products only) or "shuffle" (no table loads:
+            each weight by a warp shuffle from the lane holding it, two per step; any nbits).
+            Byte-unit rows in chunks narrower than 128 columns always decode with "select".
         num_warps, num_stages: Triton launch parameters (a power of two; at least 1). One
             stage: deeper pipelining costs registers and occupancy here (see
             results/PERFORMANCE_LOG.md, run 4).
@@ -256,9 +258,9 @@ def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.T
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
                  group: int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
-    number of dimensions per lookup (DECODERS: 1, 2 or 0).
+    kernel's decoder (DECODERS: 0-2 dimensions per lookup, 3 the shuffles).
 
-    1: [2**nbits] weights in ``dtype`` indexed by the raw field.
+    1 and 3: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
     adjacent dimensions.
@@ -267,6 +269,8 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it.
     """
     weights = bucket_weights.reshape(-1).to(dtype)
+    if group == 3:
+        group = 1  # the shuffles' lanes hold the field table
     index = _decode_table_index(nbits, max(group, 1), weights.device)
     if group == 0:
         if nbits != 2 or weights.element_size() != 2:
