@@ -209,13 +209,14 @@ def residual_decoders(work: Path, opts) -> list[Step]:
 
 
 def grid(work: Path, opts) -> list[Step]:
-    """The dense sweeps over the cells below target in the last full grid (the fifth set) and
-    one query of 33-64 tokens, then the full shape grid with the peers (flash-maxsim and
-    late-interaction-kernels as wheels; about 12 minutes, two device calls' worth: run the steps
+    """The dense sweeps over the cells below target in the last full grid (the fifth set), one
+    query of 33-64 tokens and several queries (each packed cell with the default's running-max
+    twin first), then the full shape grid with the peers (flash-maxsim and
+    late-interaction-kernels as wheels; about 15 minutes, two device calls' worth: run the steps
     with --only)."""
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
-                   150) for cells in ("fifth", "wide")),
+                   150) for cells in ("fifth", "wide", "multi")),
             Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 

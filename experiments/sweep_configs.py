@@ -172,8 +172,10 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
         _cfg(32, 2, 2, 4, hold=True), _cfg(64, 2, 3, 8, hold=True), _cfg(64, 4, 3, 4, hold=True),
     ]
     if cell.Lq > 32:
-        # A 64-row block: more warps per product.
-        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True)]
+        # A 64-row block: more warps per product; fewer stages or shorter tiles for more
+        # programs per SM (41 KB of shared memory each at t32 s3).
+        held += [_cfg(16, 2, 4, 16, hold=True), _cfg(32, 4, 3, 8, hold=True),
+                 _cfg(32, 4, 2, 8, hold=True), _cfg(16, 4, 3, 8, hold=True)]
     plain = [
         _cfg(32, 2, 2),  # the few-documents default
         _cfg(16, 1, 3, 16), _cfg(32, 2, 3), _cfg(32, 4, 3), _cfg(64, 4, 2), _cfg(64, 4, 3),
@@ -259,6 +261,12 @@ def candidates(cell: bg.Cell) -> list[MaxSimConfig]:
         found = _one_query_packed(cell)
     else:
         found = _several_queries_packed(cell)
+    if cell.packed:
+        # The default's launch with whole tiles into a running max (untimed as a default).
+        default = default_config(cell.B, cell.Lq, None, cell.d, variable_lengths=True,
+                                 num_docs=cell.N, element_size=bg.DTYPES[cell.dtype].itemsize)
+        if not (default.slots or default.single_tile):
+            found = [dataclasses.replace(default, running_max=True), *found]
     return list(dict.fromkeys(found))
 
 
@@ -274,6 +282,8 @@ def label(config: MaxSimConfig) -> str:
         parts.append(f"qb{config.q_blocks_per_program}")
     if config.block_d is not None:
         parts.append(f"bd{config.block_d}")
+    if config.running_max:
+        parts.append("rm")
     return " ".join(parts)
 
 

@@ -92,6 +92,8 @@ EXPECTED = {
                         "--out", "W/sweep-fifth"],
         "sweep-wide": ["-m", "experiments.sweep_configs", "--cells", "wide", "--budget", "120",
                        "--out", "W/sweep-wide"],
+        "sweep-multi": ["-m", "experiments.sweep_configs", "--cells", "multi", "--budget", "120",
+                        "--out", "W/sweep-multi"],
         "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
                       "--no-plots", "--out", "W/grid-full"],
     },

@@ -89,6 +89,21 @@ def test_wide_cells_are_grid_cells_of_one_query_past_32_tokens():
         assert any(c.hold_query and c.num_warps == 4 for c in sc.candidates(cell)), cell.name
 
 
+def test_packed_cells_time_the_default_with_a_running_max_first():
+    """Each packed cell's first candidate is the op's default launch (as it sees the call
+    without validation) with running_max, the default's only difference; padded cells have
+    none."""
+    for cell in sc.select_cells("wide") + sc.select_cells("multi") + sc.select_cells("fifth"):
+        found = sc.candidates(cell)
+        if not cell.packed:
+            assert not any(c.running_max for c in found), cell.name
+            continue
+        default = dense.default_config(cell.B, cell.Lq, None, cell.d, variable_lengths=True,
+                                       num_docs=cell.N)
+        assert found[0] == MaxSimConfig(**{**vars(default), "running_max": True}), cell.name
+        assert sc.label(found[0]).endswith(" rm") and sum(c.running_max for c in found) == 1
+
+
 def test_fifth_cells_are_grid_cells_and_short_padded_ones_hold_the_query():
     full = {c.key: c for c in bg.build_cells("full")}
     cells = sc.select_cells("fifth")

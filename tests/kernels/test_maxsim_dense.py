@@ -152,6 +152,12 @@ CONFIGS = [
     # of the program's slots are empty).
     pytest.param(MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16,
                               hold_query=True), id="one-warp-hold-16docs"),
+    # Whole tiles into a running max, the last partial tile masked (documents of 0, 64 and 1
+    # tokens: no tile, whole tiles only, a partial tile only).
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, running_max=True),
+                 id="hold-query-running-max"),
+    pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, running_max=True),
+                 id="2q-running-max"),
 ]
 
 
@@ -253,8 +259,10 @@ def test_hold_query_padded(device):
     Q = _rand(3, 9, 96, dtype=torch.float16, device=device)
     D = _rand(7, 40, 96, dtype=torch.float16, device=device)
     lengths = torch.tensor([40, 0, 1, 17, 33, 16, 39], device=device)
-    out = maxsim_padded(Q, D, lengths, config=MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True))
-    assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)
+    for running_max in (False, True):
+        out = maxsim_padded(Q, D, lengths, config=MaxSimConfig(
+            block_t=16, docs_per_program=2, hold_query=True, running_max=running_max))
+        assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)
 
 
 

@@ -102,6 +102,7 @@ DENSE_CONFIGS = [
     pytest.param(None, id="default"),
     pytest.param(MaxSimConfig(block_t=16), id="tiled"),
     pytest.param(MaxSimConfig(block_t=16, hold_query=True), id="hold_query"),
+    pytest.param(MaxSimConfig(block_t=16, hold_query=True, running_max=True), id="running_max"),
     pytest.param(MaxSimConfig(block_t=64, single_tile=True, q_blocks_per_program=2),
                  id="single_tile"),
     pytest.param(MaxSimConfig(block_t=16, slots=True, docs_per_program=4), id="slots"),

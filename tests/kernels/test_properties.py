@@ -237,6 +237,8 @@ def dense_configs(draw) -> MaxSimConfig | None:
         docs_per_program=draw(st.integers(1, 4)),
         single_tile=kind == "single_tile", slots=kind == "slots", hold_query=kind == "hold_query",
         num_warps=draw(st.sampled_from([4, 1, 2, 8])), num_stages=draw(st.sampled_from([2, 1, 3])),
+        # The tiled paths' running max (tests/ops/test_dense.py refuses it elsewhere).
+        running_max=kind in ("plain", "hold_query") and draw(st.booleans()),
     )
     return _maybe_malformed(draw, config, DENSE_MALFORMED)
 

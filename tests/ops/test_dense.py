@@ -57,6 +57,14 @@ def test_held_query_refuses_more_chunks_than_it_holds(device):
     assert out.shape == (1, 2)
 
 
+@pytest.mark.parametrize("path", [dict(single_tile=True, block_t=16), dict(slots=True, block_t=4, docs_per_program=4)])
+def test_running_max_refuses_the_paths_without_a_tile_loop(path, device):
+    D, offsets = _packed([5, 7], 64, device)
+    with pytest.raises(ValueError, match="config.running_max needs the tiled per-document path"):
+        maxsim_packed(_query(1, 8, 64, device), D, offsets,
+                      config=MaxSimConfig(running_max=True, **path))
+
+
 @pytest.mark.parametrize("block_d", [0, 48, 8, 256, 64.0, True, "32"])
 def test_block_d_outside_its_rule_is_refused_naming_it(block_d, device):
     """block_d is None or a power of two in [16, 128], refused before anything is scored, also

@@ -56,14 +56,48 @@ def _load_query_tile(p_q, offs_b, offs_i, mask_r, d0, dim, stride_qb, stride_qt,
 
 @triton.jit
 def _load_doc_tile(p_doc, t0, doc_len, d0, dim, stride_dt, stride_dd,
-                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                   FULL: tl.constexpr = False):
+    """[BLOCK_T, BLOCK_D] rows t0.. of a document; FULL: every row is within the document."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     p = p_doc + offs_t[:, None] * stride_dt + offs_d[None, :] * stride_dd
-    # [BLOCK_T, BLOCK_D]; masked rows are never fetched, so short documents cost only their bytes.
+    # Masked rows are never fetched, so short documents cost only their bytes.
+    if FULL and EVEN_D:
+        return tl.load(p)
+    if FULL:
+        return tl.load(p, mask=offs_d[None, :] < dim, other=0.0)
     if EVEN_D:  # every chunk is whole: the rows' mask only
         return tl.load(p, mask=offs_t[:, None] < doc_len, other=0.0)
     return tl.load(p, mask=(offs_t[:, None] < doc_len) & (offs_d[None, :] < dim), other=0.0)
+
+
+@triton.jit
+def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
+              stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
+              ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+              NUM_D_TILES: tl.constexpr, HOLD_QUERY: tl.constexpr, EVEN_D: tl.constexpr,
+              FULL: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """[ROWS, BLOCK_T] fp32 products of the query block with document rows t0 .. t0 + BLOCK_T
+    (rows past the document are 0 here; the caller masks them). FULL: all rows are in it."""
+    sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
+    if HOLD_QUERY:
+        # The held chunks are a tuple: indexed by a compile-time k.
+        for k in tl.static_range(NUM_D_TILES):
+            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL)
+            sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
+    else:
+        # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines the loads of the
+        # next chunk of d behind this chunk's product.
+        for k in range(NUM_D_TILES):
+            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
+                                      stride_qb, stride_qt, stride_qd, BLOCK_D)
+            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL)
+            # [ROWS, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [ROWS, BLOCK_T]
+            sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
+    return sim
 
 
 @triton.jit
@@ -91,7 +125,7 @@ def _maxsim_dense_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
-    EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr,
+    EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
@@ -101,7 +135,11 @@ def _maxsim_dense_kernel(
     program, as one register tile per d chunk (a tuple of NUM_D_TILES tiles: d = 96 as 3 x 32
     with no masked column), and held across all its tiles and documents, instead of once per
     document; the chunk loop is then unrolled. EVEN_D: BLOCK_D divides d (no column mask on
-    document tiles). TOKENS_I32: row offsets within a document, times stride_dt, fit int32."""
+    document tiles). TOKENS_I32: row offsets within a document, times stride_dt, fit int32.
+    RUNNING_MAX (tiled path): a document's whole tiles are loaded unmasked and kept in an
+    elementwise running max over the tile, reduced over tokens once per document, instead of
+    masking every tile and reducing it over tokens (a select, a reduction and cross-lane
+    shuffles per tile)."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -119,6 +157,8 @@ def _maxsim_dense_kernel(
             q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
                                                 k * BLOCK_D, dim, stride_qb, stride_qt,
                                                 stride_qd, BLOCK_D),)
+    else:
+        q_held = ()  # each tile reads the query (_tile_sim)
 
     for doc_step in range(DOCS_PER_PROGRAM):
         out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
@@ -163,28 +203,37 @@ def _maxsim_dense_kernel(
                 pid_qblock = pid_qgroup * Q_BLOCKS_PER_PROGRAM + qb
                 offs_b, offs_i, mask_r = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                                                      HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-                row_max = tl.full([QUERIES_PER_BLOCK * LQ], float("-inf"), tl.float32)
-                for t0 in range(0, doc_len, BLOCK_T):
-                    sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_T], tl.float32)
-                    if HOLD_QUERY:
-                        # The held chunks are a tuple: indexed by a compile-time k.
-                        for k in tl.static_range(NUM_D_TILES):
-                            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
-                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D, EVEN_D)
-                            sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
-                    else:
-                        # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines
-                        # the loads of the next chunk of d behind this chunk's product.
-                        for k in range(NUM_D_TILES):
-                            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D,
-                                                      dim, stride_qb, stride_qt, stride_qd, BLOCK_D)
-                            d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim,
-                                                    stride_dt, stride_dd, BLOCK_T, BLOCK_D, EVEN_D)
-                            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
-                            sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-                    mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
-                    sim = tl.where(mask_t[None, :], sim, float("-inf"))
-                    row_max = maximum_nan(row_max, max_nan(sim, 1))
+                ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
+                if RUNNING_MAX:
+                    # Whole tiles unmasked into an elementwise running max, reduced over tokens
+                    # (cross-lane shuffles) once per document; only the last partial tile is
+                    # masked.
+                    full_end = (doc_len // BLOCK_T) * BLOCK_T
+                    run = tl.full([ROWS, BLOCK_T], float("-inf"), tl.float32)
+                    for t0 in range(0, full_end, BLOCK_T):
+                        run = maximum_nan(run, _tile_sim(
+                            q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
+                            stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS, BLOCK_T,
+                            BLOCK_D, NUM_D_TILES, HOLD_QUERY, EVEN_D, True, INPUT_PRECISION,
+                            UPCAST))
+                    if full_end < doc_len:
+                        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, full_end,
+                                        doc_len, dim, stride_qb, stride_qt, stride_qd, stride_dt,
+                                        stride_dd, ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES,
+                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST)
+                        mask_t = (full_end + tl.arange(0, BLOCK_T)) < doc_len
+                        run = maximum_nan(run, tl.where(mask_t[None, :], sim, float("-inf")))
+                    row_max = max_nan(run, 1)
+                else:
+                    row_max = tl.full([ROWS], float("-inf"), tl.float32)
+                    for t0 in range(0, doc_len, BLOCK_T):
+                        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len,
+                                        dim, stride_qb, stride_qt, stride_qd, stride_dt,
+                                        stride_dd, ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES,
+                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST)
+                        mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
+                        sim = tl.where(mask_t[None, :], sim, float("-inf"))
+                        row_max = maximum_nan(row_max, max_nan(sim, 1))
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                                     valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 

@@ -42,6 +42,9 @@ class MaxSimConfig:
         hold_query: tiled per-document path with one query block per program: load the query
             block once per program, one register tile per chunk of d (at most MAX_HELD_CHUNKS),
             and hold it across all tiles and documents.
+        running_max: tiled per-document path: a document's whole tiles are read without masks
+            into an elementwise running max, reduced over tokens once per document, and only
+            its last partial tile is masked (otherwise every tile is masked and reduced).
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
@@ -60,6 +63,7 @@ class MaxSimConfig:
     slots: bool = False
     hold_query: bool = False
     block_d: int | None = None
+    running_max: bool = False
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
@@ -267,6 +271,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             f"q_blocks_per_program={cfg.q_blocks_per_program}, single_tile={cfg.single_tile}, "
             f"slots={cfg.slots}"
         )
+    if cfg.running_max and (cfg.single_tile or cfg.slots):
+        raise ValueError("config.running_max needs the tiled per-document path (no single_tile "
+                         f"or slots); got single_tile={cfg.single_tile}, slots={cfg.slots}")
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
         raise ValueError(
             f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
@@ -333,6 +340,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         HOLD_QUERY=cfg.hold_query,
         EVEN_D=dim % block_d == 0,
         TOKENS_I32=tokens_i32,
+        RUNNING_MAX=cfg.running_max,
         **common,
     )
     return out
