@@ -216,6 +216,8 @@ def _several_queries_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     held = [_cfg(t, w, s, docs, hold=True, rows=128, **k)
             for t, w, s, docs in ((32, 4, 3, 8), (32, 8, 3, 8), (64, 8, 3, 4), (16, 4, 3, 16),
                                   (32, 4, 3, 4), (64, 4, 2, 4))]
+    # Two warpgroups over 32- and 64-token tiles with a running max: registers for it to spare.
+    held += [dataclasses.replace(c, running_max=True) for c in held[1:3]]
     return held + [
         _cfg(32, 8, 2, 2, rows=128, slots=True, **k), _cfg(32, 4, 3, 2, rows=128, slots=True, **k),
         _cfg(32, 8, 3, 2, rows=128, slots=True, **k), _cfg(32, 8, 2, 4, rows=128, slots=True, **k),
@@ -242,6 +244,8 @@ def _padded(cell: bg.Cell) -> list[MaxSimConfig]:
         short = [_cfg(32, 1, 3, 16, hold=True), _cfg(32, 2, 3, 16, hold=True),
                  _cfg(32, 4, 3, 8, hold=True), _cfg(16, 1, 3, 32, hold=True)
                  ] if bg.padded_length(cell.dist) <= 64 else []
+        # Documents of a fixed whole number of tiles: with a running max no tile is masked.
+        short += [dataclasses.replace(c, running_max=True) for c in short[:2]]
         return [_cfg(64, 4, 2), _cfg(128, 8, 2), _cfg(128, 4, 3), _cfg(32, 2, 2),
                 _cfg(16, 1, 3, 16, hold=True), _cfg(32, 2, 3, 4, hold=True),
                 _cfg(64, 4, 3, 4, hold=True)] + short + longer
@@ -261,12 +265,13 @@ def candidates(cell: bg.Cell) -> list[MaxSimConfig]:
         found = _one_query_packed(cell)
     else:
         found = _several_queries_packed(cell)
-    if cell.packed:
-        # The default's launch with whole tiles into a running max (untimed as a default).
-        default = default_config(cell.B, cell.Lq, None, cell.d, variable_lengths=True,
-                                 num_docs=cell.N, element_size=bg.DTYPES[cell.dtype].itemsize)
-        if not (default.slots or default.single_tile):
-            found = [dataclasses.replace(default, running_max=True), *found]
+    # The default's launch with whole tiles into a running max (untimed as a default), as the op
+    # sees the call without validation (packed: no longest document; padded: the padded length).
+    default = default_config(cell.B, cell.Lq, None if cell.packed else bg.padded_length(cell.dist),
+                             cell.d, variable_lengths=cell.packed, num_docs=cell.N,
+                             element_size=bg.DTYPES[cell.dtype].itemsize)
+    if not (default.slots or default.single_tile):
+        found = [dataclasses.replace(default, running_max=True), *found]
     return list(dict.fromkeys(found))
 
 
