@@ -477,6 +477,8 @@ def _strided(x: torch.Tensor) -> torch.Tensor:
     pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2, slots=True),
                  id="slots"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, running_max=True),
+                 id="running-max"),
 ])
 @pytest.mark.parametrize("validate", [True, False])
 def test_every_argument_as_a_strided_view(config, validate, device):

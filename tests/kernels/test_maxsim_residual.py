@@ -455,6 +455,28 @@ def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch,
                      "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
+@pytest.mark.parametrize("path", ["table", "gather"])
+def test_shuffle_decoder_reads_strided_views(device, poisoned_outputs, path):
+    """decode="shuffle" at nbits 4 (its case), one-warp persistent programs of both queries:
+    every tensor argument as a non-contiguous view scores as its contiguous copy and as the
+    reference."""
+    index = random_index(device, 64, 4)
+    Q = unit_queries(2, 9, 64, torch.float16, device)
+    norms = norms_of(index, 4) if path == "table" else None
+    cfg = ResidualConfig(decode="shuffle", num_warps=1, persistent=True, docs_per_program=2,
+                         queries_per_block=2, centroid_table=path == "table")
+    kwargs = dict(pids=torch.tensor([4, 0, 2, 2, 5], device=device),
+                  query_lengths=torch.tensor([9, 4], device=device), config=cfg)
+    want = score(Q, index, 4, inv_norms=norms, **kwargs)
+    strided = {name: _strided(v) for name, v in index.items()}
+    got = score(_strided(Q), strided, 4, inv_norms=None if norms is None else _strided(norms),
+                **{k: _strided(v) if torch.is_tensor(v) else v for k, v in kwargs.items()})
+    assert torch.equal(got, want)
+    assert_close(got, expected(Q, index, 4, pids=kwargs["pids"],
+                               query_lengths=kwargs["query_lengths"]),
+                 "maxsim_residual", torch.float16)
+
+
 def load_plaid_index(index_path: str):
     """colbert-ai's codec plus the concatenated codes, residuals and doc offsets of an index."""
     from colbert.indexing.codecs.residual import ResidualCodec
