@@ -199,13 +199,27 @@ def residual_caps(work: Path, opts) -> list[Step]:
                                          "--out", str(work / "residual-caps")), 420)]
 
 
+def parallel_workers() -> tuple[str, ...]:
+    """pytest-xdist's workers where it is installed (it ships as a wheel in .whl)."""
+    import importlib.util
+
+    return ("-n", "8") if importlib.util.find_spec("xdist") else ()
+
+
 def residual_decoders(work: Path, opts) -> list[Step]:
-    """The residual op's default launch with the shuffle decoder (and pairs / permute where the
-    default takes the other), nbits 1, 2 and 4 at C = 2^16, beside dense scoring of the decoded
-    documents (about 3 minutes)."""
-    return [Step("residual-decoders", module("experiments.bench_residual_scale", "--centroids",
+    """The GPU tests of the shuffle decoder, the dense running max and PQ decode, then the
+    residual op's default launch with the shuffle decoder (and pairs / permute where the default
+    takes the other), nbits 1, 2 and 4 at C = 2^16, beside dense scoring of the decoded documents
+    (about 6 minutes)."""
+    tests = ("tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_dense.py",
+             "tests/kernels/test_nan_policy.py")
+    return [Step("decoder-tests", (*PYTEST, *parallel_workers(), *tests, "-k",
+                                   "shuffle or running or ptx"), 150),
+            Step("pq-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_pq.py"),
+                 150),
+            Step("residual-decoders", module("experiments.bench_residual_scale", "--centroids",
                                              "65536", "--decoders", "shuffle", "pairs", "permute",
-                                             "--out", str(work / "residual-decoders")), 360)]
+                                             "--out", str(work / "residual-decoders")), 270)]
 
 
 def grid(work: Path, opts) -> list[Step]:
@@ -324,7 +338,8 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
-    "residual-decoders": Suite("the residual op's default launch with the shuffle, pair and "
+    "residual-decoders": Suite("GPU tests of the shuffle decoder, the running max and PQ decode; "
+                               "the residual op's default launch with the shuffle, pair and "
                                "permute decoders, nbits 1 / 2 / 4, beside dense on the decoded "
                                "documents", residual_decoders),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "

@@ -23,6 +23,7 @@ PLAID_RUN = ["-m", "experiments.bench_plaid", "run", "--bundle", f"{ROOT}/runs/p
 PLAID_TAIL = ["--synthetic-dir", f"{ROOT}/runs/plaid_bench_synthetic/synthetic.nbits2",
               "--num-queries", "32", "--equivalence-queries", "500"]
 RERANK = ["--rerank-sizes", "100000", "1000000", "--stock-rerank-max", "100000"]
+XDIST = list(gpu_suite.parallel_workers())  # pytest-xdist's workers where it is installed
 
 # Every suite's steps (but the wheel install, which depends on .whl/): name -> argv after python.
 EXPECTED = {
@@ -83,6 +84,10 @@ EXPECTED = {
                           "0", "104", "112", "128", "--out", "W/residual-caps"],
     },
     "residual-decoders": {
+        "decoder-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual.py",
+                          "tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
+                          "-k", "shuffle or running or ptx"],
+        "pq-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_pq.py"],
         "residual-decoders": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
                               "--decoders", "shuffle", "pairs", "permute", "--out",
                               "W/residual-decoders"],
@@ -340,3 +345,12 @@ def test_cli_runs_a_suite_into_one_bundle(tmp_path, fast_probe, monkeypatch, cap
         steps = tar.extractfile("toy/steps.txt").read().decode()
     assert steps.split()[:2] == ["ok", "ok"] and "bad" in steps and steps.rstrip().endswith("the report")
     assert capsys.readouterr().out.rstrip().endswith(f"bundle: {tmp_path / 'gpu-toy.tar.gz'}")
+
+
+def test_parallel_workers_only_where_xdist_is_installed(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert gpu_suite.parallel_workers() == ()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert gpu_suite.parallel_workers() == ("-n", "8")
