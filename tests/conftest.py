@@ -57,3 +57,15 @@ def property_examples(on_cpu: int) -> int:
     """Hypothesis examples for a property test that draws launch shapes or configurations: on a
     GPU each new combination is a kernel compile (seconds), so the GPU run draws fewer of them."""
     return max(6, on_cpu // 4) if ON_GPU else on_cpu
+
+
+def compiled_mode_json(code: str, tmp_path_factory, timeout: int) -> dict:
+    """The JSON ``code`` writes when run by experiments.sass_budget.run_compiled_mode (a
+    subprocess without TRITON_INTERPRET that compiles for sm_90a); skips without triton's
+    bundled ptxas."""
+    from experiments import sass_budget
+
+    if not sass_budget.ptxas_available():
+        pytest.skip("triton's bundled ptxas is not available")
+    return sass_budget.run_compiled_mode(code, tmp_path_factory.mktemp("sm90") / "out.json",
+                                         timeout)

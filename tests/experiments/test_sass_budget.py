@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from experiments import sass_budget as sb
+from tests.conftest import compiled_mode_json
 
 # Launch capture and compile of the dense launch and the nbits = 2 residual launch, as JSON.
 _CAPTURE = textwrap.dedent("""
@@ -31,10 +32,7 @@ _CAPTURE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    if not sb.ptxas_available():
-        pytest.skip("triton's bundled ptxas is not available")
-    return sb.run_compiled_mode(_CAPTURE, tmp_path_factory.mktemp("sass") / "captured.json",
-                                timeout=240)
+    return compiled_mode_json(_CAPTURE, tmp_path_factory, timeout=240)
 
 
 def test_capture_records_the_benchmark_launches_without_running_them(captured):

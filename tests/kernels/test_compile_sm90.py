@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from experiments import sass_budget as sb
+from tests.conftest import compiled_mode_json
 
 _COMPILE = textwrap.dedent("""
     import json, sys
@@ -84,10 +84,7 @@ _COMPILE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    if not sb.ptxas_available():
-        pytest.skip("triton's bundled ptxas is not available")
-    return sb.run_compiled_mode(_COMPILE, tmp_path_factory.mktemp("sm90") / "compiled.json",
-                                timeout=900)
+    return compiled_mode_json(_COMPILE, tmp_path_factory, timeout=900)
 
 
 # Shared memory one block may use on sm_90 (227 KB, opted in); a launch past it fails on the
