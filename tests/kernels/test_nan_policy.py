@@ -184,6 +184,12 @@ RESIDUAL_CONFIGS = [
 
 def _residual_case(device, where, value, dtype=torch.float16):
     index = random_index(device, 128, 2, lengths=LENGTHS)
+    # The kernels decode with the bucket weights in the query's dtype (colbert-ai's GPU path
+    # holds them in fp16), the float64 reference with them as given: weights the query's dtype
+    # holds exactly give both the same zeros of centroid + weight, where an inf query column
+    # makes NaN (0 x inf). Otherwise a weight rounded onto -centroid (about 1 run in 300) is NaN
+    # in the op and +-inf in the reference.
+    index["bucket_weights"] = index["bucket_weights"].to(dtype).float()
     Q = torch.nn.functional.normalize(torch.randn(B, LQ, 128), dim=-1).to(dtype).to(device)
     token = int(index["offsets"][POISONED_DOC]) + 4
     if where == "Q":
