@@ -41,8 +41,8 @@ kernel is built around the instructions per embedding element:
       half-warp), and a warp shuffle of segment width 2**nbits reads field f's weight from lane
       f; the shuffle ignores the bits above the field, so each weight is one shift and one
       shuffle, and a byte permute packs the pair. A shuffle costs one shared-memory-pipe cycle
-      per warp; the pair table's 1 KB at nbits = 4 costs about 8 L1 wavefronts per lookup
-      (results/PERFORMANCE_LOG.md, run 111). On the CPU it reads the field table instead.
+      per warp; the pair table's 1 KB at nbits = 4 spans 8 L1 lines, most of which a warp's 32
+      lookups touch. On the CPU it reads the field table instead.
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU; the host
       takes it for byte units in chunks narrower than 128 columns, where pairs are wrong on the

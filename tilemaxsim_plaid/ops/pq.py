@@ -170,7 +170,7 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
     * Other shapes of at most 32 query rows: 32-token tiles, 16 documents per program, 2 warps.
     * Larger query blocks: 64-token tiles, 4 warps, 4 or 2 documents per program; with fp32
       queries 32-token tiles and one query per block, which fits a block's shared memory at any
-      d (see FP32_QUERY_CHUNK; results/PERFORMANCE_LOG.md, run 114).
+      d (see FP32_QUERY_CHUNK).
     """
     lq = _pow2(Lq)
     queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
