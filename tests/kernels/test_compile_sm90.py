@@ -25,7 +25,8 @@ _COMPILE = textwrap.dedent("""
     from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
                                                           _query_centroid_scores_kernel)
-    from tilemaxsim_plaid.ops.dense import maxsim_packed
+    from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config, maxsim_packed,
+                                            maxsim_padded)
     from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
     from tilemaxsim_plaid.ops.residual import ResidualConfig, maxsim_residual
 
@@ -38,6 +39,17 @@ _COMPILE = textwrap.dedent("""
         Qd, D = torch.randn(32, d, generator=g).half(), torch.zeros(T, d, dtype=torch.float16)
         calls[f"dense d={d}"] = (_maxsim_dense_kernel, lambda Qd=Qd, D=D: maxsim_packed(
             Qd, D, offsets, max_doc_len=max_len, validate=False), ())
+    # Several query blocks a program on per-document tiles (a constexpr assigned in their loop
+    # fails only when compiled), and short padded documents' default: the held query over a
+    # running max.
+    Q4, D = torch.randn(4, 64, 128, generator=g).half(), torch.zeros(T, 128, dtype=torch.float16)
+    qb2 = MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=2)
+    calls["dense B=4 q_blocks_per_program=2"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
+        Q4, D, offsets, max_doc_len=max_len, config=qb2, validate=False), ())
+    padded = torch.zeros(1, 64, 128, dtype=torch.float16)
+    held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
+    calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
+        Q, padded, config=held, validate=False), ())
     codes, books = torch.zeros(T, 16, dtype=torch.uint8), torch.randn(16, 256, 8, generator=g)
     calls["pq decode"] = (_maxsim_pq_kernel, lambda: maxsim_pq(Q, codes, offsets, books,
                                                                validate=False), ())
@@ -77,7 +89,8 @@ _COMPILE = textwrap.dedent("""
                                  for i in sb.parse_sass(sb.sass_text(compiled.cubin))],
                      "ptx_loads": launch.constexprs.get("PTX_LOADS"),
                      "decode_group": launch.constexprs.get("DECODE_GROUP"),
-                     "centroid_table": launch.constexprs.get("CENTROID_TABLE")}
+                     "centroid_table": launch.constexprs.get("CENTROID_TABLE"),
+                     "running_max": launch.constexprs.get("RUNNING_MAX")}
     json.dump(out, open(sys.argv[1], "w"))
 """)
 
@@ -93,10 +106,12 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 2 + 4 + 2 * 10
+    assert len(compiled) == 4 + 4 + 2 * 10
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
+    # The short padded documents' default is the held query over a running max.
+    assert compiled["dense padded 64 held"]["running_max"] is True
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):

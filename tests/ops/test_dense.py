@@ -131,9 +131,24 @@ def test_default_config_tiles_padded_documents_past_128_tokens_as_varied_ones():
     assert default_config(1, 32, 180, 128, num_docs=MANY_DOCS) == MaxSimConfig(
         block_t=32, num_warps=2, num_stages=2)
     # Multiples of 128, and one tile's length, keep tiles sized to the documents.
-    for max_len, block_t in ((256, 128), (128, 128), (100, 128), (64, 64)):
+    for max_len, block_t in ((256, 128), (128, 128), (100, 128)):
         assert default_config(1, 32, max_len, 128, num_docs=MANY_DOCS) == MaxSimConfig(
             block_t=block_t, num_warps=4, num_stages=2)
+    assert default_config(1, 32, 64, 128, num_docs=MANY_DOCS - 1) == MaxSimConfig(
+        block_t=64, num_warps=4, num_stages=2)
+
+
+def test_default_config_holds_the_query_over_short_padded_documents():
+    for max_len, block_t in ((8, 16), (16, 16), (32, 32), (64, 32)):
+        assert default_config(1, 32, max_len, 128, num_docs=MANY_DOCS) == MaxSimConfig(
+            block_t=block_t, num_warps=1, num_stages=3, docs_per_program=16, hold_query=True,
+            running_max=True)
+    # Not past 64 tokens, for a 64-row query block (held across 4 warps), for fp32, or for d
+    # past one chunk.
+    assert not default_config(1, 32, 65, 128, num_docs=MANY_DOCS).running_max
+    assert default_config(1, 64, 64, 128, num_docs=MANY_DOCS).num_warps == 4
+    assert not default_config(1, 32, 64, 128, num_docs=MANY_DOCS, element_size=4).hold_query
+    assert not default_config(1, 32, 64, 384, num_docs=MANY_DOCS).hold_query
 
 
 def test_default_config_holds_full_query_blocks_of_several_queries():

@@ -29,6 +29,7 @@ def test_default_config_by_number_of_documents():
     half = default_residual_config(1, 32, num_docs=many, half_table=True)
     assert (half.maxnreg, half.prefetch, fp16.prefetch, split.prefetch) == (96, True, False, False)
     assert (fp16.decode, half.decode, split.decode) == ("permute", "permute", "pairs")
+    assert default_residual_config(1, 32, num_docs=many, nbits=4).decode == "shuffle"
     # Queries that share one block of at most 32 rows: still one query block, as the
     # persistent grid needs.
     for num_queries, Lq in ((2, 16), (3, 8), (5, 4)):
@@ -229,10 +230,10 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
 
 
 @pytest.mark.parametrize("nbits,decoder,maxnreg", [
-    (1, "pairs", 96), (2, "permute", 96), (4, "pairs", 128)])
+    (1, "pairs", 96), (2, "permute", 96), (4, "shuffle", 128)])
 def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
     """One fp16 query over many documents on the table path: byte permutes at nbits = 2 only,
-    and nbits = 4 under the register cap its decoder does not spill under."""
+    warp shuffles at nbits = 4, under the register cap its decoder does not spill under."""
     kernel = RecordingKernel()
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
     monkeypatch.setattr(residual, "MANY_DOCS", 4)

@@ -199,11 +199,11 @@ def _maxsim_dense_kernel(
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                                     valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
         else:
+            ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ  # once: a constexpr is not reassigned
             for qb in tl.static_range(Q_BLOCKS_PER_PROGRAM):
                 pid_qblock = pid_qgroup * Q_BLOCKS_PER_PROGRAM + qb
                 offs_b, offs_i, mask_r = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                                                      HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-                ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
                 if RUNNING_MAX:
                     # Whole tiles unmasked into an elementwise running max, reduced over tokens
                     # (cross-lane shuffles) once per document; only the last partial tile is

@@ -20,9 +20,12 @@ __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_pad
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
-# From this many packed documents on, one query is scored by programs that hold the query across
-# several documents each (default_config): 4,096 programs and more, ~31 per SM of an H200.
-MANY_DOCS = 32768
+# From this many documents on, one query is scored by programs that hold the query across
+# several documents each (default_config): 4,096 programs of 4 documents and more, ~31 per SM
+# of an H200 (d = 256, 28k long documents: run 116).
+MANY_DOCS = 16384
+# Padded documents up to this long, one query: the query held in one warp across 16 of them.
+HELD_PADDED_MAX_LEN = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107, 108 and 111).
+    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107, 108, 111 and 116).
 
     Args:
         num_queries: B.
@@ -125,6 +128,14 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
                 and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
+        if (holds and not (variable_lengths or wide_query) and max_doc_len is not None
+                and max_doc_len <= HELD_PADDED_MAX_LEN):
+            # Short padded documents: reloading the query per document is as many bytes from
+            # L2 as the document is from HBM. One warp holds it across 16 of them; tiles of up to
+            # 32 tokens into a running max (a length of whole tiles masks none; run 116).
+            return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, _pow2(max_doc_len))),
+                                num_warps=1, num_stages=3, docs_per_program=16,
+                                hold_query=True, running_max=True)
         if holds and (variable_lengths or wide_query):
             # Many documents: programs that hold the query across several documents. Reloading
             # the query block from L2 for every document costs about a tenth of the read roof at

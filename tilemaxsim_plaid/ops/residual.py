@@ -210,8 +210,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       whose table decoder spills under 96). A 2-warp program
       splits a 16-token tile's products by query columns, so both warps decode the whole tile;
       one warp decodes it once, and the cap fits more programs per SM; the persistent grid has
-      no last wave running alone. 16-bit queries decode by byte permutes (no table loads),
-      split_query by the pair table; with an fp16 centroid-score table (half_table) each
+      no last wave running alone. 16-bit queries decode by byte permutes (no table loads)
+      where they apply, by warp shuffles at nbits = 4 (run 116), split_query by the pair table; with an fp16 centroid-score table (half_table) each
       document's rows are also prefetched into L2.
     * Fewer documents (the search path's stage 4 scores at most a few thousand): 2-warp
       programs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
@@ -235,7 +235,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
                                   else ONE_WARP_MAXNREG,
                                   docs_per_program=2,
                                   persistent=True, prefetch=half_table,
-                                  decode="pairs" if split_query else "permute")
+                                  decode="pairs" if split_query
+                                  else "shuffle" if nbits == 4 else "permute")
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
