@@ -1,0 +1,139 @@
+"""The dense op's default call under a kernel switch the host sets, side by side with the switch
+as the host sets it and with the peers, in alternated rounds on one machine.
+
+    python -m experiments.bench_dense_variants [--cells NAME ...] [--rounds 5] [--out DIR]
+
+A grid run times each cell once, minutes apart from the run it is compared with (and days from
+the runs before it), and a cell moves 5-10 % between runs. Here every variant of a cell is timed
+in each round, in turn, on the same inputs, and the round medians are compared. Variants:
+
+* ``default``: what ``maxsim_packed`` / ``maxsim_padded`` do with their default arguments;
+* ``int64 rows``: the same launch with 64-bit row offsets within a document (the kernel's
+  ``TOKENS_I32`` off), the code before 32-bit offsets.
+
+Every variant's scores are checked equal to the default's (the switches change addressing, not
+arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed in the same rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from pathlib import Path
+
+import torch
+
+from experiments import bench, harness
+from experiments import bench_grid as bg
+from tilemaxsim_plaid.ops import dense
+
+SUITE = "dense_variants"
+# Cells where the grid moved most between runs (d = 192-768 at short and long documents) and the
+# headline, as changes from bench_grid's HEADLINE.
+CELLS = {
+    "headline": {},
+    "d192-lognormal-30": {"d": 192, "dist": "lognormal-30"},
+    "d256-lognormal-30": {"d": 256, "dist": "lognormal-30"},
+    "d256-lognormal-70": {"d": 256},
+    "d256-heavy-512": {"d": 256, "dist": "heavy-512"},
+    "d384-lognormal-70": {"d": 384},
+    "d512-Lq31": {"d": 512, "Lq": 31},
+    "d512-lognormal-150": {"d": 512, "dist": "lognormal-150"},
+    "d768-Lq31": {"d": 768, "Lq": 31},
+}
+PEERS = ("flash_maxsim", "late_interaction_kernels")
+
+
+@contextlib.contextmanager
+def _int64_rows():
+    saved = dense._row_offsets_fit_int32
+    dense._row_offsets_fit_int32 = lambda *args: False
+    try:
+        yield
+    finally:
+        dense._row_offsets_fit_int32 = saved
+
+
+VARIANTS = {"default": contextlib.nullcontext, "int64 rows": _int64_rows}
+
+
+def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:
+    if name not in CELLS:
+        raise ValueError(f"unknown cell {name!r}; known: {', '.join(CELLS)}")
+    p = {**bg.HEADLINE, **CELLS[name]}
+    return bg.Cell(p["B"], p["Lq"], p["d"], p["dtype"], p["layout"], p["dist"],
+                   bg.num_docs(p["dist"], p["d"], p["dtype"], sizing))
+
+
+def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device) -> list[dict]:
+    x = bg.make_inputs(cell, device)
+    case = bg.bench_case(cell, x)
+    ours = bg.provider_ours(cell, x)
+    want = ours()
+    calls = {}
+    for variant, switch in VARIANTS.items():
+        with switch():
+            got = ours()  # compiles the variant's specialisation outside the timed rounds
+        if not torch.equal(got, want):
+            raise AssertionError(f"{cell.name}: variant {variant!r} does not score as the default")
+        calls[variant] = (switch, ours)
+    for peer in PEERS:
+        fn = bench.PROVIDERS[peer](case, x)
+        if fn is not None:
+            fn()
+            calls[peer] = (contextlib.nullcontext, fn)
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (switch, fn) in calls.items():
+            with switch():
+                times[name].append(time_fn(fn))
+    nbytes, flops = bg.bytes_and_flops(cell, x)
+    rows = []
+    for name, samples in times.items():
+        ms = statistics.median(t[0] for t in samples)
+        rows.append(harness.make_row(
+            SUITE, cell.name, "tilemaxsim" if name in VARIANTS else name,
+            (ms, min(t[0] for t in samples), max(t[0] for t in samples)),
+            num_docs=cell.N * cell.B, nbytes=nbytes, flops=flops, ceilings=ceilings,
+            variant=name if name in VARIANTS else None, rounds=[t[0] for t in samples]))
+    base = next(r["ms"] for r in rows if r["variant"] == "default")
+    peers = [r["ms"] for r in rows if r["variant"] is None]
+    for row in rows:
+        row["ratio_to_default"] = base / row["ms"]
+        row["ratio_to_best_peer"] = min(peers) / row["ms"] if peers else None
+    return rows
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--max-docs", type=int, default=bg.MAX_DOCS,
+                        help="documents per cell at most (a CPU smoke run takes a few)")
+    parser.add_argument("--out", default="results/dense_variants")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    ceilings = harness.measure_ceilings() if cuda else {}
+    time_fn = (lambda fn: harness.time_ms(fn, warmup_ms=25, rep_ms=200)) if cuda else bg.wall_clock_ms
+    sizing = bg.Sizing(max_docs=args.max_docs)
+    rows = []
+    for name in args.cells:
+        cell = make_cell(name, sizing)
+        rows += run_cell(cell, args.rounds, time_fn, ceilings, device)
+        for row in rows[-len(VARIANTS) - len(PEERS):]:
+            if row["shape"] == cell.name:
+                label = row["variant"] or row["provider"]
+                print(f"{cell.name:58s} {label:26s} {row['ms']:8.4f} ms  "
+                      f"x default {row['ratio_to_default']:.3f}  x best peer "
+                      f"{row['ratio_to_best_peer'] or float('nan'):.3f}", flush=True)
+    path = harness.write_results(rows, args.out, SUITE, ceilings=ceilings,
+                                 meta={"rounds": args.rounds, "variants": list(VARIANTS)})
+    print(harness.provenance_line(harness.provenance(), ceilings))
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
