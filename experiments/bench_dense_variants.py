@@ -8,8 +8,8 @@ the runs before it), and a cell moves 5-10 % between runs. Here every variant of
 in each round, in turn, on the same inputs, and the round medians are compared. Variants:
 
 * ``default``: what ``maxsim_packed`` / ``maxsim_padded`` do with their default arguments;
-* ``int64 rows``: the same launch with 64-bit row offsets within a document (the kernel's
-  ``TOKENS_I32`` off), the code before 32-bit offsets.
+* ``int64 rows`` / ``int32 rows``: the same launch with 64-bit / 32-bit row offsets within a
+  document (the kernel's ``TOKENS_I32``; the default takes 32-bit ones where d is one chunk).
 
 Every variant's scores are checked equal to the default's (the switches change addressing, not
 arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed in the same rounds.
@@ -46,16 +46,22 @@ PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
 @contextlib.contextmanager
-def _int64_rows():
-    saved = dense._row_offsets_fit_int32
-    dense._row_offsets_fit_int32 = lambda *args: False
+def _rows_switch(rule):
+    saved = dense._tokens_i32
+    dense._tokens_i32 = rule
     try:
         yield
     finally:
-        dense._row_offsets_fit_int32 = saved
+        dense._tokens_i32 = saved
 
 
-VARIANTS = {"default": contextlib.nullcontext, "int64 rows": _int64_rows}
+def _int32_wherever_they_fit(rows, num_d_tiles, block_d, stride_dt, stride_dd):
+    return dense._row_offsets_fit_int32(rows, num_d_tiles * block_d, stride_dt, stride_dd)
+
+
+VARIANTS = {"default": contextlib.nullcontext,
+            "int64 rows": lambda: _rows_switch(lambda *args: False),
+            "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit)}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

@@ -280,9 +280,13 @@ def test_64_bit_row_offsets_score_as_32_bit_ones(config, device, monkeypatch):
     lengths = torch.tensor([33, 0, 1, 20], device=device)
     assert not dense._row_offsets_fit_int32(2**31 // 128, 128, 128, 1)
     assert dense._row_offsets_fit_int32(2**31 // 128 - 2, 128, 128, 1)
+    # The default takes 32-bit offsets where d is one chunk only; here both, wherever they fit.
+    assert dense._tokens_i32(100, 1, 128, 128, 1) and not dense._tokens_i32(100, 2, 64, 128, 1)
+    monkeypatch.setattr(dense, "_tokens_i32", lambda rows, tiles, block_d, sdt, sdd:
+                        dense._row_offsets_fit_int32(rows, tiles * block_d, sdt, sdd))
     narrow = (maxsim_packed(Q, D, offsets, config=config),
               maxsim_padded(Q, Dp, lengths, config=config))
-    monkeypatch.setattr(dense, "_row_offsets_fit_int32", lambda *args: False)
+    monkeypatch.setattr(dense, "_tokens_i32", lambda *args: False)
     wide = (maxsim_packed(Q, D, offsets, config=config),
             maxsim_padded(Q, Dp, lengths, config=config))
     for a, b in zip(narrow, wide):
