@@ -224,10 +224,9 @@ def residual_decoders(work: Path, opts) -> list[Step]:
 
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the fifth set), one
-    query of 33-64 tokens and several queries (each packed cell with the default's running-max
-    twin first), then the full shape grid with the peers (flash-maxsim and
-    late-interaction-kernels as wheels; about 15 minutes, two device calls' worth: run the steps
-    with --only)."""
+    query of 33-64 tokens and several queries, then the full shape grid with the peers
+    (flash-maxsim and late-interaction-kernels as wheels; about 10 minutes, two device calls'
+    worth: run the steps with --only)."""
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
                    150) for cells in ("fifth", "wide", "multi")),

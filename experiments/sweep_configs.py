@@ -216,8 +216,6 @@ def _several_queries_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     held = [_cfg(t, w, s, docs, hold=True, rows=128, **k)
             for t, w, s, docs in ((32, 4, 3, 8), (32, 8, 3, 8), (64, 8, 3, 4), (16, 4, 3, 16),
                                   (32, 4, 3, 4), (64, 4, 2, 4))]
-    # Two warpgroups over 32- and 64-token tiles with a running max: registers for it to spare.
-    held += [dataclasses.replace(c, running_max=True) for c in held[1:3]]
     return held + [
         _cfg(32, 8, 2, 2, rows=128, slots=True, **k), _cfg(32, 4, 3, 2, rows=128, slots=True, **k),
         _cfg(32, 8, 3, 2, rows=128, slots=True, **k), _cfg(32, 8, 2, 4, rows=128, slots=True, **k),
@@ -265,13 +263,6 @@ def candidates(cell: bg.Cell) -> list[MaxSimConfig]:
         found = _one_query_packed(cell)
     else:
         found = _several_queries_packed(cell)
-    # The default's launch with whole tiles into a running max (untimed as a default), as the op
-    # sees the call without validation (packed: no longest document; padded: the padded length).
-    default = default_config(cell.B, cell.Lq, None if cell.packed else bg.padded_length(cell.dist),
-                             cell.d, variable_lengths=cell.packed, num_docs=cell.N,
-                             element_size=bg.DTYPES[cell.dtype].itemsize)
-    if not (default.slots or default.single_tile):
-        found = [dataclasses.replace(default, running_max=True), *found]
     return list(dict.fromkeys(found))
 
 

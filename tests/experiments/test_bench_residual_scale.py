@@ -18,17 +18,17 @@ def test_cap_variants_replace_only_the_cap_and_skip_the_defaults_own():
 
 
 def test_the_capped_launch_is_the_ops_own_at_every_nbits():
-    """Byte permutes serve nbits = 2 only; the op falls back to the pair table elsewhere, and so
-    must the variants (an explicit decode='permute' is refused at nbits 1 and 4)."""
-    assert op_default(2, 100_000, 2).decode == "permute"
-    for nbits in (1, 4):
+    """Byte permutes serve nbits = 2 only, warp shuffles are the nbits = 4 default; the op falls
+    back to the pair table at nbits 1, and so must the variants (an explicit decode='permute' is
+    refused at nbits 1 and 4)."""
+    for nbits, decode in ((1, "pairs"), (2, "permute"), (4, "shuffle")):
         config = op_default(nbits, 100_000, 2)
-        assert config.decode == "pairs"
-        assert all(c.decode == "pairs" for _, c in cap_variants(config, [0, 112]))
+        assert config.decode == decode
+        assert all(c.decode == decode for _, c in cap_variants(config, [0, 112]))
 
 
 def test_decoder_variants_skip_the_defaults_own_and_permute_off_nbits_2():
-    for nbits, own, others in ((2, "permute", ["shuffle", "pairs"]), (4, "pairs", ["shuffle"])):
+    for nbits, own, others in ((2, "permute", ["shuffle", "pairs"]), (4, "shuffle", ["pairs"])):
         default = op_default(nbits, 100_000, 2)
         assert default.decode == own
         variants = decoder_variants(default, ["shuffle", "pairs", "permute", "shuffle"], nbits)
@@ -43,8 +43,8 @@ def test_pairs_and_shuffle_must_score_bit_for_bit_other_decoders_within_rounding
 
     want = torch.tensor([1.0, 2.0, float("-inf")])
     near = want + torch.tensor([1e-4, 0.0, 0.0])
-    pairs = op_default(4, 100_000, 2)
-    shuffle = ResidualConfig(**{**vars(pairs), "decode": "shuffle"})
+    shuffle = op_default(4, 100_000, 2)
+    pairs = ResidualConfig(**{**vars(shuffle), "decode": "pairs"})
     permute = op_default(2, 100_000, 2)
     assert scores_as_default(shuffle, pairs, want.clone(), want)
     assert not scores_as_default(shuffle, pairs, near, want)

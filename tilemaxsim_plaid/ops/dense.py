@@ -47,7 +47,8 @@ class MaxSimConfig:
             and hold it across all tiles and documents.
         running_max: tiled per-document path: a document's whole tiles are read without masks
             into an elementwise running max, reduced over tokens once per document, and only
-            its last partial tile is masked (otherwise every tile is masked and reduced).
+            its last partial tile is masked (otherwise every tile is masked and reduced);
+            pays in one-warp programs over documents of whole tiles.
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;

@@ -1,0 +1,32 @@
+"""bench_dense_variants on the CPU interpreter: every variant is the default's launch with only
+the row-offset width changed, and scores as the default (timing needs a GPU)."""
+
+import torch
+
+from experiments import bench_dense_variants as dv
+from experiments import bench_grid as bg
+from tilemaxsim_plaid.ops import dense
+
+
+def test_variants_switch_the_row_offsets_and_restore_the_rule():
+    rule = dense._tokens_i32
+    args = (100, 2, 64, 256, 1)  # d = 256 in 4 chunks: the default takes 64-bit offsets
+    assert not rule(*args)
+    with dv.VARIANTS["int32 rows"]():
+        assert dense._tokens_i32(*args)
+    with dv.VARIANTS["int64 rows"]():
+        assert not dense._tokens_i32(100, 1, 128, 128, 1)
+    assert dense._tokens_i32 is rule
+
+
+def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
+    full = {c.key: c for c in bg.build_cells("full")}
+    sizing = bg.Sizing(max_docs=3)
+    for name in dv.CELLS:
+        cell = dv.make_cell(name, bg.Sizing())
+        assert full[cell.key].N == cell.N, name
+    cell = dv.make_cell("d256-lognormal-30", sizing)
+    rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"))
+    assert [r["variant"] for r in rows] == list(dv.VARIANTS)  # no peer wheels on the CPU
+    assert all(r["ms"] > 0 and r["shape"] == cell.name for r in rows)
+    assert rows[0]["ratio_to_default"] == 1.0
