@@ -189,11 +189,45 @@ def test_failing_and_wrong_configs_are_recorded_not_timed(tmp_path, capsys):
     assert failed["status"] == "failed" and failed["ms"] is None
     assert "ValueError" in failed["reason"] and "config.block_d" in failed["reason"]
     assert rows[sc.label(wrong)]["status"] == "wrong" and rows[sc.label(wrong)]["ms"] is None
-    assert len(timed) == 3  # the two defaults and the one good candidate
+    # The two defaults and the one good candidate, then the rematch of the validate=False
+    # default and that candidate.
+    assert len(timed) == 3 + 2 * sc.REMATCH_ROUNDS
     assert sc.exit_status(path) == 1
     text = "\n".join(sc.summary(json.loads(path.read_text())))
     assert f"WRONG {bg.OURS} {sc.label(wrong)}" in text and "[1 wrong]" in text
     assert f"failed {bg.OURS} {sc.label(refused)}" in text
+
+
+def test_speedups_come_from_the_rematch_rounds(tmp_path):
+    """A candidate that looked twice as fast in the single pass (timed later, on a cooler
+    card, say) and is slower in the alternated rounds is ranked by the rounds."""
+    cell = sc.select_cells("smoke", TINY)[0]
+    extra = [MaxSimConfig(block_t=32, num_warps=2), MaxSimConfig(block_t=16, num_warps=1)]
+    calls = []
+
+    def call_factory(cell, x, config, validate):
+        fn = sc.make_call(cell, x, config, validate)
+        fn.config = config
+        return fn
+
+    def time_fn(fn):
+        calls.append(fn.config)
+        single_pass = len(calls) <= 5  # the two defaults, the cell's first candidate, extra
+        ms = 1.0 if fn.config is None else (0.5 if single_pass else 2.0)
+        return ms, ms, ms
+
+    path = sc.run([cell], tmp_path, ceilings={}, budget_s=1e9, device="cpu", time_fn=time_fn,
+                  plan_fn=_one_cell_plan(extra), call_factory=call_factory)
+    rows = {(r["config"], r["explicit"], r["validate"]): r for r in _rows(path)}
+    default = next(r for (_, explicit, validate), r in rows.items() if not explicit and not validate)
+    assert default["rematch_ms"] == [1.0] * sc.REMATCH_ROUNDS and default["ms_rematch"] == 1.0
+    for config in extra:
+        row = rows[(sc.label(config), True, False)]
+        assert row["ms"] == 0.5 and row["ms_rematch"] == 2.0
+        assert row["speedup_vs_default"] == 0.5
+    assert len(calls) == 5 + (1 + sc.REMATCH_TOP) * sc.REMATCH_ROUNDS
+    # The validate=True default is not rematched.
+    assert not any("ms_rematch" in r for (_, e, v), r in rows.items() if not e and v)
 
 
 class ManualClock:
