@@ -102,7 +102,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    element_size: int = 2) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
-    results/PERFORMANCE_LOG.md, runs 90, 92, 99, 102, 104, 105, 107, 108, 111 and 116).
+    results/PERFORMANCE_LOG.md, runs 18, 90, 92, 99, 102, 104, 105, 107, 108, 111 and 116).
 
     Args:
         num_queries: B.
@@ -133,7 +133,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                 and max_doc_len <= HELD_PADDED_MAX_LEN):
             # Short padded documents: reloading the query per document is as many bytes from
             # L2 as the document is from HBM. One warp holds it across 16 of them; tiles of up to
-            # 32 tokens into a running max (a length of whole tiles masks none; run 116).
+            # 32 tokens into a running max (a length of whole tiles masks none).
             return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, _pow2(max_doc_len))),
                                 num_warps=1, num_stages=3, docs_per_program=16,
                                 hold_query=True, running_max=True)
@@ -156,9 +156,9 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
         # documents stream best in 128-token tiles. Two stages rather than three at d <= 128:
         # 16 KB of shared memory per program instead of 24 lets 13 programs share an SM instead
-        # of 9 (see results/PERFORMANCE_LOG.md, run 18). Wide d pipelines its chunks in three
-        # stages; chunks narrower than 64 columns make a small product per load, and a 64-row
-        # query block a large one per tile: both take 64-token tiles of 4 warps.
+        # of 9. Wide d pipelines its chunks in three stages; chunks narrower than 64 columns
+        # make a small product per load, and a 64-row query block a large one per tile: both
+        # take 64-token tiles of 4 warps.
         if variable_lengths or max_doc_len is None:
             if dim <= MAX_BLOCK_D:
                 return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
@@ -168,7 +168,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
         if max_doc_len > 128 and max_doc_len % 128 and dim <= MAX_BLOCK_D:
             # Padded documents that 128-token tiles would end in a mostly masked tile (180
-            # tokens, run 107) stream as varied ones do.
+            # tokens) stream as varied ones do.
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
         block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
@@ -188,7 +188,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             and 32 <= _pow2(Lq) <= 64 and queries_per_block * _pow2(Lq) == 128):
         # Many packed documents and full 128-row query blocks (4 queries of 17-32 tokens, 2 of
         # 33-64): the block held in registers across 8 documents, 32-token tiles of 4 warps
-        # (run 105; the slots below re-read the query block from L2 for every step).
+        # (the slots below re-read the query block from L2 for every step).
         return MaxSimConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=8,
                             hold_query=True, num_warps=4, num_stages=3)
     if variable_lengths:
@@ -249,7 +249,7 @@ def _row_offsets_fit_int32(rows: int, columns: int, stride_dt: int, stride_dd: i
 
 def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, stride_dd: int) -> bool:
     """The kernel's TOKENS_I32: 32-bit row offsets where d is one chunk and every offset fits.
-    Over several d chunks the 64-bit offsets were faster (d = 192-768: up to 1.13x, run 117)."""
+    Over several d chunks the 64-bit ones were faster (d = 192-768, run 117)."""
     return num_d_tiles == 1 and _row_offsets_fit_int32(rows, num_d_tiles * block_d, stride_dt,
                                                        stride_dd)
 

@@ -200,7 +200,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
                             num_docs: int = 0, element_size: int = 2,
                             half_table: bool = False, nbits: int = 2) -> ResidualConfig:
     """Deterministic heuristic, no autotuning at call time (rules measured on the H200 in
-    interleaved rounds of experiments/profile_kernels.py; see results/PERFORMANCE_LOG.md, run 43).
+    interleaved rounds of experiments/profile_kernels.py; see results/PERFORMANCE_LOG.md, runs 43
+    and 116).
 
     One query block of at most 32 rows (one query: a rerank, or stage 4 of a large search):
 
@@ -211,8 +212,9 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       splits a 16-token tile's products by query columns, so both warps decode the whole tile;
       one warp decodes it once, and the cap fits more programs per SM; the persistent grid has
       no last wave running alone. 16-bit queries decode by byte permutes (no table loads)
-      where they apply, by warp shuffles at nbits = 4 (run 116), split_query by the pair table; with an fp16 centroid-score table (half_table) each
-      document's rows are also prefetched into L2.
+      where they apply, by warp shuffles at nbits = 4, split_query by the pair
+      table; with an fp16 centroid-score table (half_table) each document's rows are also
+      prefetched into L2.
     * Fewer documents (the search path's stage 4 scores at most a few thousand): 2-warp
       programs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query.
