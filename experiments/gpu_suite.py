@@ -199,6 +199,16 @@ def residual_caps(work: Path, opts) -> list[Step]:
                                          "--out", str(work / "residual-caps")), 420)]
 
 
+def variants(work: Path, opts) -> list[Step]:
+    """The dense default beside its row-offset variants and the peers in alternated rounds, then
+    residual codes at C = 2^16 and 2^18, nbits 1, 2 and 4, beside dense on the decoded documents
+    (about 3 minutes)."""
+    return [Step("dense-variants", module("experiments.bench_dense_variants",
+                                          "--out", str(work / "dense-variants")), 240),
+            Step("residual-scale", module("experiments.bench_residual_scale",
+                                          "--out", str(work / "residual-scale")), 240)]
+
+
 def parallel_workers() -> tuple[str, ...]:
     """pytest-xdist's workers where it is installed (it ships as a wheel in .whl)."""
     import importlib.util
@@ -223,13 +233,13 @@ def residual_decoders(work: Path, opts) -> list[Step]:
 
 
 def grid(work: Path, opts) -> list[Step]:
-    """The dense sweeps over the cells below target in the last full grid (the fifth set), one
+    """The dense sweeps over the cells below target in the last full grid (the sixth set), one
     query of 33-64 tokens and several queries, then the full shape grid with the peers
     (flash-maxsim and late-interaction-kernels as wheels; about 10 minutes, two device calls'
     worth: run the steps with --only)."""
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
-                   150) for cells in ("fifth", "wide", "multi")),
+                   150) for cells in ("sixth", "wide", "multi")),
             Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 
@@ -341,6 +351,8 @@ SUITES = {
                                "the residual op's default launch with the shuffle, pair and "
                                "permute decoders, nbits 1 / 2 / 4, beside dense on the decoded "
                                "documents", residual_decoders),
+    "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
+                      "residual codes at C = 2^16 and 2^18", variants),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
                   "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "

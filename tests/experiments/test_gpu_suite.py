@@ -79,6 +79,10 @@ EXPECTED = {
         "profile-search": ["-m", "experiments.profile_search", "--index", "/tmp/engines/engines-8841823/colbert",
                            "--out", "W/profile-search"],
     },
+    "variants": {
+        "dense-variants": ["-m", "experiments.bench_dense_variants", "--out", "W/dense-variants"],
+        "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
+    },
     "residual-caps": {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
                           "0", "104", "112", "128", "--out", "W/residual-caps"],
@@ -93,8 +97,8 @@ EXPECTED = {
                               "W/residual-decoders"],
     },
     "grid": {
-        "sweep-fifth": ["-m", "experiments.sweep_configs", "--cells", "fifth", "--budget", "120",
-                        "--out", "W/sweep-fifth"],
+        "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",
+                        "--out", "W/sweep-sixth"],
         "sweep-wide": ["-m", "experiments.sweep_configs", "--cells", "wide", "--budget", "120",
                        "--out", "W/sweep-wide"],
         "sweep-multi": ["-m", "experiments.sweep_configs", "--cells", "multi", "--budget", "120",
