@@ -250,8 +250,7 @@ def _row_offsets_fit_int32(rows: int, columns: int, stride_dt: int, stride_dd: i
 def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, stride_dd: int) -> bool:
     """The kernel's TOKENS_I32: 32-bit row offsets where d is one chunk and every offset fits.
     Over several d chunks the 64-bit ones were faster (d = 192-768, run 117)."""
-    return num_d_tiles == 1 and _row_offsets_fit_int32(rows, num_d_tiles * block_d, stride_dt,
-                                                       stride_dd)
+    return num_d_tiles == 1 and _row_offsets_fit_int32(rows, block_d, stride_dt, stride_dd)
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
