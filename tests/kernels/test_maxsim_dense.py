@@ -510,3 +510,65 @@ def test_every_argument_as_a_strided_view(config, validate, device):
     assert torch.equal(got, want)
     assert_close(got, reference.maxsim_padded(Q, D_padded, doc_lengths, query_lengths),
                  "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("Lq,d", [(33, 64), (48, 144), (64, 128)])
+def test_one_query_past_32_tokens_as_two_parts_is_exact(Lq, d, device, monkeypatch):
+    """One query of 33-64 tokens over many packed documents is scored as two 32-row parts in
+    one launch: with and without query lengths (ending in either part, or 0), as a 2-D query and
+    as a strided view, against the float64 reference."""
+    monkeypatch.setattr(dense, "MANY_DOCS", 4)
+    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
+    assert dense.default_query_parts(1, Lq, max(lengths), d, True, len(lengths), 2) == 2
+    Q = _rand(1, Lq, d, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    ref = reference.maxsim_packed(Q, D, offsets)
+    assert_close(maxsim_packed(Q, D, offsets), ref, "maxsim_dense", torch.float16)
+    assert_close(maxsim_packed(Q[0], D, offsets), ref[0], "maxsim_dense", torch.float16)
+    assert_close(maxsim_packed(_strided(Q), D, offsets), ref, "maxsim_dense", torch.float16)
+    pids = torch.tensor([5, 1, 1, 7, 0], device=device)
+    assert_close(maxsim_packed(Q, D, offsets, pids), reference.maxsim_packed(Q, D, offsets, pids),
+                 "maxsim_dense", torch.float16)
+    for q_len in (Lq, 32, 20, 0):
+        q_lengths = torch.tensor([q_len], device=device)
+        out = maxsim_packed(Q, D, offsets, query_lengths=q_lengths)
+        assert_close(out, reference.maxsim_packed(Q, D, offsets, query_lengths=q_lengths),
+                     "maxsim_dense", torch.float16)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_query_parts_carry_a_poisoned_token_of_either_part(value, device, monkeypatch):
+    """A NaN (or inf) in a token of either part reaches every non-empty document's score as in
+    the reference; the empty document scores -inf."""
+    monkeypatch.setattr(dense, "MANY_DOCS", 4)
+    lengths = [3, 0, 50, 1, 17]
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    for token in (5, 40):
+        Q = _rand(1, 48, 64, dtype=torch.float16, device=device)
+        Q[0, token, 3] = value
+        out = maxsim_packed(Q, D, offsets, validate=False).double().cpu()
+        ref = reference.maxsim_packed(Q, D, offsets).double().cpu()
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), (token, out, ref)
+        keep = ~torch.isnan(ref)
+        torch.testing.assert_close(out[keep], ref[keep], rtol=1e-4, atol=1e-4)
+
+
+def test_prefetch_next_scores_as_without(device):
+    """prefetch_next only asks L2 for rows (a hint the interpreter skips): the same scores, with
+    pids too; the padded layout and the paths without a per-document tile loop refuse it."""
+    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
+    Q = _rand(1, 32, 128, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
+    base = MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4, hold_query=True)
+    pf = dataclasses.replace(base, prefetch_next=True)
+    pids = torch.tensor([7, 2, 2, 0, 5], device=device)
+    for p in (None, pids):
+        assert torch.equal(maxsim_packed(Q, D, offsets, p, config=pf),
+                           maxsim_packed(Q, D, offsets, p, config=base))
+    assert_close(maxsim_packed(Q, D, offsets, config=pf), reference.maxsim_packed(Q, D, offsets),
+                 "maxsim_dense", torch.float16)
+    with pytest.raises(ValueError, match="config.prefetch_next needs the packed layout"):
+        maxsim_padded(Q, _rand(2, 8, 128, dtype=torch.float16, device=device), config=pf)
+    with pytest.raises(ValueError, match="config.prefetch_next needs the packed layout"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(block_t=4, docs_per_program=4,
+                                                         slots=True, prefetch_next=True))
