@@ -209,18 +209,6 @@ def variants(work: Path, opts) -> list[Step]:
                                           "--out", str(work / "residual-scale")), 240)]
 
 
-def dense_parts(work: Path, opts) -> list[Step]:
-    """GPU tests of the dense kernel and op (the query parts and the next-document prefetch among
-    them), then the dense default beside ``one block`` and ``prefetch next`` and the peers, in
-    alternated rounds, where the grid is furthest below the read roof (about 5 minutes)."""
-    from experiments.bench_dense_variants import PARTS_CELLS
-
-    tests = ("tests/kernels/test_maxsim_dense.py", "tests/ops/test_dense.py")
-    return [Step("dense-tests", (*PYTEST, *parallel_workers(), *tests), 150),
-            Step("dense-parts", module("experiments.bench_dense_variants", "--cells", *PARTS_CELLS,
-                                       "--out", str(work / "dense-parts")), 330)]
-
-
 def parallel_workers() -> tuple[str, ...]:
     """pytest-xdist's workers where it is installed (it ships as a wheel in .whl)."""
     import importlib.util
@@ -365,10 +353,6 @@ SUITES = {
                                "documents", residual_decoders),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
-    "dense-parts": Suite("GPU tests of the dense kernel and op; the dense default beside one "
-                         "64-row block and the next-document prefetch, with the peers, "
-                         "alternated, where the grid is furthest below the read roof",
-                         dense_parts),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
                   "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "

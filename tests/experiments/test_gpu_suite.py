@@ -83,13 +83,6 @@ EXPECTED = {
         "dense-variants": ["-m", "experiments.bench_dense_variants", "--out", "W/dense-variants"],
         "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
     },
-    "dense-parts": {
-        "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
-                        "tests/ops/test_dense.py"],
-        "dense-parts": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "Lq64",
-                        "Lq33", "Lq48-d96", "Lq33-d144", "Lq64-d64", "Lq64-d192", "lognormal-30",
-                        "d64-lognormal-30", "d256-lognormal-30", "--out", "W/dense-parts"],
-    },
     "residual-caps": {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
                           "0", "104", "112", "128", "--out", "W/residual-caps"],

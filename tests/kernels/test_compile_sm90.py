@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import compiled_mode_json
 
 _COMPILE = textwrap.dedent("""
-    import dataclasses, json, sys
+    import json, sys
     import torch
     from experiments import sass_budget as sb
     from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
@@ -50,15 +50,6 @@ _COMPILE = textwrap.dedent("""
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
         Q, padded, config=held, validate=False), ())
-    # The next document's rows asked of L2 (inline PTX), and one query of 64 tokens as two
-    # 32-row parts (the default over many packed documents).
-    pf = dataclasses.replace(default_config(1, 32, max_len, 128, True, len(lengths)),
-                             prefetch_next=True)
-    calls["dense prefetch next"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
-        Q, D, offsets, max_doc_len=max_len, config=pf, validate=False), ())
-    Q64 = torch.randn(64, 128, generator=g).half()
-    calls["dense Lq=64 parts"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
-        Q64, D, offsets, max_doc_len=max_len, validate=False), ())
     codes, books = torch.zeros(T, 16, dtype=torch.uint8), torch.randn(16, 256, 8, generator=g)
     calls["pq decode"] = (_maxsim_pq_kernel, lambda: maxsim_pq(Q, codes, offsets, books,
                                                                validate=False), ())
@@ -99,10 +90,7 @@ _COMPILE = textwrap.dedent("""
                      "ptx_loads": launch.constexprs.get("PTX_LOADS"),
                      "decode_group": launch.constexprs.get("DECODE_GROUP"),
                      "centroid_table": launch.constexprs.get("CENTROID_TABLE"),
-                     "running_max": launch.constexprs.get("RUNNING_MAX"),
-                     "prefetch_next": launch.constexprs.get("PREFETCH_NEXT"),
-                     "queries": launch.args[8] if kernel is _maxsim_dense_kernel else None,
-                     "lq": launch.constexprs.get("LQ")}
+                     "running_max": launch.constexprs.get("RUNNING_MAX")}
     json.dump(out, open(sys.argv[1], "w"))
 """)
 
@@ -118,21 +106,12 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 4 + 6 + 2 * 10
+    assert len(compiled) == 4 + 4 + 2 * 10
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
     # The short padded documents' default is the held query over a running max.
     assert compiled["dense padded 64 held"]["running_max"] is True
-
-
-def test_the_prefetch_and_the_query_parts_are_the_ones_compiled(compiled):
-    """prefetch_next emits L2 prefetches (CCTL); a 64-token query is launched as two 32-row
-    queries."""
-    assert compiled["dense prefetch next"]["prefetch_next"] is True
-    assert any(op.startswith("CCTL") for op in compiled["dense prefetch next"]["opcodes"])
-    assert not any(op.startswith("CCTL") for op in compiled["dense d=128"]["opcodes"])
-    assert (compiled["dense Lq=64 parts"]["queries"], compiled["dense Lq=64 parts"]["lq"]) == (2, 32)
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):

@@ -279,19 +279,3 @@ def test_default_query_chunks_split_past_a_power_of_two_for_several_queries():
     # of more than half the power of two, past one launch's tokens.
     for B, Lq in [(3, 33), (1, 40), (4, 32), (4, 64), (4, 17), (4, 49), (4, 97), (4, 200)]:
         assert default_query_chunks(B, Lq) is None
-
-
-def test_default_query_parts_split_one_query_past_32_tokens_where_32_are_held_in_one_warp():
-    from tilemaxsim_plaid.ops.dense import default_query_parts
-
-    many = MANY_DOCS
-    for Lq in (33, 48, 64):
-        for d in (64, 96, 128, 144, 192, 256):
-            assert default_query_parts(1, Lq, None, d, True, many, 2) == 2, (Lq, d)
-    # One block: up to 32 tokens, past 64, several queries, padded documents, few documents,
-    # fp32, and a d whose 32-token query is not held in one warp (d = 384).
-    for args in [(1, 32, None, 128, True, many, 2), (1, 65, None, 128, True, many, 2),
-                 (2, 64, None, 128, True, many, 2), (1, 64, 128, 128, False, many, 2),
-                 (1, 64, None, 128, True, many - 1, 2), (1, 64, None, 128, True, many, 4),
-                 (1, 64, None, 384, True, many, 2)]:
-        assert default_query_parts(*args) == 1, args

@@ -25,8 +25,7 @@ scores -inf, and a query of length 0 scores 0.
 import triton
 import triton.language as tl
 
-from tilemaxsim_plaid.kernels.common import (max_nan, maximum_nan, packed_doc_bounds,
-                                             prefetch_rows_l2, tile_dot)
+from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan, packed_doc_bounds, tile_dot
 
 
 @triton.jit
@@ -127,7 +126,7 @@ def _maxsim_dense_kernel(
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
-    PREFETCH_NEXT: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -140,8 +139,7 @@ def _maxsim_dense_kernel(
     RUNNING_MAX (tiled path): a document's whole tiles are loaded unmasked and kept in an
     elementwise running max over the tile, reduced over tokens once per document, instead of
     masking every tile and reducing it over tokens (a select, a reduction and cross-lane
-    shuffles per tile). PREFETCH_NEXT (packed, GPU only: inline PTX): each document asks L2 for
-    the next one's rows (up to 128 lines) before its own tiles."""
+    shuffles per tile)."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -169,11 +167,6 @@ def _maxsim_dense_kernel(
                                                       HAS_PIDS)
             doc_len = end - start
             p_doc = p_d + start * stride_dt
-            if PREFETCH_NEXT:
-                _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, out_idx + 1,
-                                                            num_out_docs, HAS_PIDS)
-                prefetch_rows_l2(p_d, next_start, next_end,
-                                 stride_dt * (p_d.dtype.element_ty.primitive_bitwidth // 8), 128)
         else:
             # Padded documents are scored in order; a slot past the end is an empty document
             # whose score is never stored (branch-free, as packed_doc_bounds).

@@ -10,10 +10,10 @@ import triton
 from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, dot_precision, interpreter_upcast,
-                                         interpreting, launch_in_query_chunks)
+                                         launch_in_query_chunks)
 
-__all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "default_query_parts",
-           "maxsim_padded", "maxsim_packed"]
+__all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
+           "maxsim_packed"]
 
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
@@ -49,9 +49,6 @@ class MaxSimConfig:
             into an elementwise running max, reduced over tokens once per document, and only
             its last partial tile is masked (otherwise every tile is masked and reduced);
             pays in one-warp programs over documents of whole tiles.
-        prefetch_next: tiled per-document path, packed layout: each document asks L2 for the
-            next document's rows before its own tiles (an inline-PTX hint: ignored in the CPU
-            interpreter).
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
@@ -71,7 +68,6 @@ class MaxSimConfig:
     hold_query: bool = False
     block_d: int | None = None
     running_max: bool = False
-    prefetch_next: bool = False
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
@@ -244,42 +240,6 @@ def default_query_chunks(num_queries: int, Lq: int) -> list[int] | None:
     return [head, Lq - head]
 
 
-# One query of 33-64 tokens over many documents whose 32-token query is held in one warp: the
-# query as two parts of QUERY_PART_ROWS rows, each a program of the 32-token launch, side by side
-# over the same documents (the second read of a document comes from L2), their scores summed.
-QUERY_PART_ROWS = 32
-_part_starts_cache: dict = {}
-
-
-def default_query_parts(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
-                        variable_lengths: bool, num_docs: int, element_size: int) -> int:
-    """Parts of QUERY_PART_ROWS tokens the default scores one query in, in one launch (1: the
-    query is one block). Two, where one query of 33-64 tokens over packed documents would be a
-    64-row block of four warps and a 32-token query is held in one warp (default_config)."""
-    if num_queries != 1 or not variable_lengths or not QUERY_PART_ROWS < Lq <= 2 * QUERY_PART_ROWS:
-        return 1
-    part = default_config(1, QUERY_PART_ROWS, max_doc_len, dim, variable_lengths, num_docs,
-                          element_size)
-    return 2 if part.hold_query and part.num_warps == 1 else 1
-
-
-def _part_lengths(query_lengths, Lq: int, parts: int, device) -> torch.Tensor:
-    """int32 [parts] tokens of each part of one query: ``query_lengths`` (or Lq) less the part's
-    first token, clamped to [0, QUERY_PART_ROWS]. Computed on the device, no host sync; the
-    part starts (and the lengths without query_lengths) are cached per device."""
-    key = (device, parts)
-    if key not in _part_starts_cache:
-        _part_starts_cache[key] = torch.arange(parts, dtype=torch.int32,
-                                               device=device) * QUERY_PART_ROWS
-    starts = _part_starts_cache[key]
-    if query_lengths is None:
-        key = (device, parts, Lq)
-        if key not in _part_starts_cache:
-            _part_starts_cache[key] = (Lq - starts).clamp(0, QUERY_PART_ROWS)
-        return _part_starts_cache[key]
-    return (query_lengths.view(1).to(torch.int32) - starts).clamp(0, QUERY_PART_ROWS)
-
-
 def _row_offsets_fit_int32(rows: int, columns: int, stride_dt: int, stride_dd: int) -> bool:
     """Whether every element offset a tile computes within one document (``rows``: the longest
     document, or every row of D when that is not known, plus a whole tile of masked rows) fits
@@ -309,17 +269,9 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
 def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
                    padded_doc_len, max_doc_len, config):
     B, Lq, dim = Q3.shape
-    stride_qb, stride_qt, stride_qd = Q3.stride()
-    parts = 1 if config is not None else default_query_parts(
-        B, Lq, max_doc_len, dim, packed, num_out_docs, Q3.element_size())
-    if parts > 1:
-        # The parts are the launch's queries: query b is rows b * QUERY_PART_ROWS.. of Q3[0].
-        query_lengths = _part_lengths(query_lengths, Lq, parts, Q3.device)
-        B, Lq, stride_qb = parts, QUERY_PART_ROWS, QUERY_PART_ROWS * stride_qt
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_config(1 if parts > 1 else B, Lq, max_doc_len, dim,
-                                   variable_lengths=packed, num_docs=num_out_docs,
-                                   element_size=Q3.element_size())
+    cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed,
+                                   num_docs=num_out_docs, element_size=Q3.element_size())
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
     num_d_tiles = triton.cdiv(dim, block_d)
@@ -340,10 +292,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     if cfg.running_max and (cfg.single_tile or cfg.slots):
         raise ValueError("config.running_max needs the tiled per-document path (no single_tile "
                          f"or slots); got single_tile={cfg.single_tile}, slots={cfg.slots}")
-    if cfg.prefetch_next and (cfg.single_tile or cfg.slots or not packed):
-        raise ValueError("config.prefetch_next needs the packed layout's tiled per-document path "
-                         f"(no single_tile or slots); got single_tile={cfg.single_tile}, "
-                         f"slots={cfg.slots}, packed={packed}")
     if cfg.single_tile and (max_doc_len is None or max_doc_len > cfg.block_t or num_d_tiles != 1):
         raise ValueError(
             f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
@@ -367,7 +315,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             Q3, D, offsets, pids if pids is not None else dummy,
             query_lengths if query_lengths is not None else dummy, out,
             num_out_docs, B, Lq, dim,
-            stride_qb, stride_qt, stride_qd,
+            Q3.stride(0), Q3.stride(1), Q3.stride(2),
             D.stride(0), D.stride(1),
             out.stride(0), out.stride(1),
             num_qgroups,
@@ -393,7 +341,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         query_lengths if query_lengths is not None else dummy,
         out,
         num_out_docs, B, Lq, dim, padded_doc_len,
-        stride_qb, stride_qt, stride_qd,
+        Q3.stride(0), Q3.stride(1), Q3.stride(2),
         stride_dn, stride_dt, stride_dd,
         out.stride(0), out.stride(1),
         num_qgroups,
@@ -411,10 +359,9 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         EVEN_D=dim % block_d == 0,
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
-        PREFETCH_NEXT=cfg.prefetch_next and not interpreting(),
         **common,
     )
-    return out.sum(0, keepdim=True) if parts > 1 else out
+    return out
 
 
 def maxsim_padded(
