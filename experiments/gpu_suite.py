@@ -209,6 +209,17 @@ def variants(work: Path, opts) -> list[Step]:
                                           "--out", str(work / "residual-scale")), 240)]
 
 
+def validate(work: Path, opts) -> list[Step]:
+    """The GPU tests of the host checks and the ops, then validate=True against validate=False
+    for every op at 100k documents, with a new pid list each call and with inference tensors
+    (about 5 minutes)."""
+    tests = ("tests/ops/test_validation.py", "tests/ops/test_dense.py", "tests/ops/test_residual.py",
+             "tests/ops/test_pq.py")
+    return [Step("validate-tests", (*PYTEST, *parallel_workers(), *tests), 150),
+            Step("bench-validate", module("experiments.bench_validate",
+                                          "--out", str(work / "validate")), 300)]
+
+
 def parallel_workers() -> tuple[str, ...]:
     """pytest-xdist's workers where it is installed (it ships as a wheel in .whl)."""
     import importlib.util
@@ -353,6 +364,8 @@ SUITES = {
                                "documents", residual_decoders),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
+    "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "
+                      "every op at 100k documents, alternated", validate),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
                   "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "

@@ -83,6 +83,11 @@ EXPECTED = {
         "dense-variants": ["-m", "experiments.bench_dense_variants", "--out", "W/dense-variants"],
         "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
     },
+    "validate": {
+        "validate-tests": [*PYTEST, *XDIST, "tests/ops/test_validation.py", "tests/ops/test_dense.py",
+                           "tests/ops/test_residual.py", "tests/ops/test_pq.py"],
+        "bench-validate": ["-m", "experiments.bench_validate", "--out", "W/validate"],
+    },
     "residual-caps": {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
                           "0", "104", "112", "128", "--out", "W/residual-caps"],

@@ -295,3 +295,87 @@ def test_nan_in_the_query_reaches_its_scores(device, op):
     out = call(dict(t, pids=None, query_lengths=None, doc_lengths=None))
     assert not torch.isnan(out[1]).any()
     assert torch.isnan(out[0]).all()
+
+
+# A new pid list or query_lengths each call, everything else remembered: judged after the launch
+# (which takes them clamped into range), so the GPU does not idle through it.
+PER_CALL = [pytest.param(op, name, bad, id=f"{op}-{name}-{i}")
+            for i, (ops, name, bad) in enumerate(BAD) if name in ("pids", "query_lengths")
+            for op in ops]
+
+
+@pytest.fixture
+def launch_log(monkeypatch):
+    """Stubbed launches that log ("launch", the pids and query_lengths they were given); host
+    reads log ("read",)."""
+    log = []
+    real = checks.host_read
+
+    def read(t):
+        log.append(("read",))
+        return real(t)
+
+    def launched(Q3, num_out, pids, query_lengths):
+        log.append(("launch", pids, query_lengths))
+        return torch.zeros(Q3.shape[0], num_out, device=Q3.device)
+
+    monkeypatch.setattr(checks, "host_read", read)
+    monkeypatch.setattr(dense, "_launch", lambda Q3, D, **kw: launched(
+        Q3, kw["num_out_docs"], kw["pids"], kw["query_lengths"]))
+    monkeypatch.setattr(residual, "_launch", lambda Q3, *a: launched(Q3, a[9], a[6], a[8]))
+    monkeypatch.setattr(pq, "_launch", lambda Q3, *a: launched(Q3, a[8], a[3], a[7]))
+    return log
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_new_per_call_tensors_are_read_after_the_launch(device, launch_log, op):
+    call, t = make(op, device)
+    call(t)
+    assert [e[0] for e in launch_log] == ["read", "launch"]  # new index: read before the launch
+    launch_log.clear()
+    call(dict(t, pids=t.get("pids", torch.zeros(0)).clone(),
+              query_lengths=t["query_lengths"].clone()))
+    assert [e[0] for e in launch_log] == ["launch", "read"]
+    launch_log.clear()
+    call(t)
+    assert [e[0] for e in launch_log] == ["launch"]
+
+
+@pytest.mark.parametrize("op,name,bad", PER_CALL)
+def test_bad_per_call_tensors_raise_after_a_clamped_launch(device, launch_log, op, name, bad):
+    call, t = make(op, device)
+    call(t)
+    launch_log.clear()
+    with pytest.raises(ValueError, match=name):
+        call(dict(t, **{name: bad(t)}))
+    assert [e[0] for e in launch_log] == ["launch", "read"]
+    given = launch_log[0][1 if name == "pids" else 2]
+    hi = len(LENGTHS) - 1 if name == "pids" else LQ
+    assert 0 <= int(given.min()) and int(given.max()) <= hi  # the kernel never saw the bad value
+    call(t)  # the bad tensor was not remembered; the good ones still are
+
+
+def test_per_call_read_joins_a_read_before_the_launch(device, launch_log):
+    """When something must be read before the launch anyway (a new offsets tensor), the new pids
+    are read with it: one read per call, before the launch, and the launch gets pids as given."""
+    call, t = make("packed", device)
+    call(t)
+    launch_log.clear()
+    pids = t["pids"].clone()
+    call(dict(t, offsets=t["offsets"].clone(), pids=pids))
+    assert [e[0] for e in launch_log] == ["read", "launch"]
+    assert launch_log[1][1] is pids
+
+
+@pytest.mark.parametrize("op", ("packed", "residual", "pq"))
+def test_deferred_checks_score_as_validate_false(device, op):
+    """The real kernels: a new pid list checked after the launch scores exactly as a remembered
+    one, and a bad one raises without reading out of range."""
+    call, t = make(op, device)
+    pids = torch.tensor([2, 3, 0, 1, 3], device=device)
+    call(dict(t, pids=pids))  # the index and pids are remembered
+    want = call(dict(t, pids=pids))
+    assert torch.equal(call(dict(t, pids=pids.clone())), want)
+    with pytest.raises(ValueError, match="pids"):
+        call(dict(t, pids=torch.tensor([2, 3, 1 << 40, 1], device=device)))
+    assert torch.equal(call(dict(t, pids=pids.clone())), want)

@@ -8,6 +8,11 @@ Checks of values (offsets non-decreasing, ids and lengths in range) read device 
 a host sync. :class:`DataChecks` gathers all of one call's into one small device tensor read back
 once, and remembers each tensor's result by identity and version (see :func:`_signature`), so a
 tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again.
+The checks a launch does not depend on (a new pid list or query_lengths each call) are read after
+the launch instead of before it: the kernel takes the argument clamped into range on the device,
+so a bad value cannot reach memory it must not, and the call still raises naming the argument;
+the host then waits only for those few check kernels, while the scoring kernel is already queued
+behind them, so the GPU does not idle through the launch.
 
 NaN policy (docs/kernels.md, NaN and inf): a NaN in an input reaches exactly the scores it
 touches, as NaN, as in torch (every max in the kernels propagates NaN). With ``validate=True``
@@ -131,26 +136,60 @@ _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_st
           "finite_rows": _first_nonfinite_row_stats}
 
 
+class _Pending:
+    """Stats on their way to the host: a copy into pinned memory queued behind the kernels that
+    computed them, and an event recorded after it (on the CPU, the values themselves)."""
+
+    def __init__(self, stats: torch.Tensor):
+        if stats.is_cuda:
+            self.values = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self.values.copy_(stats, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.values, self.event = stats, None
+
+    def read(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()  # the check kernels only, not the launch queued after them
+        return host_read(self.values)
+
+
 class DataChecks:
     """The value checks of one call: :meth:`add` them, then :meth:`run` reads every one not
     remembered from an earlier call in one host sync (none when all are remembered), raises a
-    ``ValueError`` naming the argument for the first that fails, and returns each check's stats."""
+    ``ValueError`` naming the argument for the first that fails, and returns each check's stats.
+
+    A check added with ``clamp=(lo, hi)`` is deferred when its tensor is new and nothing else
+    must be read before the launch: :meth:`run` queues its stats, :meth:`safe` gives the tensor
+    clamped into [lo, hi] for the launch, and :meth:`finish`, called after the launch, reads
+    and judges them (still one host sync per call, now behind the check kernels instead of
+    before the launch)."""
 
     def __init__(self):
         self._items = []
+        self._deferred = []  # (name, t, kind, sig, stats) read by finish()
+        self._pending = None
+        self._safe = {}
 
-    def add(self, name: str, t, kind: str, judge) -> None:
+    def add(self, name: str, t, kind: str, judge, clamp: tuple[int, int] | None = None) -> None:
         """``judge(stats)`` raises for bad values; stats are those of ``_STATS[kind]`` (a list
-        of ints, empty for an empty range). None tensors are skipped."""
+        of ints, empty for an empty range). None tensors are skipped. ``clamp``: the launch
+        does not need the stats and is safe with ``t`` clamped into [lo, hi], so a new ``t``
+        is judged after it (see the class docstring)."""
         if t is not None:
-            self._items.append((name, t, kind, judge))
+            self._items.append((name, t, kind, judge, clamp))
 
     def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets") -> None:
         self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name))
 
-    def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None) -> None:
-        """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message)."""
-        self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what))
+    def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None,
+                 defer: bool = False) -> None:
+        """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message).
+        ``defer``: judged after the launch, which takes ``t`` clamped (:meth:`safe`); an empty
+        range [lo, hi) is judged before it."""
+        clamp = (lo, hi - 1) if defer and hi > lo else None
+        self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what), clamp)
 
     def finite(self, name: str, t) -> None:
         """No NaN or inf anywhere in ``t`` (the NaN policy: module docstring)."""
@@ -172,8 +211,9 @@ class DataChecks:
         self.add(name, t, "finite_rows", judge)
 
     def run(self) -> dict[str, list[int]]:
+        """Judge every check but the deferred new ones; return the stats found so far."""
         found, missing = {}, []
-        for name, t, kind, judge in self._items:
+        for name, t, kind, judge, clamp in self._items:
             key = (kind, id(t))
             entry = _cache.get(key)
             sig = _signature(t)
@@ -185,27 +225,62 @@ class DataChecks:
                 found[name] = [] if kind == "range" else [1]
             elif t.numel() == 0:
                 found[name] = [t.shape[0]]
+            elif clamp is not None:
+                self._deferred.append((name, t, kind, sig, _STATS[kind](t)))
             else:
-                missing.append((name, t, kind, sig))
-        if missing:
-            parts = [_STATS[kind](t) for _, t, kind, _ in missing]
-            values = host_read(torch.cat([p.reshape(-1).to(torch.int64) for p in parts]))
-            at = 0
-            for (name, t, kind, sig), part in zip(missing, parts):
-                found[name] = values[at:at + part.numel()]
-                at += part.numel()
-        # Judge in the order added, so the first bad argument is the one named; remember only
-        # what passed. A judge may read an earlier check's stats from self.found.
+                missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
-        for name, t, kind, judge in self._items:
-            judge(found[name])
-        for name, t, kind, sig in missing:
+        if missing and self._deferred:  # a read before the launch anyway: one read for all
+            missing += self._deferred
+            self._deferred, self._safe = [], {}
+        if missing:
+            _spread(missing, host_read(_flat(missing)), found)
+        if self._deferred:
+            self._pending = _Pending(_flat(self._deferred))
+            clamps = {item[0]: item[4] for item in self._items}
+            self._safe = {name: t.clamp(*clamps[name]) for name, t, *_ in self._deferred}
+        deferred = {d[0] for d in self._deferred}
+        self._judge([item for item in self._items if item[0] not in deferred], missing)
+        return found
+
+    def safe(self, name: str, t):
+        """``t`` as the launch may take it: clamped into range while its check is pending."""
+        return self._safe.get(name, t)
+
+    def finish(self) -> None:
+        """Read and judge the deferred checks; call it after the launch (a no-op when none)."""
+        if self._pending is None:
+            return
+        deferred, pending = self._deferred, self._pending
+        self._deferred, self._pending, self._safe = [], None, {}
+        _spread(deferred, pending.read(), self.found)
+        names = {d[0] for d in deferred}
+        self._judge([item for item in self._items if item[0] in names], deferred)
+
+    def _judge(self, items, read) -> None:
+        """Judge ``items`` in the order added, so the first bad argument is the one named (a
+        judge may read an earlier check's stats from self.found); then remember what was
+        ``read`` (all of it passed)."""
+        for name, t, kind, judge, clamp in items:
+            judge(self.found[name])
+        for name, t, kind, sig, _ in read:
             if sig is not None:
-                _cache[(kind, id(t))] = (weakref.ref(t), sig, found[name])
+                _cache[(kind, id(t))] = (weakref.ref(t), sig, self.found[name])
                 _cache.move_to_end((kind, id(t)))
                 while len(_cache) > MAX_CACHED_TENSORS:
                     _cache.popitem(last=False)
-        return found
+
+
+def _flat(checks_read) -> torch.Tensor:
+    """The stats of (name, t, kind, sig, stats) checks as one int64 tensor."""
+    return torch.cat([c[4].reshape(-1).to(torch.int64) for c in checks_read])
+
+
+def _spread(checks_read, values: list[int], found: dict) -> None:
+    at = 0
+    for name, t, kind, sig, stats in checks_read:
+        found[name] = values[at:at + stats.numel()]
+        at += stats.numel()
 
 
 def _judge_offsets(stats, num_rows: int, name: str) -> None:
@@ -244,10 +319,12 @@ def query_lengths_shape(query_lengths, Q: torch.Tensor) -> None:
         )
 
 
-def add_query_lengths(batch: DataChecks, query_lengths, Q: torch.Tensor) -> None:
-    """query_lengths (shape checked here) in [0, Lq], to be read with ``batch``."""
+def add_query_lengths(batch: DataChecks, query_lengths, Q: torch.Tensor, defer: bool = False) -> None:
+    """query_lengths (shape checked here) in [0, Lq], to be read with ``batch`` (``defer``: see
+    :meth:`DataChecks.in_range`)."""
     query_lengths_shape(query_lengths, Q)
-    batch.in_range("query_lengths", query_lengths, 0, Q.shape[1] + 1, f"[0, Lq={Q.shape[1]}]")
+    batch.in_range("query_lengths", query_lengths, 0, Q.shape[1] + 1, f"[0, Lq={Q.shape[1]}]",
+                   defer=defer)
 
 
 def lengths_shape(name: str, lengths, count: int, device) -> None:

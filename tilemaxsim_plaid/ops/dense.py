@@ -402,20 +402,22 @@ def maxsim_padded(
     checks.query_lengths_shape(query_lengths, Q)
     checks.lengths_shape("doc_lengths", doc_lengths, D.shape[0], Q.device)
     max_doc_len = D.shape[1]
+    batch = checks.DataChecks()
     if validate:
-        batch = checks.DataChecks()
-        checks.add_query_lengths(batch, query_lengths, Q)
+        checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]")
         batch.finite("D", D)
         stats = batch.run()
         if doc_lengths is not None and stats["doc_lengths"]:
             max_doc_len = stats["doc_lengths"][1]
+        query_lengths = batch.safe("query_lengths", query_lengths)
     # The kernel reads Q and D through their strides; the 1-D tensors by element.
     doc_lengths, query_lengths = checks.unit_stride(doc_lengths), checks.unit_stride(query_lengths)
     Q3 = Q[None] if Q.dim() == 2 else Q
     out = _launch(Q3, D, packed=False, offsets=None, doc_lengths=doc_lengths, pids=None,
                   query_lengths=query_lengths, num_out_docs=D.shape[0], padded_doc_len=D.shape[1],
                   max_doc_len=max_doc_len, config=config)
+    batch.finish()
     return out[0] if Q.dim() == 2 else out
 
 
@@ -447,7 +449,9 @@ def maxsim_packed(
         validate: check values (offsets monotone and in range, pids and query_lengths in
             range; without pids, no NaN or inf in rows before offsets[-1] of D_packed; Q is
             not read) with one host sync per call, none when every checked tensor was checked
-            before unchanged (same object and version: an index's offsets are read once).
+            before unchanged (same object and version: an index's offsets are read once). A new
+            pids or query_lengths is judged after the launch, which reads it clamped into
+            range, so checking a new pid list each call does not leave the GPU idle.
 
     Returns:
         fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
@@ -462,16 +466,17 @@ def maxsim_packed(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
+    batch = checks.DataChecks()
     if validate:
-        batch = checks.DataChecks()
-        checks.add_query_lengths(batch, query_lengths, Q)
+        checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, D_packed.shape[0])
-        batch.in_range("pids", pids, 0, num_docs)
+        batch.in_range("pids", pids, 0, num_docs, defer=True)
         if pids is None:  # with pids, unscored documents' rows may hold anything
             batch.finite_rows("D_packed", D_packed)
         stats = batch.run()
         if max_doc_len is None and num_docs:
             max_doc_len = stats["offsets"][3]
+        pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
     # The kernel reads Q and D_packed through their strides; the 1-D tensors by element.
     offsets, pids = checks.unit_stride(offsets), checks.unit_stride(pids)
     query_lengths = checks.unit_stride(query_lengths)
@@ -480,4 +485,5 @@ def maxsim_packed(
     out = _launch(Q3, D_packed, packed=True, offsets=offsets, doc_lengths=None, pids=pids,
                   query_lengths=query_lengths, num_out_docs=num_out, padded_doc_len=0,
                   max_doc_len=max_doc_len, config=config)
+    batch.finish()
     return out[0] if Q.dim() == 2 else out

@@ -410,7 +410,8 @@ def maxsim_pq(
         validate: check values (offsets, pids, centroid_codes, query_lengths in range; no NaN
             or inf in the float inputs but Q, which is not read) with one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
-            version: an index's offsets and codes are read once).
+            version: an index's offsets and codes are read once). A new pids or query_lengths
+            is judged after the launch, which reads it clamped into range.
 
     Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
     4-byte pairs). The other tensors are made contiguous here when they are not (a copy per call
@@ -461,11 +462,11 @@ def maxsim_pq(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
+    batch = checks.DataChecks()
     if validate:
-        batch = checks.DataChecks()
-        checks.add_query_lengths(batch, query_lengths, Q)
+        checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, num_tokens)
-        batch.in_range("pids", pids, 0, num_docs)
+        batch.in_range("pids", pids, 0, num_docs, defer=True)
         if centroid_codes is not None:
             batch.in_range("centroid_codes", centroid_codes, 0, centroids.shape[0],
                            f"[0, C={centroids.shape[0]})")
@@ -473,6 +474,7 @@ def maxsim_pq(
                         ("inv_norms", inv_norms)):
             batch.finite(name, t)
         batch.run()
+        pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
     pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms, query_lengths = (
         None if x is None else x.contiguous()
         for x in (pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
@@ -491,4 +493,5 @@ def maxsim_pq(
             codebooks = codebooks.clone()  # word gathers read it as 4- or 8-byte words
     out = _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,
                   query_lengths, num_out, config)
+    batch.finish()
     return out[0] if Q.dim() == 2 else out

@@ -741,7 +741,8 @@ def maxsim_residual(
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             the float inputs but Q, which is not read) with one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
-            version: an index's offsets and codes are read once).
+            version: an index's offsets and codes are read once). A new pids or query_lengths
+            is judged after the launch, which reads it clamped into range.
 
     Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
     tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
@@ -758,17 +759,18 @@ def maxsim_residual(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
+    batch = checks.DataChecks()
     if validate:
-        batch = checks.DataChecks()
-        checks.add_query_lengths(batch, query_lengths, Q)
+        checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, codes.shape[0])
-        batch.in_range("pids", pids, 0, num_docs)
+        batch.in_range("pids", pids, 0, num_docs, defer=True)
         batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})")
         for name, t in (("centroids", centroids), ("bucket_weights", bucket_weights),
                         ("inv_norms", inv_norms), ("centroid_scores", centroid_scores)):
             if isinstance(t, torch.Tensor):  # centroid_scores is checked further down
                 batch.finite(name, t)
         batch.run()
+        pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
     # The kernel reads Q, centroids and residual rows through their strides (rows read whole
     # need stride 1 within a row); the 1-D tensors by element.
     offsets, pids, codes = checks.unit_stride(offsets), checks.unit_stride(pids), checks.unit_stride(codes)
@@ -797,4 +799,5 @@ def maxsim_residual(
     num_out = pids.numel() if pids is not None else num_docs
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config, centroid_scores, split_query)
+    batch.finish()
     return out[0] if Q.dim() == 2 else out

@@ -1,0 +1,243 @@
+"""What ``validate=True`` (the default) costs against ``validate=False``, for every public op.
+
+``python -m experiments.bench_validate [--num-docs 100000] [--rounds 5] [--out DIR]``
+
+One fp16 query of 32 tokens, d = 128, documents of MS MARCO-like lengths (bench.py's). For
+each op and input, the ways a user calls it, timed in alternated rounds (a round times every
+way once, so clock drift hits them alike; a row keeps the median over rounds):
+
+- ``validate=False``: a caller that vouches for its inputs (``maxsim_packed`` given max_doc_len);
+- ``validate=True``: the default call with the same tensors every call, so the index's checks
+  are remembered (``ops/checks.py``);
+- ``new pids``: the default call with another pid list each call, from a pool larger than the
+  check cache, as a reranker meets it (checked after the launch, which takes them clamped);
+- ``inference tensors`` (packed only): the index made under ``torch.inference_mode()``, whose
+  tensors have no version counter and so are checked on every call.
+
+Inputs: ``maxsim_packed`` over every document and over a permutation of them as pids;
+``maxsim_padded`` on the documents padded to 128 tokens with doc_lengths; ``maxsim_residual``
+(nbits 1, 2, 4, C = 2^16, the table path with inv_norms) and ``maxsim_pq`` (M = 16, random
+codes), each over every document and over pids; flash-maxsim's default packed call in the same
+rounds where it is installed. Before timing, every way's scores are checked equal to
+``validate=False``'s, and those against the float64 reference on the first documents. Rows go
+to ``OUT/validate.json`` and ``.csv``; the table printed last gives each way's ratio to
+``validate=False`` of the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from . import harness
+from .bench import max_relative_error, msmarco_like_lengths
+from .bench_compressed import _timer, make_index, queries
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
+from tilemaxsim_plaid.ops.pq import maxsim_pq
+from tilemaxsim_plaid.ops.residual import maxsim_residual
+
+__all__ = ["main"]
+
+SUITE = "validate"
+QUERY_LEN, DIM = 32, 128
+PADDED_LEN = 128  # bench.py's padded headline length
+PQ_M = 16
+CHECK_DOCS = 256  # documents checked against the float64 reference (at most)
+POOL = 80  # distinct pid lists cycled by ``new pids``: more than checks.MAX_CACHED_TENSORS
+TOLERANCE = 2e-3
+OPS = ("packed", "padded", "residual", "pq")
+
+
+def _pool(pids: torch.Tensor):
+    """A function giving another copy of ``pids`` each call (POOL of them, cycled)."""
+    copies = [pids.clone() for _ in range(POOL)]
+    state = {"at": 0}
+
+    def take():
+        state["at"] = (state["at"] + 1) % POOL
+        return copies[state["at"]]
+
+    return take
+
+
+def _subset(offsets: torch.Tensor, pids: torch.Tensor, *per_token: torch.Tensor):
+    """The documents ``pids`` as an index of their own, on the CPU: (offsets, *per_token rows),
+    so the float64 reference reads only the documents it checks."""
+    offsets, pids = offsets.cpu(), pids.cpu()
+    rows = torch.cat([torch.arange(int(offsets[p]), int(offsets[p + 1])) for p in pids.tolist()])
+    sub = torch.zeros(pids.numel() + 1, dtype=torch.int64)
+    sub[1:] = (offsets[pids + 1] - offsets[pids]).cumsum(0)
+    return (sub, *(t.cpu()[rows] for t in per_token))
+
+
+def packed_inputs(num_docs: int, device, generator) -> list[dict]:
+    lengths = msmarco_like_lengths(num_docs, generator)
+    offsets = torch.zeros(num_docs + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    D = torch.randn(int(offsets[-1]), DIM, generator=generator).half().to(device)
+    offsets = offsets.to(device)
+    max_len = int(lengths.max())
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    pids = torch.randperm(num_docs, generator=generator).to(device)
+    new_pids = _pool(pids)
+    with torch.inference_mode():
+        D_inf, offsets_inf = D.clone(), offsets.clone()
+    first = torch.arange(min(CHECK_DOCS, num_docs))
+    sub, rows = _subset(offsets, first, D)
+    ref_all = reference.maxsim_packed(Q.cpu(), rows, sub)
+    sub, rows = _subset(offsets, pids[:CHECK_DOCS], D)
+    ref_pids = reference.maxsim_packed(Q.cpu(), rows, sub)
+    ways_all = {
+        "validate=False": lambda: maxsim_packed(Q, D, offsets, max_doc_len=max_len, validate=False),
+        "validate=True": lambda: maxsim_packed(Q, D, offsets),
+        "inference tensors": lambda: maxsim_packed(Q, D_inf, offsets_inf),
+    }
+    try:
+        import flash_maxsim
+        cu = offsets.to(torch.int32)
+        ways_all["flash_maxsim"] = lambda: flash_maxsim.flash_maxsim_packed(Q, D, cu, max_seqlen_d=max_len)
+    except ImportError:
+        pass
+    ways_pids = {
+        "validate=False": lambda: maxsim_packed(Q, D, offsets, pids, max_doc_len=max_len, validate=False),
+        "validate=True": lambda: maxsim_packed(Q, D, offsets, pids),
+        "new pids": lambda: maxsim_packed(Q, D, offsets, new_pids()),
+    }
+    return [dict(op="maxsim_packed", input="all", ways=ways_all, ref=ref_all),
+            dict(op="maxsim_packed", input="pids", ways=ways_pids, ref=ref_pids)]
+
+
+def padded_inputs(num_docs: int, device, generator) -> list[dict]:
+    lengths = msmarco_like_lengths(num_docs, generator).clamp_max(PADDED_LEN).to(device)
+    D = torch.randn(num_docs, PADDED_LEN, DIM, generator=generator).half().to(device)
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    ref = reference.maxsim_padded(Q.cpu(), D[:CHECK_DOCS].cpu(), lengths[:CHECK_DOCS].cpu())
+    ways = {"validate=False": lambda: maxsim_padded(Q, D, lengths, validate=False),
+            "validate=True": lambda: maxsim_padded(Q, D, lengths)}
+    return [dict(op="maxsim_padded", input=f"Ld={PADDED_LEN}", ways=ways, ref=ref)]
+
+
+def residual_inputs(num_docs: int, num_centroids: int, nbits: int, device, generator) -> list[dict]:
+    index = make_index(num_docs, num_centroids, DIM, nbits, device)
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    call = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
+            index["bucket_weights"], nbits)
+    norms = index["inv_norms"]
+    pids = torch.randperm(num_docs, generator=generator).to(device)
+    new_pids = _pool(pids)
+    refs = []
+    for ids in (torch.arange(min(CHECK_DOCS, num_docs)), pids[:CHECK_DOCS]):
+        sub, codes, residuals = _subset(index["offsets"], ids, index["codes"], index["residuals"])
+        refs.append(reference.maxsim_residual(Q, codes, residuals, sub, index["centroids"],
+                                              index["bucket_weights"], nbits))
+    ref_all, ref_pids = refs
+    name = f"nbits={nbits} C={num_centroids}"
+    return [
+        dict(op="maxsim_residual", input=f"{name} all", ref=ref_all, ways={
+            "validate=False": lambda: maxsim_residual(*call, inv_norms=norms, validate=False),
+            "validate=True": lambda: maxsim_residual(*call, inv_norms=norms)}),
+        dict(op="maxsim_residual", input=f"{name} pids", ref=ref_pids, ways={
+            "validate=False": lambda: maxsim_residual(*call, pids, inv_norms=norms, validate=False),
+            "validate=True": lambda: maxsim_residual(*call, pids, inv_norms=norms),
+            "new pids": lambda: maxsim_residual(*call, new_pids(), inv_norms=norms)}),
+    ]
+
+
+def pq_inputs(num_docs: int, device, generator) -> list[dict]:
+    lengths = msmarco_like_lengths(num_docs, generator)
+    offsets = torch.zeros(num_docs + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    T = int(offsets[-1])
+    codes = torch.randint(0, 256, (T, PQ_M), generator=generator, dtype=torch.uint8).to(device)
+    books = (torch.randn(PQ_M, 256, DIM // PQ_M, generator=generator) * 0.1).half().to(device)
+    offsets = offsets.to(device)
+    Q = queries(1, QUERY_LEN, DIM, device)[0]
+    pids = torch.randperm(num_docs, generator=generator).to(device)
+    new_pids = _pool(pids)
+    refs = []
+    for ids in (torch.arange(min(CHECK_DOCS, num_docs)), pids[:CHECK_DOCS]):
+        sub, rows = _subset(offsets, ids, codes)
+        refs.append(reference.maxsim_pq(Q, rows, sub, books))
+    ref_all, ref_pids = refs
+    return [
+        dict(op="maxsim_pq", input=f"M={PQ_M} all", ref=ref_all, ways={
+            "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, validate=False),
+            "validate=True": lambda: maxsim_pq(Q, codes, offsets, books)}),
+        dict(op="maxsim_pq", input=f"M={PQ_M} pids", ref=ref_pids, ways={
+            "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, pids, validate=False),
+            "validate=True": lambda: maxsim_pq(Q, codes, offsets, books, pids),
+            "new pids": lambda: maxsim_pq(Q, codes, offsets, books, new_pids())}),
+    ]
+
+
+def check(entry: dict) -> None:
+    """Every way scores as validate=False (flash-maxsim to tolerance), and that as the float64
+    reference on the first CHECK_DOCS documents; raises otherwise."""
+    want = entry["ways"]["validate=False"]()
+    ref = entry["ref"].reshape(-1)
+    err = max_relative_error(want.reshape(-1)[: ref.numel()], ref)
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{entry['op']} {entry['input']}: max relative error {err:.2e}")
+    for way, fn in entry["ways"].items():
+        got = fn().reshape(-1).float()
+        same = (torch.equal(got, want.reshape(-1)) if way != "flash_maxsim"
+                else max_relative_error(got[: ref.numel()], ref) <= 2e-2)
+        if not same:
+            raise AssertionError(f"{entry['op']} {entry['input']} {way}: scores differ from validate=False")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_validate",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--num-docs", type=int, default=100_000)
+    parser.add_argument("--centroids", type=int, default=1 << 16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4),
+                        help="residual bit widths")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="results/validate")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    time_fn = _timer(device)
+    g = torch.Generator().manual_seed(0)
+    build = {"packed": lambda: packed_inputs(args.num_docs, device, g),
+             "padded": lambda: padded_inputs(args.num_docs, device, g),
+             "residual": lambda: [e for nbits in args.nbits for e in
+                                  residual_inputs(args.num_docs, args.centroids, nbits, device, g)],
+             "pq": lambda: pq_inputs(args.num_docs, device, g)}
+    entries = [e for op in OPS if op in args.ops for e in build[op]()]
+    for entry in entries:
+        check(entry)
+        print(f"checked {entry['op']} {entry['input']}: {', '.join(entry['ways'])}", flush=True)
+    times = {(i, way): [] for i, e in enumerate(entries) for way in e["ways"]}
+    for r in range(args.rounds):
+        for i, entry in enumerate(entries):
+            for way, fn in entry["ways"].items():
+                times[(i, way)].append(time_fn(fn)[0])
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    rows = []
+    for i, entry in enumerate(entries):
+        base = statistics.median(times[(i, "validate=False")])
+        for way in entry["ways"]:
+            ms = statistics.median(times[(i, way)])
+            rows.append({"suite": SUITE, "op": entry["op"], "input": entry["input"],
+                         "shape": f"1q Lq={QUERY_LEN} d={DIM} N={args.num_docs} {entry['input']}",
+                         "provider": way, "ms": ms, "round_ms": times[(i, way)],
+                         "ratio_to_validate_false": ms / base, "num_docs": args.num_docs})
+    path = harness.write_results(rows, args.out, SUITE,
+                                 meta={"argv": sys.argv if argv is None else argv, "rounds": args.rounds})
+    print(f"\n{'op':<16} {'input':<22} {'way':<18} {'ms':>9} {'/ False':>8}")
+    for row in rows:
+        print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<18} {row['ms']:>9.4f} "
+              f"{row['ratio_to_validate_false']:>8.3f}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

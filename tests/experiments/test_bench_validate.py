@@ -1,0 +1,40 @@
+"""bench_validate on the CPU interpreter: every way of calling an op is checked against
+validate=False and the float64 reference before it is timed, and each row carries its ratio
+to validate=False (the timings themselves need a GPU)."""
+
+import json
+
+import pytest
+import torch
+
+from experiments import bench_validate as bv
+from tilemaxsim_plaid.ops import checks
+
+
+def test_rows_for_every_way_with_ratios(tmp_path):
+    bv.main(["--ops", "packed", "--num-docs", "6", "--rounds", "1", "--device", "cpu",
+             "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
+    ways = {(r["input"], r["provider"]) for r in rows}
+    assert ways == {("all", "validate=False"), ("all", "validate=True"),
+                    ("all", "inference tensors"), ("pids", "validate=False"),
+                    ("pids", "validate=True"), ("pids", "new pids")}
+    for row in rows:
+        assert row["ms"] > 0 and len(row["round_ms"]) == 1
+        assert row["ratio_to_validate_false"] == pytest.approx(
+            row["ms"] / next(r["ms"] for r in rows
+                             if r["input"] == row["input"] and r["provider"] == "validate=False"))
+
+
+def test_a_way_that_scores_differently_is_refused():
+    entry = bv.packed_inputs(5, torch.device("cpu"), torch.Generator().manual_seed(0))[1]
+    good = entry["ways"]["new pids"]
+    entry["ways"]["new pids"] = lambda: good() + 1e-3
+    with pytest.raises(AssertionError, match="new pids"):
+        bv.check(entry)
+
+
+def test_new_pids_are_new_tensors_each_call():
+    take = bv._pool(torch.arange(4))
+    seen = {id(take()) for _ in range(bv.POOL)}
+    assert len(seen) == bv.POOL > checks.MAX_CACHED_TENSORS
