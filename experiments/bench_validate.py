@@ -9,19 +9,22 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
 - ``validate=False``: a caller that vouches for its inputs (``maxsim_packed`` given max_doc_len);
 - ``validate=True``: the default call with the same tensors every call, so the index's checks
   are remembered (``ops/checks.py``);
-- ``new pids``: the default call with another pid list each call, from a pool larger than the
-  check cache, as a reranker meets it (checked after the launch, which takes them clamped);
+- ``new pids validate=True`` / ``new pids validate=False``: another pid list each call, from a
+  pool larger than the check cache, as a reranker meets it (with validation: checked after the
+  launch, which takes them clamped); the second is the first's baseline;
 - ``inference tensors`` (packed only): the index made under ``torch.inference_mode()``, whose
-  tensors have no version counter and so are checked on every call.
+  tensors have no version counter: their range checks run on every call.
 
 Inputs: ``maxsim_packed`` over every document and over a permutation of them as pids;
 ``maxsim_padded`` on the documents padded to 128 tokens with doc_lengths; ``maxsim_residual``
 (nbits 1, 2, 4, C = 2^16, the table path with inv_norms) and ``maxsim_pq`` (M = 16, random
 codes), each over every document and over pids; flash-maxsim's default packed call in the same
-rounds where it is installed. Before timing, every way's scores are checked equal to
+rounds where it is installed. Each way is timed twice a round: ``ms`` by ``triton.testing.do_bench``
+(L2 flushed between calls) and ``loop_ms``, LOOP_CALLS calls back to back over one
+synchronisation, divided (what a loop of calls sees, the host's work included). Before timing, every way's scores are checked equal to
 ``validate=False``'s, and those against the float64 reference on the first documents. Rows go
-to ``OUT/validate.json`` and ``.csv``; the table printed last gives each way's ratio to
-``validate=False`` of the same input.
+to ``OUT/validate.json`` and ``.csv``; the table printed last gives each way's ratio to its
+baseline (:func:`baseline`) on the same input.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 
@@ -49,6 +53,7 @@ PQ_M = 16
 CHECK_DOCS = 256  # documents checked against the float64 reference (at most)
 POOL = 80  # distinct pid lists cycled by ``new pids``: more than checks.MAX_CACHED_TENSORS
 TOLERANCE = 2e-3
+LOOP_CALLS = 50
 OPS = ("packed", "padded", "residual", "pq")
 
 
@@ -105,7 +110,9 @@ def packed_inputs(num_docs: int, device, generator) -> list[dict]:
     ways_pids = {
         "validate=False": lambda: maxsim_packed(Q, D, offsets, pids, max_doc_len=max_len, validate=False),
         "validate=True": lambda: maxsim_packed(Q, D, offsets, pids),
-        "new pids": lambda: maxsim_packed(Q, D, offsets, new_pids()),
+        "new pids validate=False": lambda: maxsim_packed(Q, D, offsets, new_pids(), max_doc_len=max_len,
+                                                         validate=False),
+        "new pids validate=True": lambda: maxsim_packed(Q, D, offsets, new_pids()),
     }
     return [dict(op="maxsim_packed", input="all", ways=ways_all, ref=ref_all),
             dict(op="maxsim_packed", input="pids", ways=ways_pids, ref=ref_pids)]
@@ -143,7 +150,9 @@ def residual_inputs(num_docs: int, num_centroids: int, nbits: int, device, gener
         dict(op="maxsim_residual", input=f"{name} pids", ref=ref_pids, ways={
             "validate=False": lambda: maxsim_residual(*call, pids, inv_norms=norms, validate=False),
             "validate=True": lambda: maxsim_residual(*call, pids, inv_norms=norms),
-            "new pids": lambda: maxsim_residual(*call, new_pids(), inv_norms=norms)}),
+            "new pids validate=False": lambda: maxsim_residual(*call, new_pids(), inv_norms=norms,
+                                                               validate=False),
+            "new pids validate=True": lambda: maxsim_residual(*call, new_pids(), inv_norms=norms)}),
     ]
 
 
@@ -170,8 +179,28 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
         dict(op="maxsim_pq", input=f"M={PQ_M} pids", ref=ref_pids, ways={
             "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, pids, validate=False),
             "validate=True": lambda: maxsim_pq(Q, codes, offsets, books, pids),
-            "new pids": lambda: maxsim_pq(Q, codes, offsets, books, new_pids())}),
+            "new pids validate=False": lambda: maxsim_pq(Q, codes, offsets, books, new_pids(),
+                                                         validate=False),
+            "new pids validate=True": lambda: maxsim_pq(Q, codes, offsets, books, new_pids())}),
     ]
+
+
+def baseline(way: str) -> str:
+    """The way a row's ratio is taken against: a new pid list each call without validation for
+    the new-pid ways, else the same tensors without validation."""
+    return "new pids validate=False" if way.startswith("new pids") else "validate=False"
+
+
+def loop_ms(fn, device, calls: int = LOOP_CALLS) -> float:
+    """ms per call of ``calls`` calls back to back, one synchronisation at the end."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3 / calls
 
 
 def check(entry: dict) -> None:
@@ -215,26 +244,31 @@ def main(argv=None) -> int:
         check(entry)
         print(f"checked {entry['op']} {entry['input']}: {', '.join(entry['ways'])}", flush=True)
     times = {(i, way): [] for i, e in enumerate(entries) for way in e["ways"]}
+    loops = {key: [] for key in times}
     for r in range(args.rounds):
         for i, entry in enumerate(entries):
             for way, fn in entry["ways"].items():
                 times[(i, way)].append(time_fn(fn)[0])
+                loops[(i, way)].append(loop_ms(fn, device))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     rows = []
     for i, entry in enumerate(entries):
-        base = statistics.median(times[(i, "validate=False")])
         for way in entry["ways"]:
-            ms = statistics.median(times[(i, way)])
+            base = baseline(way)
+            ms, loop = statistics.median(times[(i, way)]), statistics.median(loops[(i, way)])
             rows.append({"suite": SUITE, "op": entry["op"], "input": entry["input"],
                          "shape": f"1q Lq={QUERY_LEN} d={DIM} N={args.num_docs} {entry['input']}",
-                         "provider": way, "ms": ms, "round_ms": times[(i, way)],
-                         "ratio_to_validate_false": ms / base, "num_docs": args.num_docs})
+                         "provider": way, "baseline": base, "ms": ms, "round_ms": times[(i, way)],
+                         "loop_ms": loop, "round_loop_ms": loops[(i, way)],
+                         "ratio_to_baseline": ms / statistics.median(times[(i, base)]),
+                         "loop_ratio_to_baseline": loop / statistics.median(loops[(i, base)]),
+                         "num_docs": args.num_docs})
     path = harness.write_results(rows, args.out, SUITE,
                                  meta={"argv": sys.argv if argv is None else argv, "rounds": args.rounds})
-    print(f"\n{'op':<16} {'input':<22} {'way':<18} {'ms':>9} {'/ False':>8}")
+    print(f"\n{'op':<16} {'input':<22} {'way':<24} {'ms':>8} {'ratio':>6} {'loop ms':>8} {'ratio':>6}")
     for row in rows:
-        print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<18} {row['ms']:>9.4f} "
-              f"{row['ratio_to_validate_false']:>8.3f}")
+        print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<24} {row['ms']:>8.4f} "
+              f"{row['ratio_to_baseline']:>6.3f} {row['loop_ms']:>8.4f} {row['loop_ratio_to_baseline']:>6.3f}")
     print(f"wrote {path}")
     return 0
 

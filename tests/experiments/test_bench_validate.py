@@ -11,25 +11,29 @@ from experiments import bench_validate as bv
 from tilemaxsim_plaid.ops import checks
 
 
-def test_rows_for_every_way_with_ratios(tmp_path):
+def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
+    monkeypatch.setattr(bv, "LOOP_CALLS", 2)
     bv.main(["--ops", "packed", "--num-docs", "6", "--rounds", "1", "--device", "cpu",
              "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
     ways = {(r["input"], r["provider"]) for r in rows}
     assert ways == {("all", "validate=False"), ("all", "validate=True"),
                     ("all", "inference tensors"), ("pids", "validate=False"),
-                    ("pids", "validate=True"), ("pids", "new pids")}
+                    ("pids", "validate=True"), ("pids", "new pids validate=False"),
+                    ("pids", "new pids validate=True")}
     for row in rows:
-        assert row["ms"] > 0 and len(row["round_ms"]) == 1
-        assert row["ratio_to_validate_false"] == pytest.approx(
-            row["ms"] / next(r["ms"] for r in rows
-                             if r["input"] == row["input"] and r["provider"] == "validate=False"))
+        assert row["ms"] > 0 and row["loop_ms"] > 0 and len(row["round_ms"]) == 1
+        base = next(r for r in rows if r["input"] == row["input"] and r["provider"] == row["baseline"])
+        assert row["baseline"] == ("new pids validate=False" if "new" in row["provider"]
+                                   else "validate=False")
+        assert row["ratio_to_baseline"] == pytest.approx(row["ms"] / base["ms"])
+        assert row["loop_ratio_to_baseline"] == pytest.approx(row["loop_ms"] / base["loop_ms"])
 
 
 def test_a_way_that_scores_differently_is_refused():
     entry = bv.packed_inputs(5, torch.device("cpu"), torch.Generator().manual_seed(0))[1]
-    good = entry["ways"]["new pids"]
-    entry["ways"]["new pids"] = lambda: good() + 1e-3
+    good = entry["ways"]["new pids validate=True"]
+    entry["ways"]["new pids validate=True"] = lambda: good() + 1e-3
     with pytest.raises(AssertionError, match="new pids"):
         bv.check(entry)
 

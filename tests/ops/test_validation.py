@@ -192,6 +192,22 @@ def test_inference_tensors_are_checked_every_call(device, stub_kernels, monkeypa
     assert counter.reads == 2
 
 
+def test_inference_tensors_are_scanned_for_nan_once(device, stub_kernels, monkeypatch):
+    """The NaN refusal of an inference tensor is remembered (a NaN that slipped past it would
+    still reach its scores); its range checks are not."""
+    with torch.inference_mode():
+        call, t = make("packed", device)
+    t["pids"] = None  # D_packed is scanned only when every document is scored
+    counts = {"finite_rows": 0, "offsets": 0}
+    for kind in counts:
+        real = checks._STATS[kind]
+        monkeypatch.setitem(checks._STATS, kind, (lambda real, kind: lambda x: (
+            counts.__setitem__(kind, counts[kind] + 1), real(x))[1])(real, kind))
+    call(t)
+    call(t)
+    assert counts == {"finite_rows": 1, "offsets": 2}
+
+
 def test_cache_is_bounded_and_holds_no_tensor(device):
     tensors = [torch.arange(4, device=device) for _ in range(checks.MAX_CACHED_TENSORS + 10)]
     for x in tensors:

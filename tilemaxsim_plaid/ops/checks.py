@@ -84,16 +84,26 @@ MAX_CACHED_TENSORS = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 
-def _signature(t: torch.Tensor):
+# Checks whose failure only loses a refusal: a NaN or inf that slips past them still reaches
+# exactly the scores it touches (the NaN policy), so they may be remembered for tensors without
+# a version counter; range checks keep what the kernels read inside their tensors.
+REFUSALS_ONLY = ("finite", "finite_rows")
+
+
+def _signature(t: torch.Tensor, kind: str):
     """What must be unchanged for a remembered result to hold: the version counter (bumped by
     every in-place write through torch, on any view of the storage), the data pointer, shape,
     strides, dtype and device (a new tensor at a recycled id differs in one of them, and the
-    weak reference must still point at the same object). None for inference tensors, which have
-    no version counter: they are checked on every call."""
+    weak reference must still point at the same object). Inference tensors have no version
+    counter: None (checked on every call), except for the REFUSALS_ONLY kinds, which are
+    remembered by the rest (an index made under ``torch.inference_mode()`` is not scanned for
+    NaN on every call; a write into it inside inference mode goes unseen by the refusal)."""
     try:
         version = t._version
     except RuntimeError:
-        return None
+        if kind not in REFUSALS_ONLY:
+            return None
+        version = "inference"
     return (version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
@@ -216,7 +226,7 @@ class DataChecks:
         for name, t, kind, judge, clamp in self._items:
             key = (kind, id(t))
             entry = _cache.get(key)
-            sig = _signature(t)
+            sig = _signature(t, kind)
             if (entry is not None and sig is not None and entry[0]() is t
                     and entry[1] == sig):
                 _cache.move_to_end(key)
