@@ -117,8 +117,9 @@ def clear_cache() -> None:
 
 
 def _range_stats(t: torch.Tensor) -> torch.Tensor:
-    lo, hi = torch.aminmax(t)
-    return torch.stack([lo, hi]).to(torch.int64)
+    stats = t.new_empty(2)
+    torch.aminmax(t, out=(stats[0], stats[1]))  # one kernel
+    return stats.to(torch.int64)
 
 
 def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
@@ -146,16 +147,31 @@ _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_st
           "finite_rows": _first_nonfinite_row_stats}
 
 
+_copy_streams: dict = {}
+
+
+def _copy_stream(device: torch.device):
+    if device not in _copy_streams:
+        _copy_streams[device] = torch.cuda.Stream(device)
+    return _copy_streams[device]
+
+
 class _Pending:
-    """Stats on their way to the host: a copy into pinned memory queued behind the kernels that
-    computed them, and an event recorded after it (on the CPU, the values themselves)."""
+    """Stats on their way to the host: copied into pinned memory on a side stream once the
+    kernels that computed them are done, so the copy's latency overlaps the launch queued after
+    them instead of delaying it; an event marks the copy done (on the CPU, the values
+    themselves)."""
 
     def __init__(self, stats: torch.Tensor):
         if stats.is_cuda:
             self.values = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
-            self.values.copy_(stats, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+            side = _copy_stream(stats.device)
+            side.wait_stream(torch.cuda.current_stream(stats.device))
+            with torch.cuda.stream(side):
+                self.values.copy_(stats, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record(side)
+            stats.record_stream(side)  # not reused by the main stream before the copy has read it
         else:
             self.values, self.event = stats, None
 
@@ -283,7 +299,8 @@ class DataChecks:
 
 def _flat(checks_read) -> torch.Tensor:
     """The stats of (name, t, kind, sig, stats) checks as one int64 tensor."""
-    return torch.cat([c[4].reshape(-1).to(torch.int64) for c in checks_read])
+    parts = [c[4].reshape(-1).to(torch.int64) for c in checks_read]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _spread(checks_read, values: list[int], found: dict) -> None:
