@@ -203,6 +203,23 @@ def loop_ms(fn, device, calls: int = LOOP_CALLS) -> float:
     return (time.perf_counter() - start) * 1e3 / calls
 
 
+def profile(fn, device, calls: int = 20) -> str:
+    """torch.profiler's table of ``calls`` calls of ``fn``: each operator's and kernel's time
+    on the device and the host, per call (what a way adds beside the scoring kernel)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()
+    with torch_profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=14)
+
+
 def check(entry: dict) -> None:
     """Every way scores as validate=False (flash-maxsim to tolerance), and that as the float64
     reference on the first CHECK_DOCS documents; raises otherwise."""
@@ -228,6 +245,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4),
                         help="residual bit widths")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print torch.profiler's device time per operator for each "
+                             "way of every input (20 calls each)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="results/validate")
     args = parser.parse_args(argv)
@@ -251,6 +271,11 @@ def main(argv=None) -> int:
                 times[(i, way)].append(time_fn(fn)[0])
                 loops[(i, way)].append(loop_ms(fn, device))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
+    if args.profile:
+        for entry in entries:
+            for way, fn in entry["ways"].items():
+                print(f"\n== profile {entry['op']} {entry['input']} {way}\n{profile(fn, device)}",
+                      flush=True)
     rows = []
     for i, entry in enumerate(entries):
         for way in entry["ways"]:

@@ -42,3 +42,9 @@ def test_new_pids_are_new_tensors_each_call():
     take = bv._pool(torch.arange(4))
     seen = {id(take()) for _ in range(bv.POOL)}
     assert len(seen) == bv.POOL > checks.MAX_CACHED_TENSORS
+
+
+def test_profile_names_the_operators():
+    ids = torch.arange(4)
+    table = bv.profile(lambda: ids.clamp(0, 2), torch.device("cpu"), calls=2)
+    assert "aten::clamp" in table
