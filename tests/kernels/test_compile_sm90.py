@@ -79,6 +79,10 @@ _COMPILE = textwrap.dedent("""
                         Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T),
                         config=cfg, validate=False),
                     (_query_centroid_scores_kernel,))
+    from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
+    for dtype in (torch.int32, torch.int64):  # the ops' range checks of index tensors
+        calls[f"value range {dtype}"] = (_value_range_kernel, lambda dtype=dtype: _value_range_kernel[(1,)](
+            torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64), 8, BLOCK=4096), ())
     out = {}
     for name, (kernel, call, skip) in calls.items():
         launch = sb.capture_launch(kernel, call, name, skip=skip)
@@ -106,7 +110,7 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 4 + 4 + 2 * 10
+    assert len(compiled) == 4 + 4 + 2 * 10 + 2
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

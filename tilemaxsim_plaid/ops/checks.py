@@ -116,10 +116,32 @@ def clear_cache() -> None:
     _cache.clear()
 
 
+# Elements per program of kernels/value_range.py (4096 int64 = 32 KB read a program).
+RANGE_BLOCK = 4096
+_range_init: dict = {}  # device -> [INT64_MAX, INT64_MIN], what the kernel's atomics start from
+
+
 def _range_stats(t: torch.Tensor) -> torch.Tensor:
-    stats = t.new_empty(2)
-    torch.aminmax(t, out=(stats[0], stats[1]))  # one kernel
-    return stats.to(torch.int64)
+    """[min, max] of a non-empty integer tensor, int64, on its device."""
+    if t.is_cuda:
+        return _kernel_range_stats(t)
+    lo, hi = torch.aminmax(t)
+    return torch.stack([lo, hi]).to(torch.int64)
+
+
+def _kernel_range_stats(t: torch.Tensor) -> torch.Tensor:
+    """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides)."""
+    import triton
+
+    from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _value_range_kernel
+
+    if t.device not in _range_init:
+        _range_init[t.device] = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=t.device)
+    stats = _range_init[t.device].clone()
+    flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
+    _value_range_kernel[(triton.cdiv(flat.numel(), RANGE_BLOCK),)](flat, stats, flat.numel(),
+                                                                  BLOCK=RANGE_BLOCK)
+    return stats
 
 
 def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,23 @@
+"""The smallest and largest value of an integer tensor, for the ops' range checks on the GPU.
+
+torch's ``aminmax`` of a whole 100k-entry tensor runs as one slow reduction, most of the cost of
+checking a new pid list (results/PERFORMANCE_LOG.md, run 122); this kernel reads the tensor once
+across the GPU and merges its blocks' results with atomics.
+"""
+
+import triton
+import triton.language as tl
+
+INT64_MAX = 2**63 - 1
+
+
+@triton.jit
+def _value_range_kernel(p_x, p_out, n, BLOCK: tl.constexpr):
+    """p_out[0] = min(p_out[0], min x), p_out[1] = max(p_out[1], max x) over this block."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(p_x + offs, mask=mask, other=0).to(tl.int64)
+    lo = tl.min(tl.where(mask, x, 9223372036854775807), 0)
+    hi = tl.max(tl.where(mask, x, -9223372036854775807 - 1), 0)
+    tl.atomic_min(p_out, lo)
+    tl.atomic_max(p_out + 1, hi)
