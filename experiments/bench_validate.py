@@ -191,8 +191,10 @@ def baseline(way: str) -> str:
     return "new pids validate=False" if way.startswith("new pids") else "validate=False"
 
 
-def loop_ms(fn, device, calls: int = LOOP_CALLS) -> float:
-    """ms per call of ``calls`` calls back to back, one synchronisation at the end."""
+def loop_ms(fn, device, calls: int | None = None) -> float:
+    """ms per call of ``calls`` (default LOOP_CALLS) calls back to back, one synchronisation at
+    the end."""
+    calls = calls or LOOP_CALLS
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
     sync()
