@@ -214,7 +214,7 @@ def validate(work: Path, opts) -> list[Step]:
     for every op at 100k documents, with a new pid list each call and with inference tensors
     (about 5 minutes)."""
     tests = ("tests/ops/test_validation.py", "tests/ops/test_dense.py", "tests/ops/test_residual.py",
-             "tests/ops/test_pq.py")
+             "tests/ops/test_pq.py", "tests/kernels/test_value_range.py")
     return [Step("validate-tests", (*PYTEST, *parallel_workers(), *tests), 150),
             Step("bench-validate", module("experiments.bench_validate",
                                           "--out", str(work / "validate")), 300)]

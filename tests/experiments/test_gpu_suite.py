@@ -85,7 +85,8 @@ EXPECTED = {
     },
     "validate": {
         "validate-tests": [*PYTEST, *XDIST, "tests/ops/test_validation.py", "tests/ops/test_dense.py",
-                           "tests/ops/test_residual.py", "tests/ops/test_pq.py"],
+                           "tests/ops/test_residual.py", "tests/ops/test_pq.py",
+                           "tests/kernels/test_value_range.py"],
         "bench-validate": ["-m", "experiments.bench_validate", "--out", "W/validate"],
     },
     "residual-caps": {

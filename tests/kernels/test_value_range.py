@@ -10,26 +10,26 @@ BLOCK = 64  # several programs on small inputs
 
 
 def value_range(t: torch.Tensor) -> list[int]:
-    out = torch.tensor([INT64_MAX, -INT64_MAX - 1])
+    out = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=t.device)
     _value_range_kernel[(triton.cdiv(t.numel(), BLOCK),)](t, out, t.numel(), BLOCK=BLOCK)
     return out.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 300])
-def test_min_and_max_over_every_block(dtype, n):
+def test_min_and_max_over_every_block(device, dtype, n):
     g = torch.Generator().manual_seed(n)
     info = torch.iinfo(dtype)
     t = torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
     t[torch.randint(0, n, (1,), generator=g)] = info.max  # the extremes of the dtype survive
     t[torch.randint(0, n, (1,), generator=g)] = info.min
     lo, hi = torch.aminmax(t)
-    assert value_range(t) == [int(lo), int(hi)]
+    assert value_range(t.to(device)) == [int(lo), int(hi)]
 
 
-def test_the_checks_read_a_strided_view_by_its_strides():
+def test_the_checks_read_a_strided_view_by_its_strides(device):
     from tilemaxsim_plaid.ops import checks
 
-    t = torch.arange(40, dtype=torch.int64).reshape(8, 5)[:, 1]  # 1, 6, ..., 36
+    t = torch.arange(40, dtype=torch.int64, device=device).reshape(8, 5)[:, 1]  # 1, 6, ..., 36
     assert checks._kernel_range_stats(t).tolist() == [1, 36]
     assert checks._kernel_range_stats(t.to(torch.int32)).tolist() == [1, 36]
