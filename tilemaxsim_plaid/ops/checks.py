@@ -1,8 +1,8 @@
 """Input checks shared by every host function.
 
 Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, wrong
-contents) with the argument's name, what it got and what was expected. They run before any
-allocation so a bad call never launches a kernel.
+contents) with the argument's name, what it got and what was expected. Shape, dtype and device
+checks run before any allocation, so such a bad call never launches a kernel.
 
 Checks of values (offsets non-decreasing, ids and lengths in range) read device data, which costs
 a host sync. :class:`DataChecks` gathers all of one call's into one small device tensor read back
@@ -12,7 +12,8 @@ The checks a launch does not depend on (a new pid list or query_lengths each cal
 the launch instead of before it: the kernel takes the argument clamped into range on the device,
 so a bad value cannot reach memory it must not, and the call still raises naming the argument;
 the host then waits only for those few check kernels, while the scoring kernel is already queued
-behind them, so the GPU does not idle through the launch.
+behind them, so the GPU does not idle through the launch. Tensors made under
+``torch.inference_mode()`` have no version counter: their range checks run on every call.
 
 NaN policy (docs/kernels.md, NaN and inf): a NaN in an input reaches exactly the scores it
 touches, as NaN, as in torch (every max in the kernels propagates NaN). With ``validate=True``
