@@ -392,6 +392,8 @@ def test_deferred_checks_score_as_validate_false(device, op):
     call(dict(t, pids=pids))  # the index and pids are remembered
     want = call(dict(t, pids=pids))
     assert torch.equal(call(dict(t, pids=pids.clone())), want)
+    strided = torch.stack([pids, torch.full_like(pids, 1 << 40)], 1)[:, 0]  # a column view
+    assert torch.equal(call(dict(t, pids=strided)), want)
     with pytest.raises(ValueError, match="pids"):
         call(dict(t, pids=torch.tensor([2, 3, 1 << 40, 1], device=device)))
     assert torch.equal(call(dict(t, pids=pids.clone())), want)
