@@ -281,7 +281,7 @@ class DataChecks:
         self.found = found
         if missing and self._deferred:  # a read before the launch anyway: one read for all
             missing += self._deferred
-            self._deferred, self._safe = [], {}
+            self._deferred = []
         if missing:
             _spread(missing, host_read(_flat(missing)), found)
         if self._deferred:
