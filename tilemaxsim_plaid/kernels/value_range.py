@@ -16,8 +16,10 @@ def _value_range_kernel(p_x, p_out, n, BLOCK: tl.constexpr):
     """p_out[0] = min(p_out[0], min x), p_out[1] = max(p_out[1], max x) over this block."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    # Lanes past n take element 0 (n >= 1), which moves neither the min nor the max.
     x = tl.load(p_x + offs, mask=mask, other=0).to(tl.int64)
-    lo = tl.min(tl.where(mask, x, 9223372036854775807), 0)
-    hi = tl.max(tl.where(mask, x, -9223372036854775807 - 1), 0)
+    x = tl.where(mask, x, tl.load(p_x).to(tl.int64))
+    lo = tl.min(x, 0)
+    hi = tl.max(x, 0)
     tl.atomic_min(p_out, lo)
     tl.atomic_max(p_out + 1, hi)
