@@ -222,6 +222,29 @@ def profile(fn, device, calls: int = 20) -> str:
     return prof.key_averages().table(sort_by=sort, row_limit=14)
 
 
+def host_profile(fn, device, calls: int | None = None, limit: int = 25) -> str:
+    """cProfile's table of ``calls`` (default LOOP_CALLS) calls back to back: the host's time
+    per Python function, waits included (a deferred check's wait is ``Event.synchronize``)."""
+    import cProfile
+    import io
+    import pstats
+
+    calls = calls or LOOP_CALLS
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(limit)
+    return text.getvalue()
+
+
 def check(entry: dict) -> None:
     """Every way scores as validate=False (flash-maxsim to tolerance), and that as the float64
     reference on the first CHECK_DOCS documents; raises otherwise."""
@@ -250,6 +273,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also print torch.profiler's device time per operator for each "
                              "way of every input (20 calls each)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also print cProfile's host time per Python function for each way "
+                             f"of every input ({LOOP_CALLS} calls each)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="results/validate")
     args = parser.parse_args(argv)
@@ -278,6 +304,11 @@ def main(argv=None) -> int:
             for way, fn in entry["ways"].items():
                 print(f"\n== profile {entry['op']} {entry['input']} {way}\n{profile(fn, device)}",
                       flush=True)
+    if args.host_profile:
+        for entry in entries:
+            for way, fn in entry["ways"].items():
+                print(f"\n== host profile {entry['op']} {entry['input']} {way}\n"
+                      f"{host_profile(fn, device)}", flush=True)
     rows = []
     for i, entry in enumerate(entries):
         for way in entry["ways"]:

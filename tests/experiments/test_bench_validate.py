@@ -50,3 +50,11 @@ def test_profile_names_the_operators():
     ids = torch.arange(4)
     table = bv.profile(lambda: ids.clamp(0, 2), torch.device("cpu"), calls=2)
     assert "aten::clamp" in table
+
+
+def test_host_profile_names_the_python_functions():
+    def call_me():
+        return sum(range(10))
+
+    table = bv.host_profile(call_me, torch.device("cpu"), calls=3)
+    assert "call_me" in table and "function calls" in table
