@@ -81,8 +81,11 @@ _COMPILE = textwrap.dedent("""
                     (_query_centroid_scores_kernel,))
     from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
     for dtype in (torch.int32, torch.int64):  # the ops' range checks of index tensors
-        calls[f"value range {dtype}"] = (_value_range_kernel, lambda dtype=dtype: _value_range_kernel[(1,)](
-            torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64), 8, BLOCK=4096), ())
+        for clamp in (False, True):
+            calls[f"value range {dtype} clamp={clamp}"] = (
+                _value_range_kernel, lambda dtype=dtype, clamp=clamp: _value_range_kernel[(1,)](
+                    torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64),
+                    torch.zeros(8, dtype=dtype), 8, 0, 5, BLOCK=4096, CLAMP=clamp), ())
     out = {}
     for name, (kernel, call, skip) in calls.items():
         launch = sb.capture_launch(kernel, call, name, skip=skip)

@@ -1,4 +1,5 @@
-"""kernels/value_range.py, the GPU range check of index tensors, against torch.aminmax."""
+"""kernels/value_range.py, the GPU range check of index tensors, against torch.aminmax and
+torch.clamp."""
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ BLOCK = 64  # several programs on small inputs
 
 def value_range(t: torch.Tensor) -> list[int]:
     out = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=t.device)
-    _value_range_kernel[(triton.cdiv(t.numel(), BLOCK),)](t, out, t.numel(), BLOCK=BLOCK)
+    _value_range_kernel[(triton.cdiv(t.numel(), BLOCK),)](t, out, t, t.numel(), 0, 0, BLOCK=BLOCK,
+                                                          CLAMP=False)
     return out.tolist()
 
 
@@ -33,3 +35,25 @@ def test_the_checks_read_a_strided_view_by_its_strides(device):
     t = torch.arange(40, dtype=torch.int64, device=device).reshape(8, 5)[:, 1]  # 1, 6, ..., 36
     assert checks._kernel_range_stats(t).tolist() == [1, 36]
     assert checks._kernel_range_stats(t.to(torch.int32)).tolist() == [1, 36]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 65, 300])
+def test_the_clamped_copy_is_torch_clamp(device, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    t = torch.randint(-50, 150, (n,), generator=g).to(dtype).to(device)
+    out = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=device)
+    clamped = torch.full_like(t, -7)
+    _value_range_kernel[(triton.cdiv(n, BLOCK),)](t, out, clamped, n, 0, 99, BLOCK=BLOCK, CLAMP=True)
+    assert torch.equal(clamped, t.clamp(0, 99))
+    lo, hi = torch.aminmax(t)
+    assert out.tolist() == [int(lo), int(hi)]  # the stats are of t, not of its clamped copy
+
+
+def test_the_checks_clamp_a_deferred_tensor_in_the_same_pass(device):
+    from tilemaxsim_plaid.ops import checks
+
+    t = torch.tensor([3, -2, 9, 4], dtype=torch.int32, device=device)
+    stats, clamped = checks._kernel_range_stats(t, clamp=(0, 5))
+    assert stats.tolist() == [-2, 9]
+    assert clamped.dtype == torch.int32 and clamped.tolist() == [3, 0, 5, 4]

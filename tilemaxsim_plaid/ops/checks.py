@@ -130,8 +130,9 @@ def _range_stats(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([lo, hi]).to(torch.int64)
 
 
-def _kernel_range_stats(t: torch.Tensor) -> torch.Tensor:
-    """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides)."""
+def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None):
+    """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides).
+    With ``clamp=(lo, hi)``: (stats, t clamped into [lo, hi]) from that same pass."""
     import triton
 
     from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _value_range_kernel
@@ -140,9 +141,11 @@ def _kernel_range_stats(t: torch.Tensor) -> torch.Tensor:
         _range_init[t.device] = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=t.device)
     stats = _range_init[t.device].clone()
     flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
-    _value_range_kernel[(triton.cdiv(flat.numel(), RANGE_BLOCK),)](flat, stats, flat.numel(),
-                                                                  BLOCK=RANGE_BLOCK)
-    return stats
+    clamped = torch.empty_like(flat) if clamp is not None else flat
+    lo, hi = clamp if clamp is not None else (0, 0)
+    _value_range_kernel[(triton.cdiv(flat.numel(), RANGE_BLOCK),)](
+        flat, stats, clamped, flat.numel(), lo, hi, BLOCK=RANGE_BLOCK, CLAMP=clamp is not None)
+    return stats if clamp is None else (stats, clamped.view(t.shape))
 
 
 def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
@@ -170,31 +173,20 @@ _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_st
           "finite_rows": _first_nonfinite_row_stats}
 
 
-_copy_streams: dict = {}
-
-
-def _copy_stream(device: torch.device):
-    if device not in _copy_streams:
-        _copy_streams[device] = torch.cuda.Stream(device)
-    return _copy_streams[device]
-
-
 class _Pending:
-    """Stats on their way to the host: copied into pinned memory on a side stream once the
-    kernels that computed them are done, so the copy's latency overlaps the launch queued after
-    them instead of delaying it; an event marks the copy done (on the CPU, the values
-    themselves)."""
+    """Stats on their way to the host: copied into pinned memory behind the kernels that
+    computed them, on the same stream, with an event marking the copy done (on the CPU, the
+    values themselves). The launch queued after the copy waits for it (a few microseconds of
+    GPU time); a copy on a side stream would not, but costs more host time per call, which is
+    what bounds a loop of calls whose checks are read after each launch (results/PERFORMANCE_LOG.md,
+    run 124)."""
 
     def __init__(self, stats: torch.Tensor):
         if stats.is_cuda:
             self.values = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
-            side = _copy_stream(stats.device)
-            side.wait_stream(torch.cuda.current_stream(stats.device))
-            with torch.cuda.stream(side):
-                self.values.copy_(stats, non_blocking=True)
-                self.event = torch.cuda.Event()
-                self.event.record(side)
-            stats.record_stream(side)  # not reused by the main stream before the copy has read it
+            self.values.copy_(stats, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
         else:
             self.values, self.event = stats, None
 
@@ -275,19 +267,25 @@ class DataChecks:
             elif t.numel() == 0:
                 found[name] = [t.shape[0]]
             elif clamp is not None:
-                self._deferred.append((name, t, kind, sig, _STATS[kind](t)))
+                if t.is_cuda and kind == "range":
+                    stats, self._safe[name] = _kernel_range_stats(t, clamp)
+                else:
+                    stats = _STATS[kind](t)
+                self._deferred.append((name, t, kind, sig, stats))
             else:
                 missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
         if missing and self._deferred:  # a read before the launch anyway: one read for all
             missing += self._deferred
-            self._deferred = []
+            self._deferred, self._safe = [], {}
         if missing:
             _spread(missing, host_read(_flat(missing)), found)
         if self._deferred:
             self._pending = _Pending(_flat(self._deferred))
             clamps = {item[0]: item[4] for item in self._items}
-            self._safe = {name: t.clamp(*clamps[name]) for name, t, *_ in self._deferred}
+            for name, t, *_ in self._deferred:
+                if name not in self._safe:
+                    self._safe[name] = t.clamp(*clamps[name])
         deferred = {d[0] for d in self._deferred}
         self._judge([item for item in self._items if item[0] not in deferred], missing)
         return found

@@ -165,11 +165,18 @@ class CudaKernel:
                 values.append(arg)
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        # The function belongs to its device's context, which must be current at launch.
-        with torch.cuda.device(self.device):
-            _check_cuda(_libcuda().cuLaunchKernel(
-                self._function, *grid, *block, self.dynamic_shared, ctypes.c_void_p(stream),
-                params, None), f"cuLaunchKernel({self.name})")
+        # The function belongs to its device's context, which must be current at launch (it
+        # is when the device is torch's current one: the usual call, without a device switch).
+        if torch.cuda.current_device() == self.device.index:
+            self._launch(grid, block, stream, params)
+        else:
+            with torch.cuda.device(self.device):
+                self._launch(grid, block, stream, params)
+
+    def _launch(self, grid, block, stream, params) -> None:
+        _check_cuda(_libcuda().cuLaunchKernel(
+            self._function, *grid, *block, self.dynamic_shared, ctypes.c_void_p(stream),
+            params, None), f"cuLaunchKernel({self.name})")
 
 
 @lru_cache(maxsize=None)

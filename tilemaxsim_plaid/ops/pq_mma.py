@@ -104,7 +104,7 @@ def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: to
         reasons.append("code rows that are not 16 contiguous bytes, 16-byte aligned")
     if Q3.device.type != "cuda":
         reasons.append(f"device {Q3.device} (a CUDA GPU)")
-    elif torch.cuda.get_device_capability(Q3.device) < (8, 0):
+    elif _capability(Q3.device) < (8, 0):
         reasons.append("a GPU before compute capability 8.0")
     return reasons
 
@@ -121,6 +121,11 @@ def kernel(device: torch.device, dtype: torch.dtype, book_fp32: bool = False) ->
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype],
                               "BOOK_F32": int(book_fp32)}, BOOK_BYTES)
+
+
+@lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 @lru_cache(maxsize=None)
