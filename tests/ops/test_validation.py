@@ -183,13 +183,72 @@ def test_remembered_stats_judged_against_each_call(device, stub_kernels):
 
 
 def test_inference_tensors_are_checked_every_call(device, stub_kernels, monkeypatch):
-    """Inference tensors have no version counter: never remembered, always read."""
+    """Inference tensors have no version counter: their range checks are read on every call
+    (after the launch once remembered: test_inference_index_is_checked_after_the_launch)."""
     with torch.inference_mode():
         call, t = make("packed", device)
     with SyncCounter(monkeypatch) as counter:
         call(t)
         call(t)
     assert counter.reads == 2
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_inference_index_is_checked_after_the_launch(device, launch_log, op):
+    """An index made under inference_mode: the first call reads its checks before the launch;
+    later calls launch on the remembered stats, the index tensors clamped into their bounds,
+    and read the checks after it."""
+    with torch.inference_mode():
+        call, t = make(op, device)
+    call(t)
+    assert [e[0] for e in launch_log] == ["read", "launch"]
+    launch_log.clear()
+    call(t)
+    assert [e[0] for e in launch_log] == ["launch", "read"]
+
+
+def _inference_packed(device):
+    """An inference-mode packed index of 40 rows whose offsets use the first 13."""
+    with torch.inference_mode():
+        D = torch.randn(40, 64).half().to(device)
+        offsets = torch.tensor([0, 3, 8, 9, 13], device=device)
+        Q = torch.randn(B, LQ, 64).half().to(device)
+    return Q, D, offsets
+
+
+def test_inference_offsets_written_in_place_are_judged(device, launch_log):
+    Q, D, offsets = _inference_packed(device)
+    dense.maxsim_packed(Q, D, offsets)
+    with torch.inference_mode():
+        offsets[2] = 1  # decreasing, in place: no version counter sees it
+    launch_log.clear()
+    with pytest.raises(ValueError, match="offsets must be non-decreasing"):
+        dense.maxsim_packed(Q, D, offsets)
+    assert [e[0] for e in launch_log] == ["launch", "read"]
+
+
+def test_inference_offsets_written_in_place_score_as_the_new_ones(device, monkeypatch):
+    """The real kernels: a longer last document (31 rows, past the remembered longest, 5) makes
+    the call run again on the new stats, and it scores as validate=False told the new length."""
+    launches = []
+    real = dense._launch
+    monkeypatch.setattr(dense, "_launch", lambda *a, **kw: (launches.append(kw["max_doc_len"]),
+                                                            real(*a, **kw))[1])
+    Q, D, offsets = _inference_packed(device)
+    dense.maxsim_packed(Q, D, offsets)
+    with torch.inference_mode():
+        offsets[-1] = 40
+    launches.clear()
+    got = dense.maxsim_packed(Q, D, offsets)
+    assert launches == [5, 31]  # the remembered longest, then the new one
+    want = dense.maxsim_packed(Q, D, offsets.clone(), max_doc_len=31, validate=False)
+    assert torch.equal(got, want)
+    from tilemaxsim_plaid import reference
+    ref = reference.maxsim_packed(Q.cpu(), D.cpu(), offsets.cpu())
+    assert torch.allclose(got.cpu().double(), ref, rtol=2e-3, atol=2e-3)
+    launches.clear()
+    dense.maxsim_packed(Q, D, offsets)
+    assert launches == [31]  # the new stats are remembered
 
 
 def test_inference_tensors_are_scanned_for_nan_once(device, stub_kernels, monkeypatch):

@@ -13,7 +13,8 @@ the launch instead of before it: the kernel takes the argument clamped into rang
 so a bad value cannot reach memory it must not, and the call still raises naming the argument;
 the host then waits only for those few check kernels, while the scoring kernel is already queued
 behind them, so the GPU does not idle through the launch. Tensors made under
-``torch.inference_mode()`` have no version counter: their range checks run on every call.
+``torch.inference_mode()`` have no version counter: the four scoring ops read their range checks
+on every call, after the launch once remembered (``DataChecks(provisional=True)``).
 
 NaN policy (docs/kernels.md, NaN and inf): a NaN in an input reaches exactly the scores it
 touches, as NaN, as in torch (every max in the kernels propagates NaN). With ``validate=True``
@@ -27,6 +28,7 @@ the scored documents' rows matter, which differ per call): there the NaN rule ho
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 
 import torch
@@ -91,20 +93,25 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 REFUSALS_ONLY = ("finite", "finite_rows")
 
 
-def _signature(t: torch.Tensor, kind: str):
+INFERENCE = "inference"  # the version of a tensor without a version counter
+
+
+def _signature(t: torch.Tensor, kind: str, provisional: bool = False):
     """What must be unchanged for a remembered result to hold: the version counter (bumped by
     every in-place write through torch, on any view of the storage), the data pointer, shape,
     strides, dtype and device (a new tensor at a recycled id differs in one of them, and the
     weak reference must still point at the same object). Inference tensors have no version
     counter: None (checked on every call), except for the REFUSALS_ONLY kinds, which are
     remembered by the rest (an index made under ``torch.inference_mode()`` is not scanned for
-    NaN on every call; a write into it inside inference mode goes unseen by the refusal)."""
+    NaN on every call; a write into it inside inference mode goes unseen by the refusal), and
+    with ``provisional`` (``DataChecks``), where a remembered result is checked again after
+    the launch."""
     try:
         version = t._version
     except RuntimeError:
-        if kind not in REFUSALS_ONLY:
+        if kind not in REFUSALS_ONLY and not provisional:
             return None
-        version = "inference"
+        version = INFERENCE
     return (version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
@@ -196,41 +203,71 @@ class _Pending:
         return host_read(self.values)
 
 
+class StaleCheck(Exception):
+    """A remembered check of an inference tensor no longer holds (the tensor was written in
+    place inside ``torch.inference_mode()``): the launch may have taken the old stats, so
+    :func:`rerun_if_stale` makes the call again with the new ones."""
+
+
+def rerun_if_stale(op):
+    """``op`` made again once if its checks find a provisional stat stale (:class:`StaleCheck`);
+    the second call reads the new stats remembered by the first."""
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except StaleCheck:
+            return op(*args, **kwargs)
+    return call
+
+
 class DataChecks:
     """The value checks of one call: :meth:`add` them, then :meth:`run` reads every one not
     remembered from an earlier call in one host sync (none when all are remembered), raises a
     ``ValueError`` naming the argument for the first that fails, and returns each check's stats.
 
-    A check added with ``clamp=(lo, hi)`` is deferred when its tensor is new and nothing else
-    must be read before the launch: :meth:`run` queues its stats, :meth:`safe` gives the tensor
-    clamped into [lo, hi] for the launch, and :meth:`finish`, called after the launch, reads
-    and judges them (still one host sync per call, now behind the check kernels instead of
-    before the launch)."""
+    A check added with ``defer=True`` and ``bounds=(lo, hi)`` is deferred when its tensor is
+    new and nothing else must be read before the launch: :meth:`run` queues its stats,
+    :meth:`safe` gives the tensor clamped into [lo, hi] for the launch, and :meth:`finish`,
+    called after the launch, reads and judges them (still one host sync per call, now behind
+    the check kernels instead of before the launch).
 
-    def __init__(self):
+    ``provisional=True`` (an op that takes every checked tensor through :meth:`safe` and is
+    wrapped in :func:`rerun_if_stale`): a tensor without a version counter (made under
+    ``torch.inference_mode()``) whose check is remembered gets its remembered stats for the
+    launch, clamped into its bounds, and its stats are read again after the launch like a
+    deferred check's; if they changed, :meth:`finish` remembers the new ones and raises
+    :class:`StaleCheck`, and the call is made again. Without it such checks run before every
+    launch."""
+
+    def __init__(self, provisional: bool = False):
         self._items = []
         self._deferred = []  # (name, t, kind, sig, stats) read by finish()
         self._pending = None
         self._safe = {}
+        self._provisional = provisional
+        self._assumed = {}  # name -> the remembered stats a provisional check lent the launch
 
-    def add(self, name: str, t, kind: str, judge, clamp: tuple[int, int] | None = None) -> None:
+    def add(self, name: str, t, kind: str, judge, bounds: tuple[int, int] | None = None,
+            defer: bool = False) -> None:
         """``judge(stats)`` raises for bad values; stats are those of ``_STATS[kind]`` (a list
-        of ints, empty for an empty range). None tensors are skipped. ``clamp``: the launch
-        does not need the stats and is safe with ``t`` clamped into [lo, hi], so a new ``t``
-        is judged after it (see the class docstring)."""
+        of ints, empty for an empty range). None tensors are skipped. ``bounds``: the launch is
+        safe with ``t`` clamped into [lo, hi]; ``defer``: and it does not need the stats, so a
+        new ``t`` is judged after it (see the class docstring)."""
         if t is not None:
-            self._items.append((name, t, kind, judge, clamp))
+            self._items.append((name, t, kind, judge, bounds, defer and bounds is not None))
 
     def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets") -> None:
-        self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name))
+        self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name),
+                 bounds=(0, num_rows))
 
     def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None,
                  defer: bool = False) -> None:
         """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message).
         ``defer``: judged after the launch, which takes ``t`` clamped (:meth:`safe`); an empty
         range [lo, hi) is judged before it."""
-        clamp = (lo, hi - 1) if defer and hi > lo else None
-        self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what), clamp)
+        self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what),
+                 bounds=(lo, hi - 1) if hi > lo else None, defer=defer)
 
     def finite(self, name: str, t) -> None:
         """No NaN or inf anywhere in ``t`` (the NaN policy: module docstring)."""
@@ -254,61 +291,68 @@ class DataChecks:
     def run(self) -> dict[str, list[int]]:
         """Judge every check but the deferred new ones; return the stats found so far."""
         found, missing = {}, []
-        for name, t, kind, judge, clamp in self._items:
+        for name, t, kind, judge, bounds, defer in self._items:
             key = (kind, id(t))
             entry = _cache.get(key)
-            sig = _signature(t, kind)
+            sig = _signature(t, kind, self._provisional)
             if (entry is not None and sig is not None and entry[0]() is t
                     and entry[1] == sig):
                 _cache.move_to_end(key)
                 found[name] = entry[2]
+                if sig[0] == INFERENCE and kind not in REFUSALS_ONLY and bounds is not None:
+                    self._assumed[name] = entry[2]
+                    self._queue(name, t, kind, sig, bounds)
             elif t.numel() == 0 and kind in ("range", "finite"):
                 found[name] = [] if kind == "range" else [1]
             elif t.numel() == 0:
                 found[name] = [t.shape[0]]
-            elif clamp is not None:
-                if t.is_cuda and kind == "range":
-                    stats, self._safe[name] = _kernel_range_stats(t, clamp)
-                else:
-                    stats = _STATS[kind](t)
-                self._deferred.append((name, t, kind, sig, stats))
+            elif defer:
+                self._queue(name, t, kind, sig, bounds)
             else:
                 missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
         if missing and self._deferred:  # a read before the launch anyway: one read for all
             missing += self._deferred
-            self._deferred, self._safe = [], {}
+            self._deferred, self._safe, self._assumed = [], {}, {}
         if missing:
             _spread(missing, host_read(_flat(missing)), found)
         if self._deferred:
             self._pending = _Pending(_flat(self._deferred))
-            clamps = {item[0]: item[4] for item in self._items}
-            for name, t, *_ in self._deferred:
-                if name not in self._safe:
-                    self._safe[name] = t.clamp(*clamps[name])
         deferred = {d[0] for d in self._deferred}
         self._judge([item for item in self._items if item[0] not in deferred], missing)
         return found
+
+    def _queue(self, name, t, kind, sig, bounds) -> None:
+        """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped."""
+        if t.is_cuda and kind == "range":
+            stats, self._safe[name] = _kernel_range_stats(t, bounds)
+        else:
+            stats, self._safe[name] = _STATS[kind](t), t.clamp(*bounds)
+        self._deferred.append((name, t, kind, sig, stats))
 
     def safe(self, name: str, t):
         """``t`` as the launch may take it: clamped into range while its check is pending."""
         return self._safe.get(name, t)
 
     def finish(self) -> None:
-        """Read and judge the deferred checks; call it after the launch (a no-op when none)."""
+        """Read and judge the deferred checks; call it after the launch (a no-op when none).
+        Raises StaleCheck when a provisional check's stats changed (class docstring)."""
         if self._pending is None:
             return
-        deferred, pending = self._deferred, self._pending
-        self._deferred, self._pending, self._safe = [], None, {}
+        deferred, pending, assumed = self._deferred, self._pending, self._assumed
+        self._deferred, self._pending, self._safe, self._assumed = [], None, {}, {}
         _spread(deferred, pending.read(), self.found)
         names = {d[0] for d in deferred}
         self._judge([item for item in self._items if item[0] in names], deferred)
+        stale = [name for name, stats in assumed.items() if self.found[name] != stats]
+        if stale:
+            raise StaleCheck(", ".join(stale))
 
     def _judge(self, items, read) -> None:
         """Judge ``items`` in the order added, so the first bad argument is the one named (a
         judge may read an earlier check's stats from self.found); then remember what was
         ``read`` (all of it passed)."""
-        for name, t, kind, judge, clamp in items:
+        for name, t, kind, judge, *_ in items:
             judge(self.found[name])
         for name, t, kind, sig, _ in read:
             if sig is not None:

@@ -364,6 +364,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     return out
 
 
+@checks.rerun_if_stale
 def maxsim_padded(
     Q: torch.Tensor,
     D: torch.Tensor,
@@ -402,7 +403,7 @@ def maxsim_padded(
     checks.query_lengths_shape(query_lengths, Q)
     checks.lengths_shape("doc_lengths", doc_lengths, D.shape[0], Q.device)
     max_doc_len = D.shape[1]
-    batch = checks.DataChecks()
+    batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]")
@@ -411,6 +412,7 @@ def maxsim_padded(
         if doc_lengths is not None and stats["doc_lengths"]:
             max_doc_len = stats["doc_lengths"][1]
         query_lengths = batch.safe("query_lengths", query_lengths)
+        doc_lengths = batch.safe("doc_lengths", doc_lengths)
     # The kernel reads Q and D through their strides; the 1-D tensors by element.
     doc_lengths, query_lengths = checks.unit_stride(doc_lengths), checks.unit_stride(query_lengths)
     Q3 = Q[None] if Q.dim() == 2 else Q
@@ -421,6 +423,7 @@ def maxsim_padded(
     return out[0] if Q.dim() == 2 else out
 
 
+@checks.rerun_if_stale
 def maxsim_packed(
     Q: torch.Tensor,
     D_packed: torch.Tensor,
@@ -466,7 +469,7 @@ def maxsim_packed(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
-    batch = checks.DataChecks()
+    batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, D_packed.shape[0])
@@ -477,6 +480,7 @@ def maxsim_packed(
         if max_doc_len is None and num_docs:
             max_doc_len = stats["offsets"][3]
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
+        offsets = batch.safe("offsets", offsets)
     # The kernel reads Q and D_packed through their strides; the 1-D tensors by element.
     offsets, pids = checks.unit_stride(offsets), checks.unit_stride(pids)
     query_lengths = checks.unit_stride(query_lengths)

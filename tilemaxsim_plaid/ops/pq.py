@@ -373,6 +373,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
+@checks.rerun_if_stale
 def maxsim_pq(
     Q: torch.Tensor,
     pq_codes: torch.Tensor,
@@ -462,7 +463,7 @@ def maxsim_pq(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
-    batch = checks.DataChecks()
+    batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, num_tokens)
@@ -475,6 +476,8 @@ def maxsim_pq(
             batch.finite(name, t)
         batch.run()
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
+        offsets = batch.safe("offsets", offsets)
+        centroid_codes = batch.safe("centroid_codes", centroid_codes)
     pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms, query_lengths = (
         None if x is None else x.contiguous()
         for x in (pq_codes, offsets, codebooks, pids, centroid_codes, centroids, inv_norms,

@@ -686,6 +686,7 @@ def check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights
             )
 
 
+@checks.rerun_if_stale
 def maxsim_residual(
     Q: torch.Tensor,
     codes: torch.Tensor,
@@ -759,7 +760,7 @@ def maxsim_residual(
     num_docs = offsets.numel() - 1
     checks.pids_shape(pids, Q.device)
     checks.query_lengths_shape(query_lengths, Q)
-    batch = checks.DataChecks()
+    batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, codes.shape[0])
@@ -771,6 +772,7 @@ def maxsim_residual(
                 batch.finite(name, t)
         batch.run()
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
+        offsets, codes = batch.safe("offsets", offsets), batch.safe("codes", codes)
     # The kernel reads Q, centroids and residual rows through their strides (rows read whole
     # need stride 1 within a row); the 1-D tensors by element.
     offsets, pids, codes = checks.unit_stride(offsets), checks.unit_stride(pids), checks.unit_stride(codes)
