@@ -12,8 +12,8 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
 - ``new pids validate=True`` / ``new pids validate=False``: another pid list each call, from a
   pool larger than the check cache, as a reranker meets it (with validation: checked after the
   launch, which takes them clamped); the second is the first's baseline;
-- ``inference tensors`` (packed only): the index made under ``torch.inference_mode()``, whose
-  tensors have no version counter: their range checks run on every call.
+- ``inference tensors``: the index made under ``torch.inference_mode()``, whose tensors have no
+  version counter: their range checks are read on every call (after the launch once remembered).
 
 Inputs: ``maxsim_packed`` over every document and over a permutation of them as pids;
 ``maxsim_padded`` on the documents padded to 128 tokens with doc_lengths; ``maxsim_residual``
@@ -69,6 +69,12 @@ def _pool(pids: torch.Tensor):
     return take
 
 
+def _inference(*tensors):
+    """Copies of ``tensors`` made under ``torch.inference_mode()`` (no version counter)."""
+    with torch.inference_mode():
+        return tuple(t.clone() for t in tensors)
+
+
 def _subset(offsets: torch.Tensor, pids: torch.Tensor, *per_token: torch.Tensor):
     """The documents ``pids`` as an index of their own, on the CPU: (offsets, *per_token rows),
     so the float64 reference reads only the documents it checks."""
@@ -89,8 +95,7 @@ def packed_inputs(num_docs: int, device, generator) -> list[dict]:
     Q = queries(1, QUERY_LEN, DIM, device)[0]
     pids = torch.randperm(num_docs, generator=generator).to(device)
     new_pids = _pool(pids)
-    with torch.inference_mode():
-        D_inf, offsets_inf = D.clone(), offsets.clone()
+    D_inf, offsets_inf = _inference(D, offsets)
     first = torch.arange(min(CHECK_DOCS, num_docs))
     sub, rows = _subset(offsets, first, D)
     ref_all = reference.maxsim_packed(Q.cpu(), rows, sub)
@@ -123,8 +128,10 @@ def padded_inputs(num_docs: int, device, generator) -> list[dict]:
     D = torch.randn(num_docs, PADDED_LEN, DIM, generator=generator).half().to(device)
     Q = queries(1, QUERY_LEN, DIM, device)[0]
     ref = reference.maxsim_padded(Q.cpu(), D[:CHECK_DOCS].cpu(), lengths[:CHECK_DOCS].cpu())
+    D_inf, lengths_inf = _inference(D, lengths)
     ways = {"validate=False": lambda: maxsim_padded(Q, D, lengths, validate=False),
-            "validate=True": lambda: maxsim_padded(Q, D, lengths)}
+            "validate=True": lambda: maxsim_padded(Q, D, lengths),
+            "inference tensors": lambda: maxsim_padded(Q, D_inf, lengths_inf)}
     return [dict(op="maxsim_padded", input=f"Ld={PADDED_LEN}", ways=ways, ref=ref)]
 
 
@@ -134,6 +141,8 @@ def residual_inputs(num_docs: int, num_centroids: int, nbits: int, device, gener
     call = (Q, index["codes"], index["residuals"], index["offsets"], index["centroids"],
             index["bucket_weights"], nbits)
     norms = index["inv_norms"]
+    call_inf = (Q, *_inference(*call[1:6]), nbits)
+    norms_inf, = _inference(norms)
     pids = torch.randperm(num_docs, generator=generator).to(device)
     new_pids = _pool(pids)
     refs = []
@@ -146,7 +155,8 @@ def residual_inputs(num_docs: int, num_centroids: int, nbits: int, device, gener
     return [
         dict(op="maxsim_residual", input=f"{name} all", ref=ref_all, ways={
             "validate=False": lambda: maxsim_residual(*call, inv_norms=norms, validate=False),
-            "validate=True": lambda: maxsim_residual(*call, inv_norms=norms)}),
+            "validate=True": lambda: maxsim_residual(*call, inv_norms=norms),
+            "inference tensors": lambda: maxsim_residual(*call_inf, inv_norms=norms_inf)}),
         dict(op="maxsim_residual", input=f"{name} pids", ref=ref_pids, ways={
             "validate=False": lambda: maxsim_residual(*call, pids, inv_norms=norms, validate=False),
             "validate=True": lambda: maxsim_residual(*call, pids, inv_norms=norms),
@@ -167,6 +177,7 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
     Q = queries(1, QUERY_LEN, DIM, device)[0]
     pids = torch.randperm(num_docs, generator=generator).to(device)
     new_pids = _pool(pids)
+    codes_inf, offsets_inf, books_inf = _inference(codes, offsets, books)
     refs = []
     for ids in (torch.arange(min(CHECK_DOCS, num_docs)), pids[:CHECK_DOCS]):
         sub, rows = _subset(offsets, ids, codes)
@@ -175,7 +186,8 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
     return [
         dict(op="maxsim_pq", input=f"M={PQ_M} all", ref=ref_all, ways={
             "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, validate=False),
-            "validate=True": lambda: maxsim_pq(Q, codes, offsets, books)}),
+            "validate=True": lambda: maxsim_pq(Q, codes, offsets, books),
+            "inference tensors": lambda: maxsim_pq(Q, codes_inf, offsets_inf, books_inf)}),
         dict(op="maxsim_pq", input=f"M={PQ_M} pids", ref=ref_pids, ways={
             "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, pids, validate=False),
             "validate=True": lambda: maxsim_pq(Q, codes, offsets, books, pids),
