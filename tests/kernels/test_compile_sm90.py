@@ -86,6 +86,12 @@ _COMPILE = textwrap.dedent("""
                 _value_range_kernel, lambda dtype=dtype, clamp=clamp: _value_range_kernel[(1,)](
                     torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64),
                     torch.zeros(8, dtype=dtype), 8, 0, 5, BLOCK=4096, CLAMP=clamp), ())
+    from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
+    for clamp in (False, True):
+        calls[f"offsets stats clamp={clamp}"] = (
+            _offsets_stats_kernel, lambda clamp=clamp: _offsets_stats_kernel[(1,)](
+                torch.arange(8), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
+                8, 5, BLOCK=4096, CLAMP=clamp), ())
     out = {}
     for name, (kernel, call, skip) in calls.items():
         launch = sb.capture_launch(kernel, call, name, skip=skip)
@@ -113,7 +119,7 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 4 + 4 + 2 * 10 + 2
+    assert len(compiled) == 4 + 4 + 2 * 10 + 2 * 2 + 2  # last: value range (2 dtypes x clamp), offsets stats (clamp)
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

@@ -57,3 +57,35 @@ def test_the_checks_clamp_a_deferred_tensor_in_the_same_pass(device):
     stats, clamped = checks._kernel_range_stats(t, clamp=(0, 5))
     assert stats.tolist() == [-2, 9]
     assert clamped.dtype == torch.int32 and clamped.tolist() == [3, 0, 5, 4]
+
+
+def torch_offsets_stats(off: torch.Tensor) -> list[int]:
+    steps = off[1:] - off[:-1]
+    return [int(off[0]), int(off[-1]), int((steps < 0).sum()), int(steps.max())]
+
+
+@pytest.mark.parametrize("n", [2, 3, 64, 65, 300])
+def test_offsets_stats_and_clamp_over_every_block(device, n):
+    from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
+
+    g = torch.Generator().manual_seed(n)
+    off = torch.randint(0, 40, (n,), generator=g).cumsum(0)
+    off[torch.randint(0, n, (n // 7,), generator=g)] -= 30  # some decreasing steps
+    off = off.to(device)
+    out = torch.tensor([0, 0, 0, -INT64_MAX - 1], device=device)
+    clamped = torch.full_like(off, -7)
+    _offsets_stats_kernel[(triton.cdiv(n, BLOCK),)](off, out, clamped, n, 100, BLOCK=BLOCK,
+                                                    CLAMP=True)
+    assert out.tolist() == torch_offsets_stats(off.cpu())
+    assert torch.equal(clamped, off.clamp(0, 100))
+
+
+def test_the_checks_offsets_stats_by_kernel(device):
+    from tilemaxsim_plaid.ops import checks
+
+    off = torch.tensor([0, 4, 4, 2, 9, 15], device=device)
+    stats, clamped = checks._kernel_offsets_stats(off, clamp_hi=10)
+    assert stats.tolist() == [0, 15, 1, 7] == checks._offsets_stats(off).tolist()
+    assert clamped.tolist() == [0, 4, 4, 2, 9, 10]
+    strided = torch.stack([off, off], 1)[:, 0]
+    assert checks._offsets_stats(strided).tolist() == [0, 15, 1, 7]

@@ -159,8 +159,31 @@ def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
     """[first, last, number of decreasing steps, longest document]."""
     if offsets.numel() == 1:
         return torch.cat([offsets, offsets, offsets.new_zeros(2)])
+    if offsets.is_cuda:
+        return _kernel_offsets_stats(offsets.contiguous())
     steps = offsets[1:] - offsets[:-1]
     return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
+
+
+_offsets_init: dict = {}  # device -> [0, 0, 0, INT64_MIN], what kernels/value_range.py starts from
+
+
+def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None):
+    """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
+    ``clamp_hi``: (stats, offsets clamped into [0, clamp_hi]) from that same pass."""
+    import triton
+
+    from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _offsets_stats_kernel
+
+    if offsets.device not in _offsets_init:
+        _offsets_init[offsets.device] = torch.tensor([0, 0, 0, -INT64_MAX - 1],
+                                                     device=offsets.device)
+    stats = _offsets_init[offsets.device].clone()
+    clamped = torch.empty_like(offsets) if clamp_hi is not None else offsets
+    _offsets_stats_kernel[(triton.cdiv(offsets.numel(), RANGE_BLOCK),)](
+        offsets, stats, clamped, offsets.numel(), clamp_hi or 0, BLOCK=RANGE_BLOCK,
+        CLAMP=clamp_hi is not None)
+    return stats if clamp_hi is None else (stats, clamped)
 
 
 def _finite_stats(t: torch.Tensor) -> torch.Tensor:
@@ -326,6 +349,8 @@ class DataChecks:
         """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped."""
         if t.is_cuda and kind == "range":
             stats, self._safe[name] = _kernel_range_stats(t, bounds)
+        elif t.is_cuda and kind == "offsets" and t.numel() > 1 and t.is_contiguous():
+            stats, self._safe[name] = _kernel_offsets_stats(t, bounds[1])
         else:
             stats, self._safe[name] = _STATS[kind](t), t.clamp(*bounds)
         self._deferred.append((name, t, kind, sig, stats))
