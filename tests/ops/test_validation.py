@@ -258,10 +258,11 @@ def test_inference_tensors_are_scanned_for_nan_once(device, stub_kernels, monkey
         call, t = make("packed", device)
     t["pids"] = None  # D_packed is scanned only when every document is scored
     counts = {"finite_rows": 0, "offsets": 0}
-    for kind in counts:
-        real = checks._STATS[kind]
-        monkeypatch.setitem(checks._STATS, kind, (lambda real, kind: lambda x: (
-            counts.__setitem__(kind, counts[kind] + 1), real(x))[1])(real, kind))
+    for stats, kind in ((checks._STATS, "finite_rows"), (checks._STATS, "offsets"),
+                        (checks._STATS_AND_CLAMP, "offsets")):  # read before / after a launch
+        real = stats[kind]
+        monkeypatch.setitem(stats, kind, (lambda real, kind: lambda *x: (
+            counts.__setitem__(kind, counts[kind] + 1), real(*x))[1])(real, kind))
     call(t)
     call(t)
     assert counts == {"finite_rows": 1, "offsets": 2}

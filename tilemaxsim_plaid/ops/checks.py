@@ -203,6 +203,23 @@ _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_st
           "finite_rows": _first_nonfinite_row_stats}
 
 
+def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int]):
+    if t.is_cuda:
+        return _kernel_range_stats(t, bounds)
+    return _range_stats(t), t.clamp(*bounds)
+
+
+def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int]):
+    if offsets.is_cuda and offsets.numel() > 1 and offsets.is_contiguous():
+        return _kernel_offsets_stats(offsets, bounds[1])
+    return _offsets_stats(offsets), offsets.clamp(*bounds)
+
+
+# The checks a launch may run ahead of (those with bounds): (stats, t clamped into bounds), in
+# one pass on the GPU.
+_STATS_AND_CLAMP = {"range": _range_and_clamp, "offsets": _offsets_and_clamp}
+
+
 class _Pending:
     """Stats on their way to the host: copied into pinned memory behind the kernels that
     computed them, on the same stream, with an event marking the copy done (on the CPU, the
@@ -347,12 +364,7 @@ class DataChecks:
 
     def _queue(self, name, t, kind, sig, bounds) -> None:
         """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped."""
-        if t.is_cuda and kind == "range":
-            stats, self._safe[name] = _kernel_range_stats(t, bounds)
-        elif t.is_cuda and kind == "offsets" and t.numel() > 1 and t.is_contiguous():
-            stats, self._safe[name] = _kernel_offsets_stats(t, bounds[1])
-        else:
-            stats, self._safe[name] = _STATS[kind](t), t.clamp(*bounds)
+        stats, self._safe[name] = _STATS_AND_CLAMP[kind](t, bounds)
         self._deferred.append((name, t, kind, sig, stats))
 
     def safe(self, name: str, t):
