@@ -457,3 +457,21 @@ def test_deferred_checks_score_as_validate_false(device, op):
     with pytest.raises(ValueError, match="pids"):
         call(dict(t, pids=torch.tensor([2, 3, 1 << 40, 1], device=device)))
     assert torch.equal(call(dict(t, pids=pids.clone())), want)
+
+
+@pytest.mark.parametrize("op", ("packed", "residual", "pq"))
+def test_inference_index_of_strided_views_scores_as_when_first_read(device, op):
+    """The real kernels: an inference-mode index whose 1-D tensors are column views scores the
+    same on the remembered (clamped, rechecked) call as on the first, read before the launch."""
+    def column(x):
+        return torch.stack([x, torch.full_like(x, 7)], 1)[:, 0]
+
+    with torch.inference_mode():
+        call, t = make(op, device)
+        for name in ("offsets", "codes", "centroid_codes"):
+            if name in t:
+                t[name] = column(t[name])
+    first = call(t)
+    assert torch.equal(call(t), first)
+    # validate=False without max_doc_len may take another tiling: equal up to fp32 rounding.
+    torch.testing.assert_close(call(t, validate=False), first, rtol=1e-5, atol=1e-5)
