@@ -126,7 +126,15 @@ def clear_cache() -> None:
 
 # Elements per program of kernels/value_range.py (4096 int64 = 32 KB read a program).
 RANGE_BLOCK = 4096
-_range_init: dict = {}  # device -> [INT64_MAX, INT64_MIN], what the kernel's atomics start from
+_stats_init: dict = {}  # (kind, device) -> what a stats kernel's atomics start from
+
+
+def _initial_stats(kind: str, device: torch.device, values: list[int]) -> torch.Tensor:
+    """A fresh device copy of ``values``, the start of a stats kernel's atomics (one small
+    copy per call; the source tensor is made once per kind and device)."""
+    if (kind, device) not in _stats_init:
+        _stats_init[(kind, device)] = torch.tensor(values, device=device)
+    return _stats_init[(kind, device)].clone()
 
 
 def _range_stats(t: torch.Tensor) -> torch.Tensor:
@@ -144,9 +152,7 @@ def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None):
 
     from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _value_range_kernel
 
-    if t.device not in _range_init:
-        _range_init[t.device] = torch.tensor([INT64_MAX, -INT64_MAX - 1], device=t.device)
-    stats = _range_init[t.device].clone()
+    stats = _initial_stats("range", t.device, [INT64_MAX, -INT64_MAX - 1])
     flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
     clamped = torch.empty_like(flat) if clamp is not None else flat
     lo, hi = clamp if clamp is not None else (0, 0)
@@ -165,9 +171,6 @@ def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
     return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
 
 
-_offsets_init: dict = {}  # device -> [0, 0, 0, INT64_MIN], what kernels/value_range.py starts from
-
-
 def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None):
     """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
     ``clamp_hi``: (stats, offsets clamped into [0, clamp_hi]) from that same pass."""
@@ -175,10 +178,7 @@ def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None):
 
     from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _offsets_stats_kernel
 
-    if offsets.device not in _offsets_init:
-        _offsets_init[offsets.device] = torch.tensor([0, 0, 0, -INT64_MAX - 1],
-                                                     device=offsets.device)
-    stats = _offsets_init[offsets.device].clone()
+    stats = _initial_stats("offsets", offsets.device, [0, 0, 0, -INT64_MAX - 1])
     clamped = torch.empty_like(offsets) if clamp_hi is not None else offsets
     _offsets_stats_kernel[(triton.cdiv(offsets.numel(), RANGE_BLOCK),)](
         offsets, stats, clamped, offsets.numel(), clamp_hi or 0, BLOCK=RANGE_BLOCK,
