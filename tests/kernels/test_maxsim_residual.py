@@ -287,6 +287,24 @@ def test_pids_in_place_and_2d_query(device, poisoned_outputs):
     assert_close(out, expected(Q, index, 2, pids=pids), "maxsim_residual", torch.float16)
 
 
+@pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
+                                            pytest.param(False, id="gather")])
+def test_codes_out_of_range_are_clamped_by_the_kernel(device, poisoned_outputs, centroid_table):
+    """The kernel reads a code clamped into [0, C) (what lets validate=True judge a new codes
+    tensor after the launch): out-of-range codes score as the clamped ones, no read outside."""
+    index = random_index(device, 64, 2)
+    Q = unit_queries(2, 9, 64, torch.float16, device)
+    bad = index["codes"].clone()
+    bad[::3] = NUM_CENTROIDS + 5
+    bad[1::3] = -7
+    inv_norms = norms_of(index, 2) if centroid_table else None
+    cfg = ResidualConfig(centroid_table=centroid_table)
+    got = score(Q, dict(index, codes=bad), 2, inv_norms=inv_norms, config=cfg, validate=False)
+    want = score(Q, dict(index, codes=bad.clamp(0, NUM_CENTROIDS - 1)), 2, inv_norms=inv_norms,
+                 config=cfg, validate=False)
+    assert torch.equal(got, want)
+
+
 def test_many_queries_long_query_and_empty_query(device, poisoned_outputs):
     """Several query blocks, Lq above one launch's 128 rows (chunked), a query with no tokens."""
     index = random_index(device, 64, 2, lengths=[3, 0, 20])

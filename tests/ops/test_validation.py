@@ -475,3 +475,55 @@ def test_inference_index_of_strided_views_scores_as_when_first_read(device, op):
     assert torch.equal(call(t), first)
     # validate=False without max_doc_len may take another tiling: equal up to fp32 rounding.
     torch.testing.assert_close(call(t, validate=False), first, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def residual_codes_log(monkeypatch):
+    """Stubbed residual launches that log ("launch", the codes they were given); host reads
+    log ("read",)."""
+    log = []
+    real = checks.host_read
+    monkeypatch.setattr(checks, "host_read", lambda t: (log.append(("read",)), real(t))[1])
+    monkeypatch.setattr(residual, "_launch", lambda Q3, codes, *a: (
+        log.append(("launch", codes)), torch.zeros(Q3.shape[0], a[8], device=Q3.device))[1])
+    return log
+
+
+def test_new_codes_are_judged_after_a_launch_that_clamps_them(device, residual_codes_log):
+    """The residual kernel clamps codes as it reads them: a new codes tensor is read after the
+    launch, which gets it as given (no clamped copy), and a bad one still raises."""
+    call, t = make("residual", device)
+    call(t)
+    residual_codes_log.clear()
+    codes = t["codes"].clone()
+    call(dict(t, codes=codes))
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+    assert residual_codes_log[0][1] is codes
+    residual_codes_log.clear()
+    with pytest.raises(ValueError, match="codes"):
+        call(dict(t, codes=_set(codes, 4, NUM_CENTROIDS)))
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+
+
+def test_inference_codes_are_read_again_but_not_copied(device, residual_codes_log):
+    """An inference-mode residual index: the remembered call launches on codes as they are,
+    reads their check after the launch, and an in-place write inside the range needs no second
+    launch (the kernel took none of the codes' stats); one outside it raises."""
+    with torch.inference_mode():
+        call, t = make("residual", device)
+    call(t)
+    residual_codes_log.clear()
+    call(t)
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+    assert residual_codes_log[0][1] is t["codes"]
+    with torch.inference_mode():
+        t["codes"][0] = NUM_CENTROIDS - 1 - t["codes"][0]
+    residual_codes_log.clear()
+    call(t)
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+    with torch.inference_mode():
+        t["codes"][3] = NUM_CENTROIDS + 2
+    residual_codes_log.clear()
+    with pytest.raises(ValueError, match="codes"):
+        call(t)
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]

@@ -494,7 +494,7 @@ def _residual_tile_scores(
     p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
     w0, w1, w2, w3, pad_unit,
     dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
-    stride_sc,
+    stride_sc, max_code,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, FULL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -512,7 +512,9 @@ def _residual_tile_scores(
         mask_t = offs_t < t_end
     # [BLOCK_T]: streamed once, so keep them from evicting the L2-resident tables.
     codes = tl.load(p_codes + offs_t, mask=mask_t, other=0, eviction_policy="evict_first")
-    codes = codes.to(tl.int32)
+    # Clamped into [0, C): a code the host has not judged yet (ops/checks.py) cannot make a
+    # read outside the centroid rows or the table.
+    codes = tl.minimum(tl.maximum(codes.to(tl.int32), 0), max_code)
     if CENTROID_TABLE:
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S, the <q, centroid> of every query row.
         # (fp32, or fp16 for fp16 queries: half the L2 bytes per token)
@@ -578,7 +580,7 @@ def _score_document(
     p_q, p_q_lo, p_codes, p_units, p_offsets, p_pids, p_centroids, p_table, p_inv_norms,
     p_centroid_scores, p_out, w0, w1, w2, w3, pad_unit,
     num_out_docs, num_queries, dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut,
-    stride_cc, stride_cd, stride_sc, stride_ob, stride_on,
+    stride_cc, stride_cd, stride_sc, max_code, stride_ob, stride_on,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -604,7 +606,7 @@ def _score_document(
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
             p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
-            stride_cd, stride_sc,
+            stride_cd, stride_sc, max_code,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS)
@@ -616,7 +618,7 @@ def _score_document(
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
             p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
-            stride_cd, stride_sc,
+            stride_cd, stride_sc, max_code,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
             EVEN_D, PTX_LOADS)
@@ -631,7 +633,7 @@ def _maxsim_residual_kernel(
     p_centroid_scores, p_query_lengths, p_out, p_counter,
     num_out_docs, num_queries, Lq, dim, units_per_row, num_qblocks, num_chunks,
     stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
-    stride_ob, stride_on,
+    max_code, stride_ob, stride_on,
     NBITS: tl.constexpr, UNIT_BYTES: tl.constexpr, DECODE_GROUP: tl.constexpr,
     ELEM_BITS: tl.constexpr, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_T_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -642,14 +644,15 @@ def _maxsim_residual_kernel(
     PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose fp16
-    head is Q, same strides; codes: [T] int32/int64; units: the residual rows [T, d*NBITS/8] read
-    as UNIT_BYTES-byte units (int32 words or uint8 bytes; units_per_row per row, row stride
-    stride_ut units); offsets: int64 [N+1]; pids: [M] (else 0..M-1); centroids: [C, d]; table: the
-    pair table (DECODE_GROUP 2: [2**(2*NBITS)] int32/int64 of packed ELEM_BITS-bit weights), the
-    byte table (DECODE_GROUP 0: [2] int32, the four weights' low bytes then high bytes) or the
-    field table (DECODE_GROUP 1 and 3: [2**NBITS] weights in the dot dtype, field order); inv_norms: [T]
-    float (when PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc
-    (when CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
+    head is Q, same strides; codes: [T] int32/int64, read clamped into [0, max_code = C - 1];
+    units: the residual rows [T, d*NBITS/8] read as UNIT_BYTES-byte units (int32 words or uint8
+    bytes; units_per_row per row, row stride stride_ut units); offsets: int64 [N+1]; pids: [M]
+    (else 0..M-1); centroids: [C, d]; table: the pair table (DECODE_GROUP 2: [2**(2*NBITS)]
+    int32/int64 of packed ELEM_BITS-bit weights), the byte table (DECODE_GROUP 0: [2] int32, the
+    four weights' low bytes then high bytes) or the field table (DECODE_GROUP 1 and 3:
+    [2**NBITS] weights in the dot dtype, field order); inv_norms: [T] float (when
+    PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc (when
+    CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
     block): int32 [1], zero at launch, the next chunk of DOCS_PER_PROGRAM documents to score, of
     num_chunks."""
     # Query blocks vary fastest: programs reading the same documents run side by side, so every
@@ -727,7 +730,7 @@ def _maxsim_residual_kernel(
                     p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
                     w0, w1, w2, w3, pad_unit, num_out_docs, num_queries, dim, units_per_row,
                     stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
-                    stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
+                    max_code, stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
                     QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS,
                     HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
                     EVEN_D, PTX_LOADS, PREFETCH)
@@ -741,7 +744,7 @@ def _maxsim_residual_kernel(
                 p_offsets, p_pids, p_centroids, p_table, p_inv_norms, p_centroid_scores, p_out,
                 w0, w1, w2, w3, pad_unit, num_out_docs, num_queries, dim, units_per_row,
                 stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd, stride_sc,
-                stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
+                max_code, stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
                 QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
                 PTX_LOADS, PREFETCH)

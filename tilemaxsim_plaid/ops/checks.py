@@ -275,7 +275,8 @@ class DataChecks:
     ``provisional=True`` (an op that takes every checked tensor through :meth:`safe` and is
     wrapped in :func:`rerun_if_stale`): a tensor without a version counter (made under
     ``torch.inference_mode()``) whose check is remembered gets its remembered stats for the
-    launch, clamped into its bounds, and its stats are read again after the launch like a
+    launch, clamped into its bounds (by the kernel with ``launch_clamps``, which takes none of
+    the stats: :meth:`add`), and its stats are read again after the launch like a
     deferred check's; if they changed, :meth:`finish` remembers the new ones and raises
     :class:`StaleCheck`, and the call is made again. Without it such checks run before every
     launch."""
@@ -289,25 +290,30 @@ class DataChecks:
         self._assumed = {}  # name -> the remembered stats a provisional check lent the launch
 
     def add(self, name: str, t, kind: str, judge, bounds: tuple[int, int] | None = None,
-            defer: bool = False) -> None:
+            defer: bool = False, launch_clamps: bool = False) -> None:
         """``judge(stats)`` raises for bad values; stats are those of ``_STATS[kind]`` (a list
         of ints, empty for an empty range). None tensors are skipped. ``bounds``: the launch is
         safe with ``t`` clamped into [lo, hi]; ``defer``: and it does not need the stats, so a
-        new ``t`` is judged after it (see the class docstring)."""
+        new ``t`` is judged after it (see the class docstring). ``launch_clamps``: the kernel
+        clamps ``t`` into the bounds as it reads it, so a check judged after the launch reads
+        ``t`` and writes no clamped copy (:meth:`safe` gives ``t`` itself)."""
         if t is not None:
-            self._items.append((name, t, kind, judge, bounds, defer and bounds is not None))
+            self._items.append((name, t, kind, judge, bounds, defer and bounds is not None,
+                                launch_clamps))
 
     def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets") -> None:
         self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name),
                  bounds=(0, num_rows))
 
     def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None,
-                 defer: bool = False) -> None:
+                 defer: bool = False, launch_clamps: bool = False) -> None:
         """Every value of ``t`` in [lo, hi) (``what`` names the bound in the message).
-        ``defer``: judged after the launch, which takes ``t`` clamped (:meth:`safe`); an empty
-        range [lo, hi) is judged before it."""
+        ``defer``: judged after the launch, which takes ``t`` clamped (:meth:`safe`, or the
+        kernel itself with ``launch_clamps``: :meth:`add`); an empty range [lo, hi) is judged
+        before it."""
         self.add(name, t, "range", lambda stats: _judge_range(stats, name, lo, hi, what),
-                 bounds=(lo, hi - 1) if hi > lo else None, defer=defer)
+                 bounds=(lo, hi - 1) if hi > lo else None, defer=defer,
+                 launch_clamps=launch_clamps)
 
     def finite(self, name: str, t) -> None:
         """No NaN or inf anywhere in ``t`` (the NaN policy: module docstring)."""
@@ -331,7 +337,7 @@ class DataChecks:
     def run(self) -> dict[str, list[int]]:
         """Judge every check but the deferred new ones; return the stats found so far."""
         found, missing = {}, []
-        for name, t, kind, judge, bounds, defer in self._items:
+        for name, t, kind, judge, bounds, defer, launch_clamps in self._items:
             key = (kind, id(t))
             entry = _cache.get(key)
             sig = _signature(t, kind, self._provisional)
@@ -340,14 +346,15 @@ class DataChecks:
                 _cache.move_to_end(key)
                 found[name] = entry[2]
                 if sig[0] == INFERENCE and kind not in REFUSALS_ONLY and bounds is not None:
-                    self._assumed[name] = entry[2]
-                    self._queue(name, t, kind, sig, bounds)
+                    if not launch_clamps:  # a kernel that clamps t takes none of its stats
+                        self._assumed[name] = entry[2]
+                    self._queue(name, t, kind, sig, bounds, launch_clamps)
             elif t.numel() == 0 and kind in ("range", "finite"):
                 found[name] = [] if kind == "range" else [1]
             elif t.numel() == 0:
                 found[name] = [t.shape[0]]
             elif defer:
-                self._queue(name, t, kind, sig, bounds)
+                self._queue(name, t, kind, sig, bounds, launch_clamps)
             else:
                 missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
@@ -362,9 +369,13 @@ class DataChecks:
         self._judge([item for item in self._items if item[0] not in deferred], missing)
         return found
 
-    def _queue(self, name, t, kind, sig, bounds) -> None:
-        """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped."""
-        stats, self._safe[name] = _STATS_AND_CLAMP[kind](t, bounds)
+    def _queue(self, name, t, kind, sig, bounds, launch_clamps) -> None:
+        """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped
+        (by the kernel itself with ``launch_clamps``)."""
+        if launch_clamps:
+            stats = _STATS[kind](t)
+        else:
+            stats, self._safe[name] = _STATS_AND_CLAMP[kind](t, bounds)
         self._deferred.append((name, t, kind, sig, stats))
 
     def safe(self, name: str, t):

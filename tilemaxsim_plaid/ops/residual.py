@@ -630,7 +630,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         num_out_docs, B, Lq, dim, residuals.shape[1] // unit_bytes, num_qblocks, num_chunks,
         Q3.stride(0), Q3.stride(1), Q3.stride(2), residuals.stride(0) // unit_bytes,
         centroids.stride(0), centroids.stride(1),
-        scores_table.stride(0) if use_table else 0,
+        scores_table.stride(0) if use_table else 0, centroids.shape[0] - 1,
         out.stride(0), out.stride(1),
         NBITS=nbits, UNIT_BYTES=unit_bytes, DECODE_GROUP=group,
         ELEM_BITS=8 * Q3.element_size(), LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
@@ -742,8 +742,9 @@ def maxsim_residual(
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             the float inputs but Q, which is not read) with one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
-            version: an index's offsets and codes are read once). A new pids or query_lengths
-            is judged after the launch, which reads it clamped into range.
+            version: an index's offsets and codes are read once). A new pids, query_lengths
+            or codes is judged after the launch, which reads it clamped into range (codes are
+            clamped by the kernel as it reads them).
 
     Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
     tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
@@ -765,14 +766,15 @@ def maxsim_residual(
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
         batch.offsets(offsets, codes.shape[0])
         batch.in_range("pids", pids, 0, num_docs, defer=True)
-        batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})")
+        batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})",
+                       defer=True, launch_clamps=True)
         for name, t in (("centroids", centroids), ("bucket_weights", bucket_weights),
                         ("inv_norms", inv_norms), ("centroid_scores", centroid_scores)):
             if isinstance(t, torch.Tensor):  # centroid_scores is checked further down
                 batch.finite(name, t)
         batch.run()
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
-        offsets, codes = batch.safe("offsets", offsets), batch.safe("codes", codes)
+        offsets = batch.safe("offsets", offsets)
     # The kernel reads Q, centroids and residual rows through their strides (rows read whole
     # need stride 1 within a row); the 1-D tensors by element.
     offsets, pids, codes = checks.unit_stride(offsets), checks.unit_stride(pids), checks.unit_stride(codes)
