@@ -255,6 +255,26 @@ def grid(work: Path, opts) -> list[Step]:
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 
 
+# The last full shape grid: profile-batched takes its lowest B >= 4 cells.
+BATCHED_GRID = "results/grid/h200-c165218-full/grid.json"
+
+
+def profile_batched(work: Path, opts) -> list[Step]:
+    """The B >= 4 packed cells lowest by % of their roof in the last full grid: their FLOPs and
+    bytes against the ceilings measured in the run, then Nsight Compute on each cell's scoring
+    launches (kernel replay, the scoring kernels only) and the units each one saturates."""
+    out = work / "profile-batched"
+    cells = ("--grid", BATCHED_GRID)
+    return [Step("batched-time", module("experiments.profile_batched", "time", *cells,
+                                        "--out", str(out)), 80),
+            Step("batched-ncu", module("experiments.profile_batched", "ncu", *cells,
+                                       "--out", str(out)), 130),
+            Step("batched-summary", module("experiments.profile_batched", "summarize",
+                                           str(out / "ncu.csv"), "--launches",
+                                           str(out / "profile_launches.json"),
+                                           "--out", str(out)), 20)]
+
+
 def json_rows(filename: str, keep: Callable[[dict], bool]) -> Callable[[Path, Path], list[dict]]:
     """Reader of a benchmark's result file: the rows that ``keep`` selects."""
     def read(out: Path, log: Path) -> list[dict]:
@@ -370,6 +390,9 @@ SUITES = {
                   "grid with the peers", grid),
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
+    "profile-batched": Suite("the last grid's lowest B >= 4 packed cells on the roofline, then "
+                             "Nsight Compute on their scoring launches: which unit each saturates",
+                             profile_batched),
     "before-after": Suite("headline rows of dense, compressed and the plugin's rerank for --before and "
                           "this tree, alternated", before_after, report=compare,
                           needs=("{before}/tilemaxsim_plaid", "{before}/experiments")),

@@ -112,6 +112,15 @@ EXPECTED = {
         "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
                       "--no-plots", "--out", "W/grid-full"],
     },
+    "profile-batched": {
+        "batched-time": ["-m", "experiments.profile_batched", "time", "--grid",
+                         "results/grid/h200-c165218-full/grid.json", "--out", "W/profile-batched"],
+        "batched-ncu": ["-m", "experiments.profile_batched", "ncu", "--grid",
+                        "results/grid/h200-c165218-full/grid.json", "--out", "W/profile-batched"],
+        "batched-summary": ["-m", "experiments.profile_batched", "summarize", "W/profile-batched/ncu.csv",
+                            "--launches", "W/profile-batched/profile_launches.json", "--out",
+                            "W/profile-batched"],
+    },
     "profile-search": {
         "profile-search-8.8m": ["-m", "experiments.profile_search", "--passages", "8841823", "--out",
                                 "W/profile-search-8.8m"],
