@@ -463,7 +463,7 @@ def _value(text: str):
 def read_ncu_csv(text: str) -> dict[int, dict]:
     """{result ID: {"kernel": name, "metrics": {metric name: [(section, unit, value)]}}} from an
     ncu ``--csv`` details page; lines before its header (ncu's and the program's output) and
-    rows of another shape are skipped."""
+    rows too short or too long for it are skipped."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -471,9 +471,11 @@ def read_ncu_csv(text: str) -> dict[int, dict]:
     body = [line for line in lines[start:] if line.startswith('"')]
     reader = csv.reader(body)
     header = next(reader)
+    # Rows of metrics without a rule end after "Metric Value" (ncu leaves the rule columns off).
+    needed = header.index("Metric Value") + 1 if "Metric Value" in header else len(header)
     results: dict[int, dict] = {}
     for values in reader:
-        if len(values) != len(header):
+        if not needed <= len(values) <= len(header):
             continue
         row = dict(zip(header, values))
         try:

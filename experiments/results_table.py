@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 # Code spans in a README that are commands (what made the folder), not file names or settings.
 COMMAND_PREFIXES = ("tilemaxsim ", "python ", "python3 ", "bash ", "torchrun ", "/usr/bin/time ",
                     "TILEMAXSIM_", "CUDA_VISIBLE_DEVICES=", "TRITON_")
-# Files that are parts of another record (read through it) or inputs, not measurements.
-NOT_MEASUREMENTS = {"evaluation.json", "manifest.json", "metadata-summary.json"}
+# Files that are parts of another record (read through it) or inputs, not measurements (ncu.csv:
+# Nsight Compute's raw export, read through its summary).
+NOT_MEASUREMENTS = {"evaluation.json", "manifest.json", "metadata-summary.json", "ncu.csv"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -374,3 +374,25 @@ def test_summarize_mode_writes_json_and_table(tmp_path, capsys):
     assert "DRAM 70.0 %" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no ncu CSV"):
         pb.main(["summarize", str(tmp_path / "missing.csv"), "--out", str(tmp_path)])
+
+
+def test_ncu_rows_without_rule_columns_are_read():
+    """ncu ends a metric row that has no rule after "Metric Value" (a trailing comma), as in
+    results/profile/h200-8ad62da-batched/ncu.csv.gz; rows with more fields than the header are
+    skipped."""
+    header = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value",'
+              '"Rule Name","Rule Type","Rule Description"')
+    text = "\n".join([
+        header,
+        '"0","_maxsim_dense_kernel","Command line profiler metrics",'
+        '"l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_active","%","80.26",',
+        '"0","_maxsim_dense_kernel","GPU Speed Of Light Throughput","Duration","us","802.3",'
+        '"SOLBottleneck","OPT","a rule"',
+        '"1","_maxsim_dense_kernel","S","Duration","us","1","r","t","d","extra"',
+    ]) + "\n"
+    results = pb.read_ncu_csv(text)
+    assert list(results) == [0]
+    metrics = results[0]["metrics"]
+    assert metrics["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_active"] == [
+        ("Command line profiler metrics", "%", "80.26")]
+    assert metrics["Duration"] == [("GPU Speed Of Light Throughput", "us", "802.3")]
