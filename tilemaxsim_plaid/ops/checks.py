@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 import weakref
 
 import torch
@@ -106,12 +107,12 @@ def _signature(t: torch.Tensor, kind: str, provisional: bool = False):
     NaN on every call; a write into it inside inference mode goes unseen by the refusal), and
     with ``provisional`` (``DataChecks``), where a remembered result is checked again after
     the launch."""
-    try:
-        version = t._version
-    except RuntimeError:
+    if t.is_inference():  # asked first: reading _version would raise (a C++ error, ~10 us)
         if kind not in REFUSALS_ONLY and not provisional:
             return None
         version = INFERENCE
+    else:
+        version = t._version
     return (version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
@@ -126,15 +127,22 @@ def clear_cache() -> None:
 
 # Elements per program of kernels/value_range.py (4096 int64 = 32 KB read a program).
 RANGE_BLOCK = 4096
-_stats_init: dict = {}  # (kind, device) -> what a stats kernel's atomics start from
+# What a stats kernel's atomics start from, by kind: [min, max] of a range check (INT64_MAX,
+# INT64_MIN), and an offsets check's [first, last, decreasing steps, longest step].
+_INT64_MIN = -2**63
+_STATS_START = {"range": [2**63 - 1, _INT64_MIN], "offsets": [0, 0, 0, _INT64_MIN]}
+_stats_init: dict = {}  # (kinds, device) -> the start of a call's stats buffer
 
 
-def _initial_stats(kind: str, device: torch.device, values: list[int]) -> torch.Tensor:
-    """A fresh device copy of ``values``, the start of a stats kernel's atomics (one small
-    copy per call; the source tensor is made once per kind and device)."""
-    if (kind, device) not in _stats_init:
-        _stats_init[(kind, device)] = torch.tensor(values, device=device)
-    return _stats_init[(kind, device)].clone()
+def _initial_stats(kinds: tuple[str, ...], device: torch.device) -> torch.Tensor:
+    """A fresh device copy of the starting values of stats kernels of ``kinds``, side by side
+    (one small copy per call, whatever the number of checks; the source tensor is made once
+    per tuple of kinds and device)."""
+    key = (kinds, device)
+    if key not in _stats_init:
+        _stats_init[key] = torch.tensor([v for kind in kinds for v in _STATS_START[kind]],
+                                        dtype=torch.int64, device=device)
+    return _stats_init[key].clone()
 
 
 def _range_stats(t: torch.Tensor) -> torch.Tensor:
@@ -145,14 +153,17 @@ def _range_stats(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([lo, hi]).to(torch.int64)
 
 
-def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None):
+def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None,
+                        stats: torch.Tensor | None = None):
     """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides).
-    With ``clamp=(lo, hi)``: (stats, t clamped into [lo, hi]) from that same pass."""
+    With ``clamp=(lo, hi)``: (stats, t clamped into [lo, hi]) from that same pass. ``stats``:
+    where to merge them (2 int64 holding _STATS_START["range"]); default a fresh tensor."""
     import triton
 
-    from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _value_range_kernel
+    from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
 
-    stats = _initial_stats("range", t.device, [INT64_MAX, -INT64_MAX - 1])
+    if stats is None:
+        stats = _initial_stats(("range",), t.device)
     flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
     clamped = torch.empty_like(flat) if clamp is not None else flat
     lo, hi = clamp if clamp is not None else (0, 0)
@@ -171,14 +182,17 @@ def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
     return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
 
 
-def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None):
+def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None,
+                          stats: torch.Tensor | None = None):
     """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
-    ``clamp_hi``: (stats, offsets clamped into [0, clamp_hi]) from that same pass."""
+    ``clamp_hi``: (stats, offsets clamped into [0, clamp_hi]) from that same pass. ``stats``:
+    as in _kernel_range_stats."""
     import triton
 
-    from tilemaxsim_plaid.kernels.value_range import INT64_MAX, _offsets_stats_kernel
+    from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
 
-    stats = _initial_stats("offsets", offsets.device, [0, 0, 0, -INT64_MAX - 1])
+    if stats is None:
+        stats = _initial_stats(("offsets",), offsets.device)
     clamped = torch.empty_like(offsets) if clamp_hi is not None else offsets
     _offsets_stats_kernel[(triton.cdiv(offsets.numel(), RANGE_BLOCK),)](
         offsets, stats, clamped, offsets.numel(), clamp_hi or 0, BLOCK=RANGE_BLOCK,
@@ -203,20 +217,30 @@ _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_st
           "finite_rows": _first_nonfinite_row_stats}
 
 
-def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int]):
+def _into(stats: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    return stats if out is None else out.copy_(stats)
+
+
+def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int] | None, out=None):
     if t.is_cuda:
-        return _kernel_range_stats(t, bounds)
-    return _range_stats(t), t.clamp(*bounds)
+        if bounds is None:
+            return _kernel_range_stats(t, stats=out), t
+        return _kernel_range_stats(t, bounds, out)
+    return _into(_range_stats(t), out), (t if bounds is None else t.clamp(*bounds))
 
 
-def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int]):
+def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int] | None, out=None):
     if offsets.is_cuda and offsets.numel() > 1 and offsets.is_contiguous():
-        return _kernel_offsets_stats(offsets, bounds[1])
-    return _offsets_stats(offsets), offsets.clamp(*bounds)
+        if bounds is None:
+            return _kernel_offsets_stats(offsets, stats=out), offsets
+        return _kernel_offsets_stats(offsets, bounds[1], out)
+    stats = _into(_offsets_stats(offsets), out)
+    return stats, (offsets if bounds is None else offsets.clamp(*bounds))
 
 
-# The checks a launch may run ahead of (those with bounds): (stats, t clamped into bounds), in
-# one pass on the GPU.
+# The checks a launch may run ahead of (those with bounds): ``(t, bounds, out)`` -> (stats, t
+# clamped into bounds; t itself with bounds None), in one pass on the GPU; the stats are merged
+# into ``out`` where given (a slice of one buffer for all of a call's checks: _initial_stats).
 _STATS_AND_CLAMP = {"range": _range_and_clamp, "offsets": _offsets_and_clamp}
 
 
@@ -226,21 +250,39 @@ class _Pending:
     values themselves). The launch queued after the copy waits for it (a few microseconds of
     GPU time); a copy on a side stream would not, but costs more host time per call, which is
     what bounds a loop of calls whose checks are read after each launch (results/PERFORMANCE_LOG.md,
-    run 124)."""
+    run 124). The pinned buffer and the event are taken from a per-thread pool and given back
+    once read, so a call allocates neither."""
 
     def __init__(self, stats: torch.Tensor):
         if stats.is_cuda:
-            self.values = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self._key = (stats.numel(), stats.device)
+            free = _pinned_pool().get(self._key)
+            self.values, self.event = free.pop() if free else (
+                torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True), torch.cuda.Event())
             self.values.copy_(stats, non_blocking=True)
-            self.event = torch.cuda.Event()
             self.event.record()
         else:
             self.values, self.event = stats, None
 
     def read(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()  # the check kernels only, not the launch queued after them
-        return host_read(self.values)
+        if self.event is None:
+            return host_read(self.values)
+        self.event.synchronize()  # the check kernels only, not the launch queued after them
+        values = host_read(self.values)
+        _pinned_pool().setdefault(self._key, []).append((self.values, self.event))
+        return values
+
+
+_local = threading.local()
+
+
+def _pinned_pool() -> dict:
+    """This thread's free (pinned buffer, event) pairs by (entries, device). A pair is in use
+    from a call's launch to its read, so a thread holds one per size of stats it reads."""
+    pool = getattr(_local, "pinned", None)
+    if pool is None:
+        pool = _local.pinned = {}
+    return pool
 
 
 class StaleCheck(Exception):
@@ -336,7 +378,7 @@ class DataChecks:
 
     def run(self) -> dict[str, list[int]]:
         """Judge every check but the deferred new ones; return the stats found so far."""
-        found, missing = {}, []
+        found, missing, queued = {}, [], []
         for name, t, kind, judge, bounds, defer, launch_clamps in self._items:
             key = (kind, id(t))
             entry = _cache.get(key)
@@ -348,35 +390,43 @@ class DataChecks:
                 if sig[0] == INFERENCE and kind not in REFUSALS_ONLY and bounds is not None:
                     if not launch_clamps:  # a kernel that clamps t takes none of its stats
                         self._assumed[name] = entry[2]
-                    self._queue(name, t, kind, sig, bounds, launch_clamps)
+                    queued.append((name, t, kind, sig, bounds, launch_clamps))
             elif t.numel() == 0 and kind in ("range", "finite"):
                 found[name] = [] if kind == "range" else [1]
             elif t.numel() == 0:
                 found[name] = [t.shape[0]]
             elif defer:
-                self._queue(name, t, kind, sig, bounds, launch_clamps)
+                queued.append((name, t, kind, sig, bounds, launch_clamps))
             else:
                 missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
-        if missing and self._deferred:  # a read before the launch anyway: one read for all
-            missing += self._deferred
-            self._deferred, self._safe, self._assumed = [], {}, {}
+        if missing and queued:  # a read before the launch anyway: one read for all
+            missing += [(name, t, kind, sig, _STATS[kind](t)) for name, t, kind, sig, *_ in queued]
+            queued, self._assumed = [], {}
         if missing:
             _spread(missing, host_read(_flat(missing)), found)
-        if self._deferred:
-            self._pending = _Pending(_flat(self._deferred))
+        if queued:
+            self._pending = _Pending(self._queue(queued))
         deferred = {d[0] for d in self._deferred}
         self._judge([item for item in self._items if item[0] not in deferred], missing)
         return found
 
-    def _queue(self, name, t, kind, sig, bounds, launch_clamps) -> None:
-        """Stats of ``t`` computed now, read by :meth:`finish`; the launch takes ``t`` clamped
-        (by the kernel itself with ``launch_clamps``)."""
-        if launch_clamps:
-            stats = _STATS[kind](t)
-        else:
-            stats, self._safe[name] = _STATS_AND_CLAMP[kind](t, bounds)
-        self._deferred.append((name, t, kind, sig, stats))
+    def _queue(self, queued) -> torch.Tensor:
+        """Stats of the ``queued`` checks computed now, into one int64 buffer (on the GPU, one
+        copy of their starting values: _initial_stats), read by :meth:`finish`; the launch takes
+        each ``t`` clamped (by the kernel itself with ``launch_clamps``). Returns the buffer."""
+        device = queued[0][1].device
+        buffer = (_initial_stats(tuple(q[2] for q in queued), device) if device.type == "cuda"
+                  else torch.empty(sum(len(_STATS_START[q[2]]) for q in queued), dtype=torch.int64))
+        at = 0
+        for name, t, kind, sig, bounds, launch_clamps in queued:
+            out = buffer[at:at + len(_STATS_START[kind])]
+            at += out.numel()
+            stats, clamped = _STATS_AND_CLAMP[kind](t, None if launch_clamps else bounds, out)
+            if not launch_clamps:
+                self._safe[name] = clamped
+            self._deferred.append((name, t, kind, sig, stats))
+        return buffer
 
     def safe(self, name: str, t):
         """``t`` as the launch may take it: clamped into range while its check is pending."""
