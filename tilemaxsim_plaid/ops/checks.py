@@ -123,80 +123,108 @@ def host_read(t: torch.Tensor) -> list[int]:
 
 def clear_cache() -> None:
     _cache.clear()
+    _derived.clear()
 
 
-# Elements per program of kernels/value_range.py (4096 int64 = 32 KB read a program).
-RANGE_BLOCK = 4096
-# What a stats kernel's atomics start from, by kind: [min, max] of a range check (INT64_MAX,
-# INT64_MIN), and an offsets check's [first, last, decreasing steps, longest step].
-_INT64_MIN = -2**63
-_STATS_START = {"range": [2**63 - 1, _INT64_MIN], "offsets": [0, 0, 0, _INT64_MIN]}
-_stats_init: dict = {}  # (kinds, device) -> the start of a call's stats buffer
+# (what, id(tensor)) -> (weak reference, signature, value): tensors computed from another alone.
+_derived: collections.OrderedDict = collections.OrderedDict()
 
 
-def _initial_stats(kinds: tuple[str, ...], device: torch.device) -> torch.Tensor:
-    """A fresh device copy of the starting values of stats kernels of ``kinds``, side by side
-    (one small copy per call, whatever the number of checks; the source tensor is made once
-    per tuple of kinds and device)."""
-    key = (kinds, device)
-    if key not in _stats_init:
-        _stats_init[key] = torch.tensor([v for kind in kinds for v in _STATS_START[kind]],
-                                        dtype=torch.int64, device=device)
-    return _stats_init[key].clone()
+def derived(t: torch.Tensor, what, make):
+    """``make()``, a tensor computed from ``t`` alone (``what`` names the computation),
+    remembered while ``t`` is unchanged (:func:`_signature`), as a check's result is. Made
+    again on every call for a tensor without a version counter (made under
+    ``torch.inference_mode()``), whose writes cannot be seen, and while a CUDA graph is being
+    captured (the graph would hold a tensor the cache may drop, or one its capture never
+    computed)."""
+    capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
+    sig = None if capturing else _signature(t, "derived")
+    key = (what, id(t))
+    entry = _derived.get(key)
+    if sig is not None and entry is not None and entry[0]() is t and entry[1] == sig:
+        _derived.move_to_end(key)
+        return entry[2]
+    value = make()
+    if sig is not None:
+        _derived[key] = (weakref.ref(t), sig, value)
+        while len(_derived) > MAX_CACHED_TENSORS:
+            _derived.popitem(last=False)
+    return value
 
 
-def _range_stats(t: torch.Tensor) -> torch.Tensor:
-    """[min, max] of a non-empty integer tensor, int64, on its device."""
+# Elements per block of kernels/value_range.py (4096 int64 = 32 KB a read), and at most this many
+# programs, each walking every RANGE_PROGRAMS-th block and writing its own partial result: two
+# per SM of an H200, and at most 2 + 2 * RANGE_PROGRAMS int64 partials per check to merge.
+RANGE_BLOCK, RANGE_PROGRAMS = 4096, 264
+
+
+def _programs(n: int) -> int:
+    return min(-(-n // RANGE_BLOCK), RANGE_PROGRAMS)
+
+
+def _merge(kind: str, values: list[int]) -> list[int]:
+    """A range or offsets check's stats from its partials (those of kernels/value_range.py, or
+    the stats themselves: one partial); other kinds' stats as they are."""
+    if kind == "range":
+        return [min(values[0::2]), max(values[1::2])] if values else []
+    if kind == "offsets":
+        return [values[0], values[1], sum(values[2::2]), max(values[3::2])]
+    return values
+
+
+def _stats_out(size: int, device: torch.device, take=None) -> torch.Tensor:
+    """Where a stats kernel writes ``size`` partials: ``take(size)`` (a slice of a pinned
+    buffer the host reads with no copy: :class:`_Pending`), else a new device tensor."""
+    return take(size) if take is not None else torch.empty(size, dtype=torch.int64, device=device)
+
+
+def _range_stats(t: torch.Tensor, take=None) -> torch.Tensor:
+    """The partials of [min, max] of a non-empty integer tensor, int64 (:func:`_merge`)."""
     if t.is_cuda:
-        return _kernel_range_stats(t)
+        return _kernel_range_stats(t, take=take)
     lo, hi = torch.aminmax(t)
-    return torch.stack([lo, hi]).to(torch.int64)
+    return _into(torch.stack([lo, hi]).to(torch.int64), take)
 
 
-def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None,
-                        stats: torch.Tensor | None = None):
+def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None, take=None):
     """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides).
-    With ``clamp=(lo, hi)``: (stats, t clamped into [lo, hi]) from that same pass. ``stats``:
-    where to merge them (2 int64 holding _STATS_START["range"]); default a fresh tensor."""
+    With ``clamp=(lo, hi)``: (partials, t clamped into [lo, hi]) from that same pass."""
     import triton
 
     from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
 
-    if stats is None:
-        stats = _initial_stats(("range",), t.device)
     flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
+    programs = _programs(flat.numel())
+    stats = _stats_out(2 * programs, t.device, take)
     clamped = torch.empty_like(flat) if clamp is not None else flat
     lo, hi = clamp if clamp is not None else (0, 0)
-    _value_range_kernel[(triton.cdiv(flat.numel(), RANGE_BLOCK),)](
-        flat, stats, clamped, flat.numel(), lo, hi, BLOCK=RANGE_BLOCK, CLAMP=clamp is not None)
+    _value_range_kernel[(programs,)](flat, stats, clamped, flat.numel(), lo, hi,
+                                     BLOCK=RANGE_BLOCK, CLAMP=clamp is not None)
     return stats if clamp is None else (stats, clamped.view(t.shape))
 
 
-def _offsets_stats(offsets: torch.Tensor) -> torch.Tensor:
-    """[first, last, number of decreasing steps, longest document]."""
+def _offsets_stats(offsets: torch.Tensor, take=None) -> torch.Tensor:
+    """The partials of [first, last, number of decreasing steps, longest document]."""
     if offsets.numel() == 1:
-        return torch.cat([offsets, offsets, offsets.new_zeros(2)])
+        return _into(torch.cat([offsets, offsets, offsets.new_zeros(2)]), take)
     if offsets.is_cuda:
-        return _kernel_offsets_stats(offsets.contiguous())
+        return _kernel_offsets_stats(offsets.contiguous(), take=take)
     steps = offsets[1:] - offsets[:-1]
-    return torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()])
+    return _into(torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()]), take)
 
 
-def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None,
-                          stats: torch.Tensor | None = None):
+def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None, take=None):
     """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
-    ``clamp_hi``: (stats, offsets clamped into [0, clamp_hi]) from that same pass. ``stats``:
-    as in _kernel_range_stats."""
+    ``clamp_hi``: (partials, offsets clamped into [0, clamp_hi]) from that same pass."""
     import triton
 
     from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
 
-    if stats is None:
-        stats = _initial_stats(("offsets",), offsets.device)
+    programs = _programs(offsets.numel())
+    stats = _stats_out(2 + 2 * programs, offsets.device, take)
     clamped = torch.empty_like(offsets) if clamp_hi is not None else offsets
-    _offsets_stats_kernel[(triton.cdiv(offsets.numel(), RANGE_BLOCK),)](
-        offsets, stats, clamped, offsets.numel(), clamp_hi or 0, BLOCK=RANGE_BLOCK,
-        CLAMP=clamp_hi is not None)
+    _offsets_stats_kernel[(programs,)](offsets, stats, clamped, offsets.numel(), clamp_hi or 0,
+                                       BLOCK=RANGE_BLOCK, CLAMP=clamp_hi is not None)
     return stats if clamp_hi is None else (stats, clamped)
 
 
@@ -213,63 +241,76 @@ def _first_nonfinite_row_stats(t: torch.Tensor) -> torch.Tensor:
     return torch.where(bad, rows, t.shape[0]).min().reshape(1)
 
 
+# A check's stats read before the launch: ``t`` -> a tensor of its partials (_merge).
 _STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_stats,
           "finite_rows": _first_nonfinite_row_stats}
 
 
-def _into(stats: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    return stats if out is None else out.copy_(stats)
+def _into(stats: torch.Tensor, take) -> torch.Tensor:
+    """``stats`` copied into ``take(len)`` where given (behind the work that computed them)."""
+    return stats if take is None else take(stats.numel()).copy_(stats, non_blocking=True)
 
 
-def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int] | None, out=None):
+def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int] | None, take=None):
     if t.is_cuda:
         if bounds is None:
-            return _kernel_range_stats(t, stats=out), t
-        return _kernel_range_stats(t, bounds, out)
-    return _into(_range_stats(t), out), (t if bounds is None else t.clamp(*bounds))
+            return _kernel_range_stats(t, take=take), t
+        return _kernel_range_stats(t, bounds, take)
+    return _range_stats(t, take), (t if bounds is None else t.clamp(*bounds))
 
 
-def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int] | None, out=None):
+def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int] | None, take=None):
     if offsets.is_cuda and offsets.numel() > 1 and offsets.is_contiguous():
         if bounds is None:
-            return _kernel_offsets_stats(offsets, stats=out), offsets
-        return _kernel_offsets_stats(offsets, bounds[1], out)
-    stats = _into(_offsets_stats(offsets), out)
-    return stats, (offsets if bounds is None else offsets.clamp(*bounds))
+            return _kernel_offsets_stats(offsets, take=take), offsets
+        return _kernel_offsets_stats(offsets, bounds[1], take)
+    return _offsets_stats(offsets, take), (offsets if bounds is None else offsets.clamp(*bounds))
 
 
-# The checks a launch may run ahead of (those with bounds): ``(t, bounds, out)`` -> (stats, t
-# clamped into bounds; t itself with bounds None), in one pass on the GPU; the stats are merged
-# into ``out`` where given (a slice of one buffer for all of a call's checks: _initial_stats).
+# The checks a launch may run ahead of (those with bounds): ``(t, bounds, take)`` -> (partials,
+# t clamped into bounds; t itself with bounds None), in one pass on the GPU, the partials
+# written into ``take(size)`` (:class:`_Pending`).
 _STATS_AND_CLAMP = {"range": _range_and_clamp, "offsets": _offsets_and_clamp}
 
 
 class _Pending:
-    """Stats on their way to the host: copied into pinned memory behind the kernels that
-    computed them, on the same stream, with an event marking the copy done (on the CPU, the
-    values themselves). The launch queued after the copy waits for it (a few microseconds of
-    GPU time); a copy on a side stream would not, but costs more host time per call, which is
-    what bounds a loop of calls whose checks are read after each launch (results/PERFORMANCE_LOG.md,
-    run 124). The pinned buffer and the event are taken from a per-thread pool and given back
-    once read, so a call allocates neither."""
+    """Stats on their way to the host, for :meth:`DataChecks.finish`. On the GPU the stats
+    kernels write their partials straight into one pinned host buffer (mapped memory: no copy,
+    no starting values) handed out by :meth:`take`, and an event recorded behind them marks them
+    done: the launch queued after them does not wait for the host, and the host waits for the
+    check kernels only. The buffer and the event come from a per-thread pool and go back once
+    read, so a call allocates neither (results/PERFORMANCE_LOG.md, runs 124 and 126)."""
 
-    def __init__(self, stats: torch.Tensor):
-        if stats.is_cuda:
-            self._key = (stats.numel(), stats.device)
+    # Partials of one call's deferred checks: at most 2 + 2 * RANGE_PROGRAMS each.
+    CAPACITY = 4096
+
+    def __init__(self, device: torch.device):
+        self._at = 0
+        if device.type == "cuda":
+            self._key = torch.cuda.current_device()  # the device its event records on
             free = _pinned_pool().get(self._key)
             self.values, self.event = free.pop() if free else (
-                torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True), torch.cuda.Event())
-            self.values.copy_(stats, non_blocking=True)
-            self.event.record()
+                torch.empty(self.CAPACITY, dtype=torch.int64, pin_memory=True), torch.cuda.Event())
         else:
-            self.values, self.event = stats, None
+            self.values, self.event = torch.empty(self.CAPACITY, dtype=torch.int64), None
+
+    def take(self, size: int) -> torch.Tensor:
+        if self._at + size > self.CAPACITY:
+            raise RuntimeError(f"a call's deferred checks need more than {self.CAPACITY} partials")
+        self._at += size
+        return self.values[self._at - size:self._at]
+
+    def ready(self) -> None:
+        """Mark every partial taken so far: the host reads them once the event has passed."""
+        if self.event is not None:
+            self.event.record()
 
     def read(self) -> list[int]:
-        if self.event is None:
-            return host_read(self.values)
-        self.event.synchronize()  # the check kernels only, not the launch queued after them
-        values = host_read(self.values)
-        _pinned_pool().setdefault(self._key, []).append((self.values, self.event))
+        if self.event is not None:
+            self.event.synchronize()  # the check kernels only, not the launch queued after them
+        values = host_read(self.values[:self._at])
+        if self.event is not None:
+            _pinned_pool().setdefault(self._key, []).append((self.values, self.event))
         return values
 
 
@@ -277,8 +318,8 @@ _local = threading.local()
 
 
 def _pinned_pool() -> dict:
-    """This thread's free (pinned buffer, event) pairs by (entries, device). A pair is in use
-    from a call's launch to its read, so a thread holds one per size of stats it reads."""
+    """This thread's free (pinned buffer, event) pairs by current device. A pair is in use from a
+    call's checks to their read, so a thread holds one per call in flight at once."""
     pool = getattr(_local, "pinned", None)
     if pool is None:
         pool = _local.pinned = {}
@@ -406,27 +447,24 @@ class DataChecks:
         if missing:
             _spread(missing, host_read(_flat(missing)), found)
         if queued:
-            self._pending = _Pending(self._queue(queued))
+            self._pending = self._queue(queued)
         deferred = {d[0] for d in self._deferred}
         self._judge([item for item in self._items if item[0] not in deferred], missing)
         return found
 
-    def _queue(self, queued) -> torch.Tensor:
-        """Stats of the ``queued`` checks computed now, into one int64 buffer (on the GPU, one
-        copy of their starting values: _initial_stats), read by :meth:`finish`; the launch takes
-        each ``t`` clamped (by the kernel itself with ``launch_clamps``). Returns the buffer."""
-        device = queued[0][1].device
-        buffer = (_initial_stats(tuple(q[2] for q in queued), device) if device.type == "cuda"
-                  else torch.empty(sum(len(_STATS_START[q[2]]) for q in queued), dtype=torch.int64))
-        at = 0
+    def _queue(self, queued) -> "_Pending":
+        """Stats of the ``queued`` checks computed now into one :class:`_Pending`, read by
+        :meth:`finish`; the launch takes each ``t`` clamped (by the kernel itself with
+        ``launch_clamps``)."""
+        pending = _Pending(queued[0][1].device)
         for name, t, kind, sig, bounds, launch_clamps in queued:
-            out = buffer[at:at + len(_STATS_START[kind])]
-            at += out.numel()
-            stats, clamped = _STATS_AND_CLAMP[kind](t, None if launch_clamps else bounds, out)
+            stats, clamped = _STATS_AND_CLAMP[kind](t, None if launch_clamps else bounds,
+                                                    pending.take)
             if not launch_clamps:
                 self._safe[name] = clamped
             self._deferred.append((name, t, kind, sig, stats))
-        return buffer
+        pending.ready()
+        return pending
 
     def safe(self, name: str, t):
         """``t`` as the launch may take it: clamped into range while its check is pending."""
@@ -469,7 +507,7 @@ def _flat(checks_read) -> torch.Tensor:
 def _spread(checks_read, values: list[int], found: dict) -> None:
     at = 0
     for name, t, kind, sig, stats in checks_read:
-        found[name] = values[at:at + stats.numel()]
+        found[name] = _merge(kind, values[at:at + stats.numel()])
         at += stats.numel()
 
 

@@ -615,7 +615,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     group = DECODERS[cfg.decode]
     if unit_bytes == 1 and block_d < MAX_BLOCK_D:
         group = 1
-    table = decode_table(bucket_weights, nbits, Q3.dtype, group)
+    table = checks.derived(bucket_weights, ("decode table", nbits, Q3.dtype, group),
+                           lambda: decode_table(bucket_weights, nbits, Q3.dtype, group))
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
