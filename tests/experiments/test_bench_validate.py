@@ -20,14 +20,16 @@ def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
     ways = {(r["input"], r["provider"]) for r in rows}
     assert ways == {("all", "validate=False"), ("all", "validate=True"),
-                    ("all", "inference tensors"), ("pids", "validate=False"),
+                    ("all", "inference tensors"), ("all", "inference tensors validate=False"),
+                    ("pids", "validate=False"),
                     ("pids", "validate=True"), ("pids", "new pids validate=False"),
                     ("pids", "new pids validate=True")}
     for row in rows:
         assert row["ms"] > 0 and row["loop_ms"] > 0 and len(row["round_ms"]) == 1
         base = next(r for r in rows if r["input"] == row["input"] and r["provider"] == row["baseline"])
-        assert row["baseline"] == ("new pids validate=False" if "new" in row["provider"]
-                                   else "validate=False")
+        assert row["baseline"] == ("new pids validate=False" if "new" in row["provider"] else
+                                   "inference tensors validate=False"
+                                   if row["provider"] == "inference tensors" else "validate=False")
         assert row["ratio_to_baseline"] == pytest.approx(row["ms"] / base["ms"])
         assert row["loop_ratio_to_baseline"] == pytest.approx(row["loop_ms"] / base["loop_ms"])
 
