@@ -168,10 +168,13 @@ def kernel_filter() -> str:
 
 def predicted_launches(cell: bench_grid.Cell) -> int:
     """Scoring launches of one default call by the op's own split of the query tokens."""
-    from tilemaxsim_plaid.ops.dense import default_query_chunks
+    from tilemaxsim_plaid.ops.dense import default_query_chunks, tail_joins_head
     from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
 
     chunks = default_query_chunks(cell.B, cell.Lq)
+    if chunks and tail_joins_head(cell.B, chunks[0], None, cell.d, cell.layout == "packed",
+                                  cell.N, 4 if cell.dtype == "fp32" else 2):
+        return 1
     if chunks:
         return sum(1 for n in chunks if n)
     return math.ceil(cell.Lq / MAX_LQ_PER_LAUNCH)

@@ -236,6 +236,46 @@ def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packe
     assert_close(out, ref, "maxsim_dense", torch.float16)
 
 
+@pytest.mark.parametrize("B,Lq,d,q_lengths", [
+    (4, 33, 128, None), (4, 40, 64, [40, 20, 33, 1]), (5, 48, 96, [48, 33, 32, 0, 47]),
+    (4, 65, 64, [65, 64, 64, 3]), (8, 96, 64, None)])
+def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monkeypatch):
+    """Where the head's default launch holds its query block (many packed documents), a query
+    of 33-48 (65-96) tokens is scored in one launch: the tail tokens of every query of a block
+    as a second held block over the same tiles. Query lengths end some queries in the head,
+    some in the tail, one before it starts; Q is a strided view; a last block is partly empty."""
+    monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
+    head, tail = default_query_chunks(B, Lq)
+    assert dense.tail_joins_head(B, head, None, d, True, 10)
+    launched = []
+    real = dense._launch_kernel
+    monkeypatch.setattr(dense, "_launch_kernel", lambda *a, **k: launched.append(k) or real(*a, **k))
+    lengths = [3, 0, 150, 1, 17, 64, 2, 129, 9, 33]
+    Q = _rand(B, Lq, 2 * d, dtype=torch.float16, device=device)[:, :, ::2]
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    ql = None if q_lengths is None else torch.tensor(q_lengths[:B], device=device)
+    out = maxsim_packed(Q, D, offsets, query_lengths=ql)
+    assert [k["tail_tokens"] for k in launched] == [tail]
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, query_lengths=ql), "maxsim_dense",
+                 torch.float16)
+
+
+def test_a_tail_stays_a_second_launch_where_the_head_is_not_held(device):
+    """Few documents (no held block): the split into two launches stays."""
+    head, tail = default_query_chunks(4, 33)
+    assert not dense.tail_joins_head(4, head, None, 128, True, MANY_DOCS - 1)
+    assert not dense.tail_joins_head(4, head, None, 128, False, MANY_DOCS)  # padded
+
+
+def test_a_tail_needs_the_held_tiled_path(device):
+    Q = _rand(4, 33, 64, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths([3, 5], 64, torch.float16, device)
+    with pytest.raises(ValueError, match="tail of 1 query tokens"):
+        dense._launch_kernel(Q, D, packed=True, offsets=offsets, doc_lengths=None, pids=None,
+                             query_lengths=None, num_out_docs=2, padded_doc_len=0, max_doc_len=5,
+                             config=MaxSimConfig(block_t=16, queries_per_block=4), tail_tokens=1)
+
+
 @pytest.mark.parametrize("B,Lq,d,packed,num_docs", DEFAULT_SHAPES)
 def test_default_configs_are_exact(B, Lq, d, packed, num_docs, device):
     lengths = [3, 0, 50, 1, 17, 64, 2, 128, 9]

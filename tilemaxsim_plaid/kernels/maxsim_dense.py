@@ -31,11 +31,12 @@ from tilemaxsim_plaid.kernels.common import max_nan, maximum_nan, packed_doc_bou
 @triton.jit
 def _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                 HAS_QUERY_LENGTHS: tl.constexpr, LQ: tl.constexpr,
-                QUERIES_PER_BLOCK: tl.constexpr):
-    """Query index, token index and validity of each row of a query block."""
+                QUERIES_PER_BLOCK: tl.constexpr, FIRST_TOKEN: tl.constexpr = 0):
+    """Query index, token index and validity of each row of a query block: LQ rows per query,
+    its tokens FIRST_TOKEN .. FIRST_TOKEN + LQ - 1."""
     offs_r = tl.arange(0, QUERIES_PER_BLOCK * LQ)
     offs_b = pid_qblock * QUERIES_PER_BLOCK + offs_r // LQ
-    offs_i = offs_r % LQ
+    offs_i = FIRST_TOKEN + offs_r % LQ
     mask_b = offs_b < num_queries
     if HAS_QUERY_LENGTHS:
         q_len = tl.load(p_query_lengths + offs_b, mask=mask_b, other=0)
@@ -101,11 +102,36 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
 
 
 @triton.jit
-def _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries, valid_doc,
-                        stride_ob, stride_on, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr):
+def _tile_sim_with_tail(q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
+                        ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr, EVEN_D: tl.constexpr,
+                        INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """_tile_sim of a held query block and of a held block of the same queries' tail tokens,
+    from one read of the document tile: ([ROWS, BLOCK_T], [TAIL_ROWS, BLOCK_T])."""
+    sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
+    sim_tail = tl.zeros([TAIL_ROWS, BLOCK_T], tl.float32)
+    for k in tl.static_range(NUM_D_TILES):
+        d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
+                                BLOCK_T, BLOCK_D, EVEN_D)
+        sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
+        sim_tail += tile_dot(q_tail[k], d_tile, INPUT_PRECISION, UPCAST)
+    return sim, sim_tail
+
+
+@triton.jit
+def _query_sums(row_max, mask_r, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr):
+    """[QUERIES_PER_BLOCK] sums of the valid rows' maxima, LQ rows per query."""
     # where(), not a multiply: 0 * -inf is NaN for an empty document.
     contrib = tl.where(mask_r, row_max, 0.0)
-    per_query = tl.sum(tl.reshape(contrib, [QUERIES_PER_BLOCK, LQ]), axis=1)  # [QUERIES_PER_BLOCK]
+    return tl.sum(tl.reshape(contrib, [QUERIES_PER_BLOCK, LQ]), axis=1)
+
+
+@triton.jit
+def _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries, valid_doc,
+                        stride_ob, stride_on, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
+                        extra=0.0):
+    """Stores each query's sum of its rows' maxima, plus ``extra`` ([QUERIES_PER_BLOCK] or 0)."""
+    per_query = _query_sums(row_max, mask_r, LQ, QUERIES_PER_BLOCK) + extra
     offs_b = pid_qblock * QUERIES_PER_BLOCK + tl.arange(0, QUERIES_PER_BLOCK)
     # A program past the last document stores nothing: no query index is below 0.
     num_stored = tl.where(valid_doc, num_queries, 0)
@@ -126,7 +152,7 @@ def _maxsim_dense_kernel(
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -139,7 +165,10 @@ def _maxsim_dense_kernel(
     RUNNING_MAX (tiled path): a document's whole tiles are loaded unmasked and kept in an
     elementwise running max over the tile, reduced over tokens once per document, instead of
     masking every tile and reducing it over tokens (a select, a reduction and cross-lane
-    shuffles per tile)."""
+    shuffles per tile). TAIL_LQ (HOLD_QUERY without RUNNING_MAX): the query block covers tokens
+    0 .. LQ - 1 of its queries, and a second held block of TAIL_LQ rows per query their tokens
+    LQ .. LQ + TAIL_LQ - 1 (Lq is the whole length), multiplied by the same document tiles, so
+    a query a little longer than a power of two is scored in one read of the documents."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -157,6 +186,15 @@ def _maxsim_dense_kernel(
             q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
                                                 k * BLOCK_D, dim, stride_qb, stride_qt,
                                                 stride_qd, BLOCK_D),)
+        q_tail = ()
+        if TAIL_LQ > 0:
+            offs_b_tail, offs_i_tail, mask_r_tail = _query_rows(
+                pid_qgroup, Lq, p_query_lengths, num_queries, HAS_QUERY_LENGTHS, TAIL_LQ,
+                QUERIES_PER_BLOCK, LQ)
+            for k in tl.static_range(NUM_D_TILES):
+                q_tail = q_tail + (_load_query_tile(p_q, offs_b_tail, offs_i_tail, mask_r_tail,
+                                                    k * BLOCK_D, dim, stride_qb, stride_qt,
+                                                    stride_qd, BLOCK_D),)
     else:
         q_held = ()  # each tile reads the query (_tile_sim)
 
@@ -226,16 +264,32 @@ def _maxsim_dense_kernel(
                     row_max = max_nan(run, 1)
                 else:
                     row_max = tl.full([ROWS], float("-inf"), tl.float32)
+                    if TAIL_LQ > 0:
+                        tail_max = tl.full([QUERIES_PER_BLOCK * TAIL_LQ], float("-inf"),
+                                           tl.float32)
                     for t0 in range(0, doc_len, BLOCK_T):
-                        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len,
-                                        dim, stride_qb, stride_qt, stride_qd, stride_dt,
-                                        stride_dd, ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES,
-                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST)
                         mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
+                        if TAIL_LQ > 0:
+                            sim, sim_tail = _tile_sim_with_tail(
+                                q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
+                                ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
+                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST)
+                            sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
+                            tail_max = maximum_nan(tail_max, max_nan(sim_tail, 1))
+                        else:
+                            sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0,
+                                            doc_len, dim, stride_qb, stride_qt, stride_qd,
+                                            stride_dt, stride_dd, ROWS, BLOCK_T, BLOCK_D,
+                                            NUM_D_TILES, HOLD_QUERY, EVEN_D, False,
+                                            INPUT_PRECISION, UPCAST)
                         sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
+                tail_sums = 0.0
+                if TAIL_LQ > 0:
+                    tail_sums = _query_sums(tail_max, mask_r_tail, TAIL_LQ, QUERIES_PER_BLOCK)
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
-                                    valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+                                    valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK,
+                                    tail_sums)
 
 
 @triton.jit

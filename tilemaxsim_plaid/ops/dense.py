@@ -13,7 +13,7 @@ from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, dot_precision, inter
                                          launch_in_query_chunks)
 
 __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
-           "maxsim_packed"]
+           "maxsim_packed", "tail_joins_head"]
 
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
@@ -253,24 +253,44 @@ def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, strid
     return num_d_tiles == 1 and _row_offsets_fit_int32(rows, block_d, stride_dt, stride_dd)
 
 
+def tail_joins_head(num_queries: int, head: int, max_doc_len: int | None, dim: int,
+                    variable_lengths: bool = False, num_docs: int = 0,
+                    element_size: int = 2) -> bool:
+    """Whether the default scores the tail of a split query (:func:`default_query_chunks`) in
+    the head's launch: where the head's config holds its query block across documents without a
+    running max, the tail tokens of the same queries ride along as a second held block of at
+    least 16 rows, multiplied by the same document tiles (the documents read once, not twice)."""
+    cfg = default_config(num_queries, head, max_doc_len, dim, variable_lengths, num_docs,
+                         element_size)
+    return cfg.hold_query and not cfg.running_max
+
+
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
             padded_doc_len, max_doc_len, config):
-    def launch(Q_chunk, chunk_lengths):
+    def launch(Q_chunk, chunk_lengths, tail_tokens=0):
         return _launch_kernel(Q_chunk, D, packed=packed, offsets=offsets, doc_lengths=doc_lengths,
                               pids=pids, query_lengths=chunk_lengths, num_out_docs=num_out_docs,
                               padded_doc_len=padded_doc_len, max_doc_len=max_doc_len,
-                              config=config)
+                              config=config, tail_tokens=tail_tokens)
 
     chunks = default_query_chunks(Q3.shape[0], Q3.shape[1]) if config is None else None
+    if chunks and tail_joins_head(Q3.shape[0], chunks[0], max_doc_len, Q3.shape[2], packed,
+                                  num_out_docs, Q3.element_size()):
+        return launch_in_query_chunks(
+            Q3, query_lengths, num_out_docs,
+            lambda Q_all, lengths: launch(Q_all, lengths, tail_tokens=chunks[1]))
     return launch_in_query_chunks(Q3, query_lengths, num_out_docs, launch, config, _check_config,
                                   chunks)
 
 
 def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
-                   padded_doc_len, max_doc_len, config):
+                   padded_doc_len, max_doc_len, config, tail_tokens=0):
+    """One launch; ``tail_tokens``: the last ones of Q3's tokens are scored as the held tail
+    block of the head's launch (:func:`tail_joins_head`), the rest as its query block."""
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
-    cfg = config or default_config(B, Lq, max_doc_len, dim, variable_lengths=packed,
+    head = Lq - tail_tokens
+    cfg = config or default_config(B, head, max_doc_len, dim, variable_lengths=packed,
                                    num_docs=num_out_docs, element_size=Q3.element_size())
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
@@ -297,9 +317,15 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
             f"{MAX_BLOCK_D}; got max_doc_len={max_doc_len}, d={dim}"
         )
-    lq = _pow2(Lq)
+    lq = _pow2(head)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
+    # The tail block: a power of two of rows per query, at least MIN_DOT_DIM rows in all.
+    tail_lq = max(_pow2(tail_tokens), triton.cdiv(MIN_DOT_DIM, queries_per_block)) if tail_tokens else 0
+    if tail_tokens and not (cfg.hold_query and not cfg.running_max and head == lq):
+        raise ValueError(f"a tail of {tail_tokens} query tokens joins a launch of the held query "
+                         f"block without running_max over a power of two of tokens; got {cfg}, "
+                         f"{head} head tokens")
     q_blocks_per_program = min(cfg.q_blocks_per_program, num_qblocks)
     num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
     num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
@@ -359,6 +385,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         EVEN_D=dim % block_d == 0,
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
+        TAIL_LQ=tail_lq,
         **common,
     )
     return out
