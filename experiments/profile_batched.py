@@ -172,7 +172,7 @@ def predicted_launches(cell: bench_grid.Cell) -> int:
     from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
 
     chunks = default_query_chunks(cell.B, cell.Lq)
-    if chunks and tail_joins_head(cell.B, chunks[0], None, cell.d, cell.layout == "packed",
+    if chunks and tail_joins_head(cell.B, *chunks, None, cell.d, cell.layout == "packed",
                                   cell.N, 4 if cell.dtype == "fp32" else 2):
         return 1
     if chunks:

@@ -245,8 +245,9 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monk
     as a second held block over the same tiles. Query lengths end some queries in the head,
     some in the tail, one before it starts; Q is a strided view; a last block is partly empty."""
     monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
+    monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)  # every tail block joins here
     head, tail = default_query_chunks(B, Lq)
-    assert dense.tail_joins_head(B, head, None, d, True, 10)
+    assert dense.tail_joins_head(B, head, tail, None, d, True, 10)
     launched = []
     real = dense._launch_kernel
     monkeypatch.setattr(dense, "_launch_kernel", lambda *a, **k: launched.append(k) or real(*a, **k))
@@ -260,11 +261,19 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monk
                  torch.float16)
 
 
-def test_a_tail_stays_a_second_launch_where_the_head_is_not_held(device):
-    """Few documents (no held block): the split into two launches stays."""
-    head, tail = default_query_chunks(4, 33)
-    assert not dense.tail_joins_head(4, head, None, 128, True, MANY_DOCS - 1)
-    assert not dense.tail_joins_head(4, head, None, 128, False, MANY_DOCS)  # padded
+def test_which_tails_join_the_head():
+    """A tail joins a held head where its block has TAIL_JOIN_MIN_ROWS rows: 4 queries' 16
+    tokens (Lq 41-48), 2 queries' 32 (Lq 81-96); smaller tails, few documents (no held block)
+    and padded documents keep the second launch."""
+    many = MANY_DOCS
+    assert dense.tail_joins_head(4, 32, 16, None, 128, True, many)  # 4 x 16 rows
+    assert dense.tail_joins_head(16, 32, 9, None, 128, True, many)
+    assert dense.tail_joins_head(4, 64, 32, None, 128, True, many)  # 2 x 32 rows
+    assert not dense.tail_joins_head(4, 32, 1, None, 128, True, many)  # 4 x 1 (16 padded)
+    assert not dense.tail_joins_head(4, 32, 8, None, 128, True, many)  # 4 x 8
+    assert not dense.tail_joins_head(4, 64, 16, None, 128, True, many)  # 2 x 16
+    assert not dense.tail_joins_head(4, 32, 16, None, 128, True, many - 1)
+    assert not dense.tail_joins_head(4, 32, 16, None, 128, False, many)  # padded
 
 
 def test_a_tail_needs_the_held_tiled_path(device):

@@ -253,16 +253,31 @@ def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, strid
     return num_d_tiles == 1 and _row_offsets_fit_int32(rows, block_d, stride_dt, stride_dd)
 
 
-def tail_joins_head(num_queries: int, head: int, max_doc_len: int | None, dim: int,
+# A split query's tail joins the head's launch only as a block of at least this many rows (its
+# queries' tail tokens, a power of two each): 64-row tails were 1.13-1.23x faster than a second
+# launch at B = 4-32, 16- and 32-row ones 0.59-0.84x except one cell (results/PERFORMANCE_LOG.md,
+# run 127).
+TAIL_JOIN_MIN_ROWS = 64
+
+
+def tail_joins_head(num_queries: int, head: int, tail: int, max_doc_len: int | None, dim: int,
                     variable_lengths: bool = False, num_docs: int = 0,
                     element_size: int = 2) -> bool:
-    """Whether the default scores the tail of a split query (:func:`default_query_chunks`) in
-    the head's launch: where the head's config holds its query block across documents without a
-    running max, the tail tokens of the same queries ride along as a second held block of at
-    least 16 rows, multiplied by the same document tiles (the documents read once, not twice)."""
+    """Whether the default scores the ``tail`` tokens of a split query (:func:`default_query_chunks`)
+    in the head's launch: where the head's config holds its query block across documents without
+    a running max, and the same queries' tail tokens make a block of TAIL_JOIN_MIN_ROWS rows or
+    more, that block is held beside it and multiplied by the same document tiles (the documents
+    read once, not twice)."""
     cfg = default_config(num_queries, head, max_doc_len, dim, variable_lengths, num_docs,
                          element_size)
-    return cfg.hold_query and not cfg.running_max
+    return (cfg.hold_query and not cfg.running_max
+            and _tail_lq(tail, cfg.queries_per_block) * cfg.queries_per_block
+            >= TAIL_JOIN_MIN_ROWS)
+
+
+def _tail_lq(tail: int, queries_per_block: int) -> int:
+    """Rows per query of a tail block: a power of two, at least MIN_DOT_DIM rows in all."""
+    return max(_pow2(tail), triton.cdiv(MIN_DOT_DIM, queries_per_block))
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
@@ -274,7 +289,7 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                               config=config, tail_tokens=tail_tokens)
 
     chunks = default_query_chunks(Q3.shape[0], Q3.shape[1]) if config is None else None
-    if chunks and tail_joins_head(Q3.shape[0], chunks[0], max_doc_len, Q3.shape[2], packed,
+    if chunks and tail_joins_head(Q3.shape[0], *chunks, max_doc_len, Q3.shape[2], packed,
                                   num_out_docs, Q3.element_size()):
         return launch_in_query_chunks(
             Q3, query_lengths, num_out_docs,
@@ -320,8 +335,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     lq = _pow2(head)
     queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
     num_qblocks = triton.cdiv(B, queries_per_block)
-    # The tail block: a power of two of rows per query, at least MIN_DOT_DIM rows in all.
-    tail_lq = max(_pow2(tail_tokens), triton.cdiv(MIN_DOT_DIM, queries_per_block)) if tail_tokens else 0
+    tail_lq = _tail_lq(tail_tokens, queries_per_block) if tail_tokens else 0
     if tail_tokens and not (cfg.hold_query and not cfg.running_max and head == lq):
         raise ValueError(f"a tail of {tail_tokens} query tokens joins a launch of the held query "
                          f"block without running_max over a power of two of tokens; got {cfg}, "
