@@ -250,7 +250,8 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monk
     assert dense.tail_joins_head(B, head, tail, None, d, True, 10)
     launched = []
     real = dense._launch_kernel
-    monkeypatch.setattr(dense, "_launch_kernel", lambda *a, **k: launched.append(k) or real(*a, **k))
+    monkeypatch.setattr(dense, "_launch_kernel",
+                        lambda *a, **k: launched.append(k) or real(*a, **k))
     lengths = [3, 0, 150, 1, 17, 64, 2, 129, 9, 33]
     Q = _rand(B, Lq, 2 * d, dtype=torch.float16, device=device)[:, :, ::2]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)

@@ -263,11 +263,11 @@ TAIL_JOIN_MIN_ROWS = 64
 def tail_joins_head(num_queries: int, head: int, tail: int, max_doc_len: int | None, dim: int,
                     variable_lengths: bool = False, num_docs: int = 0,
                     element_size: int = 2) -> bool:
-    """Whether the default scores the ``tail`` tokens of a split query (:func:`default_query_chunks`)
-    in the head's launch: where the head's config holds its query block across documents without
-    a running max, and the same queries' tail tokens make a block of TAIL_JOIN_MIN_ROWS rows or
-    more, that block is held beside it and multiplied by the same document tiles (the documents
-    read once, not twice)."""
+    """Whether the default scores the ``tail`` tokens of a split query
+    (:func:`default_query_chunks`) in the head's launch: where the head's config holds its query
+    block across documents without a running max, and the same queries' tail tokens make a
+    block of TAIL_JOIN_MIN_ROWS rows or more, that block is held beside it and multiplied by the
+    same document tiles (the documents read once, not twice)."""
     cfg = default_config(num_queries, head, max_doc_len, dim, variable_lengths, num_docs,
                          element_size)
     return (cfg.hold_query and not cfg.running_max
