@@ -135,6 +135,34 @@ def test_packed(device, config, where, value, dtype):
     assert_same_pattern(out, ref, "maxsim_dense", dtype, value)
 
 
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q head", "Q tail", "D_packed"])
+def test_packed_tail_joined_to_the_head(device, where, value, monkeypatch):
+    """A split query's tail scored in the head's launch (dense.tail_joins_head): a poison in a
+    head token, a tail token or a document row reaches the same scores as in float64 torch."""
+    monkeypatch.setattr(dense, "MANY_DOCS", 2)  # the held default on a few documents
+    monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)
+    Q = torch.randn(4, 33, 64).half()
+    assert dense.tail_joins_head(4, 32, 1, None, 64, True, len(LENGTHS))
+    offsets = _offsets(LENGTHS)
+    D = torch.randn(int(offsets[-1]), 64).half()
+    if where == "Q head":
+        Q = _poisoned(Q, (1, 30, 3), value)
+    elif where == "Q tail":
+        Q = _poisoned(Q, (2, 32, 7), value)
+    else:
+        D = _poisoned(D, (int(offsets[POISONED_DOC]) + 4, 5), value)
+    Q, D, offsets = Q.to(device), D.to(device), offsets.to(device)
+    launched = []
+    real = dense._launch_kernel
+    monkeypatch.setattr(dense, "_launch_kernel",
+                        lambda *a, **k: launched.append(k["tail_tokens"]) or real(*a, **k))
+    out = dense.maxsim_packed(Q, D, offsets, validate=False)  # no max_doc_len: no single tile
+    assert launched == [1]
+    ref = reference.maxsim_packed(Q, D, offsets)
+    assert_same_pattern(out, ref, "maxsim_dense", torch.float16, value)
+
+
 @pytest.mark.parametrize("config", DENSE_CONFIGS[:4])
 def test_packed_unscored_rows_do_not_reach_the_scores(device, config):
     """Rows past offsets[-1] (PLAID's uninitialised tail) and rows of documents not in pids are

@@ -254,9 +254,8 @@ def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, strid
 
 
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
-# queries' tail tokens, a power of two each): 64-row tails were 1.13-1.23x faster than a second
-# launch at B = 4-32, 16- and 32-row ones 0.59-0.84x except one cell (results/PERFORMANCE_LOG.md,
-# run 127).
+# queries' tail tokens, a power of two each): 64-row tails beat a second launch at B = 4-32,
+# smaller ones lost to it (results/PERFORMANCE_LOG.md, run 127).
 TAIL_JOIN_MIN_ROWS = 64
 
 
