@@ -127,15 +127,19 @@ def _query_sums(row_max, mask_r, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constex
 
 
 @triton.jit
-def _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries, valid_doc,
-                        stride_ob, stride_on, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
-                        extra=0.0):
-    """Stores each query's sum of its rows' maxima, plus ``extra`` ([QUERIES_PER_BLOCK] or 0)."""
-    per_query = _query_sums(row_max, mask_r, LQ, QUERIES_PER_BLOCK) + extra
+def _store_sums(p_out, per_query, pid_qblock, out_idx, num_queries, valid_doc, stride_ob,
+                stride_on, QUERIES_PER_BLOCK: tl.constexpr):
     offs_b = pid_qblock * QUERIES_PER_BLOCK + tl.arange(0, QUERIES_PER_BLOCK)
     # A program past the last document stores nothing: no query index is below 0.
     num_stored = tl.where(valid_doc, num_queries, 0)
     tl.store(p_out + offs_b * stride_ob + out_idx * stride_on, per_query, mask=offs_b < num_stored)
+
+
+@triton.jit
+def _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries, valid_doc,
+                        stride_ob, stride_on, LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr):
+    _store_sums(p_out, _query_sums(row_max, mask_r, LQ, QUERIES_PER_BLOCK), pid_qblock, out_idx,
+                num_queries, valid_doc, stride_ob, stride_on, QUERIES_PER_BLOCK)
 
 
 @triton.jit
@@ -284,12 +288,14 @@ def _maxsim_dense_kernel(
                                             INPUT_PRECISION, UPCAST)
                         sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
-                tail_sums = 0.0
                 if TAIL_LQ > 0:
-                    tail_sums = _query_sums(tail_max, mask_r_tail, TAIL_LQ, QUERIES_PER_BLOCK)
-                _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
-                                    valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK,
-                                    tail_sums)
+                    per_query = (_query_sums(row_max, mask_r, LQ, QUERIES_PER_BLOCK)
+                                 + _query_sums(tail_max, mask_r_tail, TAIL_LQ, QUERIES_PER_BLOCK))
+                    _store_sums(p_out, per_query, pid_qblock, out_idx, num_queries, valid_doc,
+                                stride_ob, stride_on, QUERIES_PER_BLOCK)
+                else:
+                    _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
+                                        valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
 
 
 @triton.jit
