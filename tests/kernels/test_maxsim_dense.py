@@ -243,7 +243,8 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monk
     """Where the head's default launch holds its query block (many packed documents), a query
     of 33-48 (65-96) tokens is scored in one launch: the tail tokens of every query of a block
     as a second held block over the same tiles. Query lengths end some queries in the head,
-    some in the tail, one before it starts; Q is a strided view; a last block is partly empty."""
+    some in the tail, one before it starts; Q, D_packed, offsets and query_lengths are strided
+    views; a last block is partly empty."""
     monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
     monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)  # every tail block joins here
     head, tail = default_query_chunks(B, Lq)
@@ -255,7 +256,10 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monk
     lengths = [3, 0, 150, 1, 17, 64, 2, 129, 9, 33]
     Q = _rand(B, Lq, 2 * d, dtype=torch.float16, device=device)[:, :, ::2]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
-    ql = None if q_lengths is None else torch.tensor(q_lengths[:B], device=device)
+    D = torch.cat([D, torch.zeros_like(D)], 1)[:, :d]  # rows of stride 2 * d
+    offsets = torch.stack([offsets, torch.zeros_like(offsets)], 1)[:, 0]
+    ql = None if q_lengths is None else torch.stack(
+        [torch.tensor(q_lengths[:B], device=device)] * 2, 1)[:, 0]
     out = maxsim_packed(Q, D, offsets, query_lengths=ql)
     assert [k["tail_tokens"] for k in launched] == [tail]
     assert_close(out, reference.maxsim_packed(Q, D, offsets, query_lengths=ql), "maxsim_dense",
