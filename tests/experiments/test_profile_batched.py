@@ -184,7 +184,7 @@ def test_kernel_filter_matches_exactly_the_scoring_kernels():
     assert pattern.startswith("regex:")
     regex = re.compile(pattern[len("regex:"):])
     assert all(regex.search(n) for n in names)
-    assert not any(regex.search(n) for n in ("_value_range_kernel", "_offsets_stats_kernel",
+    assert not any(regex.search(n) for n in ("_stats_kernel",
                                              "_maxsim_residual_kernel", "x_maxsim_dense_kernel"))
 
 
@@ -226,7 +226,7 @@ def test_launches_counted_by_the_hook_else_predicted():
             self.data = {"name": name}
 
     def launches():
-        for name in ("_maxsim_dense_kernel", "_value_range_kernel", "_maxsim_dense_kernel"):
+        for name in ("_maxsim_dense_kernel", "_stats_kernel", "_maxsim_dense_kernel"):
             triton.knobs.runtime.launch_enter_hook(Meta(name))
 
     assert pb.counted_launches(launches, pb.scoring_kernel_names()) == 2

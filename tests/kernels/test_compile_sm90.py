@@ -79,19 +79,29 @@ _COMPILE = textwrap.dedent("""
                         Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T),
                         config=cfg, validate=False),
                     (_query_centroid_scores_kernel,))
-    from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
+    from tilemaxsim_plaid.kernels.value_range import OFFSETS, RANGE, _stats_kernel
     for dtype in (torch.int32, torch.int64):  # the ops' range checks of index tensors
         for clamp in (False, True):
             calls[f"value range {dtype} clamp={clamp}"] = (
-                _value_range_kernel, lambda dtype=dtype, clamp=clamp: _value_range_kernel[(1,)](
+                _stats_kernel, lambda dtype=dtype, clamp=clamp: _stats_kernel[(1,)](
                     torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64),
-                    torch.zeros(8, dtype=dtype), 8, 0, 5, BLOCK=4096, CLAMP=clamp), ())
-    from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
+                    torch.zeros(8, dtype=dtype), 8, 0, 5, 1,
+                    torch.zeros(8, dtype=dtype), torch.zeros(2, dtype=torch.int64),
+                    torch.zeros(8, dtype=dtype), 8, 0, 5, BLOCK=4096, KIND_A=RANGE,
+                    CLAMP_A=clamp, KIND_B=0, CLAMP_B=False), ())
     for clamp in (False, True):
         calls[f"offsets stats clamp={clamp}"] = (
-            _offsets_stats_kernel, lambda clamp=clamp: _offsets_stats_kernel[(1,)](
+            _stats_kernel, lambda clamp=clamp: _stats_kernel[(1,)](
                 torch.arange(8), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
-                8, 5, BLOCK=4096, CLAMP=clamp), ())
+                8, 0, 5, 1, torch.arange(8), torch.zeros(4, dtype=torch.int64),
+                torch.zeros(8, dtype=torch.int64), 8, 0, 5, BLOCK=4096, KIND_A=OFFSETS,
+                CLAMP_A=clamp, KIND_B=0, CLAMP_B=False), ())
+    calls["offsets and codes stats in one launch"] = (  # a deferred pair (checks._launch_stats)
+        _stats_kernel, lambda: _stats_kernel[(2,)](
+            torch.arange(8), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
+            8, 0, 5, 1, torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
+            torch.zeros(8, dtype=torch.int32), 8, 0, 5, BLOCK=4096, KIND_A=OFFSETS,
+            CLAMP_A=True, KIND_B=RANGE, CLAMP_B=False), ())
     out = {}
     for name, (kernel, call, skip) in calls.items():
         launch = sb.capture_launch(kernel, call, name, skip=skip)
@@ -119,7 +129,8 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    assert len(compiled) == 4 + 4 + 2 * 10 + 2 * 2 + 2  # last: value range (2 dtypes x clamp), offsets stats (clamp)
+    # last: value range (2 dtypes x clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 4 + 4 + 2 * 10 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

@@ -189,18 +189,8 @@ def _range_stats(t: torch.Tensor, take=None) -> torch.Tensor:
 def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None, take=None):
     """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides).
     With ``clamp=(lo, hi)``: (partials, t clamped into [lo, hi]) from that same pass."""
-    import triton
-
-    from tilemaxsim_plaid.kernels.value_range import _value_range_kernel
-
-    flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
-    programs = _programs(flat.numel())
-    stats = _stats_out(2 * programs, t.device, take)
-    clamped = torch.empty_like(flat) if clamp is not None else flat
-    lo, hi = clamp if clamp is not None else (0, 0)
-    _value_range_kernel[(programs,)](flat, stats, clamped, flat.numel(), lo, hi,
-                                     BLOCK=RANGE_BLOCK, CLAMP=clamp is not None)
-    return stats if clamp is None else (stats, clamped.view(t.shape))
+    stats, clamped = _kernel_stats("range", t, clamp, take)
+    return stats if clamp is None else (stats, clamped)
 
 
 def _offsets_stats(offsets: torch.Tensor, take=None) -> torch.Tensor:
@@ -216,16 +206,43 @@ def _offsets_stats(offsets: torch.Tensor, take=None) -> torch.Tensor:
 def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None, take=None):
     """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
     ``clamp_hi``: (partials, offsets clamped into [0, clamp_hi]) from that same pass."""
-    import triton
-
-    from tilemaxsim_plaid.kernels.value_range import _offsets_stats_kernel
-
-    programs = _programs(offsets.numel())
-    stats = _stats_out(2 + 2 * programs, offsets.device, take)
-    clamped = torch.empty_like(offsets) if clamp_hi is not None else offsets
-    _offsets_stats_kernel[(programs,)](offsets, stats, clamped, offsets.numel(), clamp_hi or 0,
-                                       BLOCK=RANGE_BLOCK, CLAMP=clamp_hi is not None)
+    stats, clamped = _kernel_stats("offsets", offsets, clamp_hi, take)
     return stats if clamp_hi is None else (stats, clamped)
+
+
+# A slot of kernels/value_range.py's _stats_kernel by the check's kind.
+_KINDS = {"range": 1, "offsets": 2}
+
+
+def _kernel_stats(kind: str, t: torch.Tensor, clamp, take=None, slots: list | None = None):
+    """(partials, t clamped; t itself with ``clamp`` None) of a "range" check (``clamp``:
+    (lo, hi)) or an "offsets" one (int64, 2+ entries, unit stride; ``clamp``: the upper bound)
+    by _stats_kernel. Launched here, or with ``slots`` appended to it as one slot of a launch
+    made later by :func:`_launch_stats` (the partials and the clamped copy are written then)."""
+    flat = t.contiguous().view(-1)  # the kernel reads element i at base + i
+    programs = _programs(flat.numel())
+    stats = _stats_out(2 * programs + (2 if kind == "offsets" else 0), t.device, take)
+    clamped = torch.empty_like(flat) if clamp is not None else flat
+    lo, hi = clamp if kind == "range" and clamp is not None else (0, clamp or 0)
+    slot = ((flat, stats, clamped, flat.numel(), lo, hi, programs), _KINDS[kind],
+            clamp is not None)
+    if slots is None:
+        _launch_stats([slot])
+    else:
+        slots.append(slot)
+    return stats, (t if clamp is None else clamped.view(t.shape))
+
+
+def _launch_stats(slots: list) -> None:
+    """The checks of ``slots`` (:func:`_kernel_stats`) in one _stats_kernel launch per two."""
+    from tilemaxsim_plaid.kernels.value_range import _stats_kernel
+
+    for i in range(0, len(slots), 2):
+        (args_a, kind_a, clamp_a), *second = slots[i:i + 2]
+        args_b, kind_b, clamp_b = second[0] if second else (args_a, 0, False)
+        _stats_kernel[(args_a[-1] + (args_b[-1] if second else 0),)](
+            *args_a, *args_b[:-1], BLOCK=RANGE_BLOCK, KIND_A=kind_a, CLAMP_A=clamp_a,
+            KIND_B=kind_b, CLAMP_B=clamp_b)
 
 
 def _finite_stats(t: torch.Tensor) -> torch.Tensor:
@@ -251,25 +268,24 @@ def _into(stats: torch.Tensor, take) -> torch.Tensor:
     return stats if take is None else take(stats.numel()).copy_(stats, non_blocking=True)
 
 
-def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int] | None, take=None):
+def _range_and_clamp(t: torch.Tensor, bounds: tuple[int, int] | None, take=None, slots=None):
     if t.is_cuda:
-        if bounds is None:
-            return _kernel_range_stats(t, take=take), t
-        return _kernel_range_stats(t, bounds, take)
+        return _kernel_stats("range", t, bounds, take, slots)
     return _range_stats(t, take), (t if bounds is None else t.clamp(*bounds))
 
 
-def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int] | None, take=None):
+def _offsets_and_clamp(offsets: torch.Tensor, bounds: tuple[int, int] | None, take=None,
+                       slots=None):
     if offsets.is_cuda and offsets.numel() > 1 and offsets.is_contiguous():
-        if bounds is None:
-            return _kernel_offsets_stats(offsets, take=take), offsets
-        return _kernel_offsets_stats(offsets, bounds[1], take)
+        return _kernel_stats("offsets", offsets, None if bounds is None else bounds[1], take,
+                             slots)
     return _offsets_stats(offsets, take), (offsets if bounds is None else offsets.clamp(*bounds))
 
 
-# The checks a launch may run ahead of (those with bounds): ``(t, bounds, take)`` -> (partials,
-# t clamped into bounds; t itself with bounds None), in one pass on the GPU, the partials
-# written into ``take(size)`` (:class:`_Pending`).
+# The checks a launch may run ahead of (those with bounds): ``(t, bounds, take, slots)`` ->
+# (partials, t clamped into bounds; t itself with bounds None), in one pass on the GPU, the
+# partials written into ``take(size)`` (:class:`_Pending`); on the GPU, with ``slots``, by a
+# launch made later for all of them (:func:`_launch_stats`).
 _STATS_AND_CLAMP = {"range": _range_and_clamp, "offsets": _offsets_and_clamp}
 
 
@@ -456,13 +472,14 @@ class DataChecks:
         """Stats of the ``queued`` checks computed now into one :class:`_Pending`, read by
         :meth:`finish`; the launch takes each ``t`` clamped (by the kernel itself with
         ``launch_clamps``)."""
-        pending = _Pending(queued[0][1].device)
+        pending, slots = _Pending(queued[0][1].device), []
         for name, t, kind, sig, bounds, launch_clamps in queued:
             stats, clamped = _STATS_AND_CLAMP[kind](t, None if launch_clamps else bounds,
-                                                    pending.take)
+                                                    pending.take, slots)
             if not launch_clamps:
                 self._safe[name] = clamped
             self._deferred.append((name, t, kind, sig, stats))
+        _launch_stats(slots)
         pending.ready()
         return pending
 

@@ -245,23 +245,28 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
 
 @functools.cache
 def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.Tensor:
-    """Bucket index of each entry of the decode table (see :func:`decode_table`)."""
+    """What :func:`decode_table` gathers, flat: for group 1 the bucket of each field; for
+    group 2 the buckets of each entry's two fields (weights' bits, entry by entry); for group 0
+    the bytes of the weights (2 per weight: low, high), the low bytes of the four fields first."""
     # field -> bucket (colbert-ai's bits are reversed within a field), from the codec's own rule.
     bucket_of_field = field_order_weights(torch.arange(1 << nbits, dtype=torch.float32),
                                           nbits).long()
+    if group == 0:
+        return torch.cat([2 * bucket_of_field, 2 * bucket_of_field + 1]).to(device)
     if group == 1:
         return bucket_of_field.to(device)
     fields = torch.arange(1 << (group * nbits))
     # A group's first dimension is its highest field (packbits is big-endian within a byte).
     mask = (1 << nbits) - 1
     per_dim = [(fields >> (nbits * (group - 1 - p))) & mask for p in range(group)]
-    return torch.stack([bucket_of_field[f] for f in per_dim], dim=1).to(device)
+    return torch.stack([bucket_of_field[f] for f in per_dim], dim=1).reshape(-1).to(device)
 
 
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
                  group: int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
-    kernel's decoder (DECODERS: 0-2 dimensions per lookup, 3 the shuffles).
+    kernel's decoder (DECODERS: 0-2 dimensions per lookup, 3 the shuffles). One gather of the
+    weights (after their cast to ``dtype``), so it costs a call two launches at most.
 
     1 and 3: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
@@ -274,20 +279,18 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     weights = bucket_weights.reshape(-1).to(dtype)
     if group == 3:
         group = 1  # the shuffles' lanes hold the field table
-    index = _decode_table_index(nbits, max(group, 1), weights.device)
-    if group == 0:
-        if nbits != 2 or weights.element_size() != 2:
-            raise ValueError("a byte-permute decode table needs nbits = 2 and a 16-bit dtype, got "
-                             f"nbits={nbits}, {dtype}")
-        # [4, 2] bytes (little-endian) -> [2, 4]: low bytes, then high bytes.
-        weight_bytes = weights[index].contiguous().view(torch.uint8).reshape(4, 2)
-        return weight_bytes.t().contiguous().view(torch.int32).reshape(-1)
-    if group == 1:
-        return weights[index]
-    if group != 2:
+    if group not in (0, 1, 2):
         raise ValueError(f"group must be one of {sorted(set(DECODERS.values()))}, got {group}")
+    if group == 0 and (nbits != 2 or weights.element_size() != 2):
+        raise ValueError("a byte-permute decode table needs nbits = 2 and a 16-bit dtype, got "
+                         f"nbits={nbits}, {dtype}")
+    index = _decode_table_index(nbits, group, weights.device)
+    if group == 1:
+        return weights.index_select(0, index)
+    if group == 0:  # little-endian bytes: weight w's are 2w (low) and 2w + 1 (high)
+        return weights.contiguous().view(torch.uint8).index_select(0, index).view(torch.int32)
     bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
-    return weights.view(bits[0])[index].view(bits[1]).reshape(-1)
+    return weights.view(bits[0]).index_select(0, index).view(bits[1])
 
 
 def _permute_applies(Q3, residuals, nbits, split_query, block_d) -> bool:
