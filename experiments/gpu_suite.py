@@ -211,13 +211,18 @@ def variants(work: Path, opts) -> list[Step]:
 
 def validate(work: Path, opts) -> list[Step]:
     """The GPU tests of the host checks and the ops, then validate=True against validate=False
-    for every op at 100k documents, with a new pid list each call and with inference tensors
-    (about 5 minutes)."""
+    for every op at 100k documents, with a new pid list each call and with inference tensors,
+    then each way's host time at 2,000 documents by Python function (about 7 minutes)."""
     tests = ("tests/ops/test_validation.py", "tests/ops/test_dense.py", "tests/ops/test_residual.py",
              "tests/ops/test_pq.py", "tests/kernels/test_value_range.py")
     return [Step("validate-tests", (*PYTEST, *parallel_workers(), *tests), 150),
             Step("bench-validate", module("experiments.bench_validate",
-                                          "--out", str(work / "validate")), 300)]
+                                          "--out", str(work / "validate")), 300),
+            # At 2,000 documents the GPU idles between calls, so a loop's time per call is the
+            # host's: cProfile's table of each way says which Python and torch calls it is.
+            Step("host-profile", module("experiments.bench_validate", "--num-docs", "2000",
+                                        "--rounds", "1", "--nbits", "2", "--host-profile",
+                                        "--out", str(work / "validate-host")), 120)]
 
 
 def parallel_workers() -> tuple[str, ...]:

@@ -88,6 +88,8 @@ EXPECTED = {
                            "tests/ops/test_residual.py", "tests/ops/test_pq.py",
                            "tests/kernels/test_value_range.py"],
         "bench-validate": ["-m", "experiments.bench_validate", "--out", "W/validate"],
+        "host-profile": ["-m", "experiments.bench_validate", "--num-docs", "2000", "--rounds", "1",
+                         "--nbits", "2", "--host-profile", "--out", "W/validate-host"],
     },
     "residual-caps": {
         "residual-caps": ["-m", "experiments.bench_residual_scale", "--centroids", "65536", "--caps",
