@@ -110,3 +110,19 @@ def test_an_explicit_config_too_big_for_the_gpu_is_refused_naming_it():
         launch_ops.launch_in_query_chunks(Q3, None, 3, launch, config)
     with pytest.raises(OutOfResources):
         launch_ops.launch_in_query_chunks(Q3, None, 3, launch, None)
+
+
+def test_host_cdiv_and_pow2_are_tritons():
+    """The host helpers the launches size grids with give what triton.cdiv and
+    triton.next_power_of_2 give (pow2 takes 1 for x <= 1, where a block needs one row)."""
+    import triton
+
+    for a in range(0, 300):
+        for b in (1, 2, 3, 16, 64, 128):
+            assert launch_ops.cdiv(a, b) == triton.cdiv(a, b)
+    for a in (2**31 - 1, 2**31, 2**40 + 3):
+        assert launch_ops.cdiv(a, 4096) == triton.cdiv(a, 4096)
+        assert launch_ops.pow2(a) == triton.next_power_of_2(a)
+    for x in range(1, 5000):
+        assert launch_ops.pow2(x) == triton.next_power_of_2(x)
+    assert launch_ops.pow2(0) == launch_ops.pow2(-3) == 1

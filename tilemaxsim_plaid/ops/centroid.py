@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from tilemaxsim_plaid.kernels.maxsim_centroid import _centroid_interaction_kernel, _probe_centroids_kernel
 from tilemaxsim_plaid.ops import checks
 # Query columns per launch; longer queries (full_length_search) are split and summed, which
 # is exact because the score is a sum over query tokens.
-from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, persistent_programs
+from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH, cdiv, persistent_programs, pow2
 
 __all__ = ["centroid_interaction", "probe_centroids", "cells_from_blocks", "MAX_PROBE_COLUMNS"]
 
@@ -130,7 +129,7 @@ def centroid_interaction(
             HAS_UNMATCHED=unmatched is not None,
             HAS_NUM_USED=num_used is not None,
             BLOCK_T=BLOCK_T,
-            BLOCK_Q=max(16, triton.next_power_of_2(max(width, 1))),
+            BLOCK_Q=max(16, pow2(max(width, 1))),
             BLOCK_FILL=BLOCK_FILL,
             num_warps=NUM_WARPS,
         )
@@ -159,9 +158,9 @@ def probe_centroids(centroid_scores: torch.Tensor, threshold: float) -> tuple[to
         raise ValueError(f"centroid_scores must be [C >= 1, 1 <= R <= {MAX_PROBE_COLUMNS}], "
                          f"got {checks.describe(centroid_scores)}")
     device = centroid_scores.device
-    block_r = max(16, triton.next_power_of_2(R))
+    block_r = max(16, pow2(R))
     block_c = PROBE_TILE // block_r
-    programs = triton.cdiv(C, block_c)
+    programs = cdiv(C, block_c)
     keep = torch.empty(C, dtype=torch.bool, device=device)
     # Per block and column, stored column-major: the reduction over blocks then runs along
     # contiguous rows, not along the strided dimension (results/PERFORMANCE_LOG.md, run 102).

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
 from tilemaxsim_plaid.ops import checks
-from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, dot_precision, interpreter_upcast,
-                                         launch_in_query_chunks)
+from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
+                                         launch_in_query_chunks, pow2)
 
 __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
            "maxsim_packed", "tail_joins_head"]
@@ -81,12 +80,9 @@ MAX_HELD_CHUNKS = 16
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
 
 
-def _pow2(x: int) -> int:
-    return 1 if x <= 1 else triton.next_power_of_2(x)
-
 
 def _block_d(dim: int) -> int:
-    return min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim)))
+    return min(MAX_BLOCK_D, max(MIN_DOT_DIM, pow2(dim)))
 
 
 def _wide_chunk(dim: int) -> int:
@@ -115,7 +111,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             held fp32 query tile would take twice the registers of the fp16 one timed below).
     """
     if num_queries == 1:
-        wide_query = _pow2(Lq) > 32
+        wide_query = pow2(Lq) > 32
         # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
         # 144, 192) hold the query in chunks of 64 columns where they divide d, else of 32: one
         # 128-wide chunk multiplies 32 masked columns at d = 96, and 16-column chunks make
@@ -123,9 +119,9 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # keeps it: its smaller products gain less from the columns than they lose to the chunk
         # count (runs 99, 102, 104, 107 and 108). A 32-row block is also held at d = 256, one
         # warp over 64-column chunks (HELD_ONE_WARP_MAX_DIM).
-        pads_less = triton.cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < _pow2(dim)
+        pads_less = cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < pow2(dim)
         chunked = variable_lengths and (
-            (pads_less and (_pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
+            (pads_less and (pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
             or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
                 and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
@@ -134,7 +130,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             # Short padded documents: reloading the query per document is as many bytes from
             # L2 as the document is from HBM. One warp holds it across 16 of them; tiles of up to
             # 32 tokens into a running max (a length of whole tiles masks none).
-            return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, _pow2(max_doc_len))),
+            return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, pow2(max_doc_len))),
                                 num_warps=1, num_stages=3, docs_per_program=16,
                                 hold_query=True, running_max=True)
         if holds and (variable_lengths or wide_query):
@@ -170,22 +166,22 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             # Padded documents that 128-token tiles would end in a mostly masked tile (180
             # tokens) stream as varied ones do.
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
-        block_t = min(128, max(MIN_DOT_DIM, _pow2(max_doc_len)))
+        block_t = min(128, max(MIN_DOT_DIM, pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
-    queries_per_block = max(1, min(_pow2(num_queries), 128 // _pow2(Lq)))
-    num_qblocks = triton.cdiv(num_queries, queries_per_block)
+    queries_per_block = max(1, min(pow2(num_queries), 128 // pow2(Lq)))
+    num_qblocks = cdiv(num_queries, queries_per_block)
     if (max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
             and (num_qblocks > 1 or variable_lengths)):
         # Cross-query tiling: the document tile is read once and reused by up to 8 query blocks
         # (padded documents with one query block have nothing to share: 64-token tiles below
         # are faster).
-        return MaxSimConfig(block_t=max(MIN_DOT_DIM, _pow2(max_doc_len)),
+        return MaxSimConfig(block_t=max(MIN_DOT_DIM, pow2(max_doc_len)),
                             queries_per_block=queries_per_block,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
                             num_warps=4, num_stages=2)
     if (variable_lengths and num_docs >= MANY_DOCS and element_size == 2 and dim <= MAX_BLOCK_D
-            and 32 <= _pow2(Lq) <= 64 and queries_per_block * _pow2(Lq) == 128):
+            and 32 <= pow2(Lq) <= 64 and queries_per_block * pow2(Lq) == 128):
         # Many packed documents and full 128-row query blocks (4 queries of 17-32 tokens, 2 of
         # 33-64): the block held in registers across 8 documents, 32-token tiles of 4 warps
         # (the slots below re-read the query block from L2 for every step).
@@ -235,7 +231,7 @@ def default_query_chunks(num_queries: int, Lq: int) -> list[int] | None:
     if num_queries < 4 or Lq <= 32 or Lq > MAX_LQ_PER_LAUNCH:
         return None
     head = 1 << (Lq.bit_length() - 1)
-    if head == Lq or _pow2(Lq - head) > head // 2:
+    if head == Lq or pow2(Lq - head) > head // 2:
         return None
     return [head, Lq - head]
 
@@ -276,7 +272,7 @@ def tail_joins_head(num_queries: int, head: int, tail: int, max_doc_len: int | N
 
 def _tail_lq(tail: int, queries_per_block: int) -> int:
     """Rows per query of a tail block: a power of two, at least MIN_DOT_DIM rows in all."""
-    return max(_pow2(tail), triton.cdiv(MIN_DOT_DIM, queries_per_block))
+    return max(pow2(tail), cdiv(MIN_DOT_DIM, queries_per_block))
 
 
 def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out_docs,
@@ -308,7 +304,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                                    num_docs=num_out_docs, element_size=Q3.element_size())
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
-    num_d_tiles = triton.cdiv(dim, block_d)
+    num_d_tiles = cdiv(dim, block_d)
     if num_d_tiles != 1 and cfg.block_d is not None and cfg.single_tile:
         raise ValueError(
             f"config.block_d={cfg.block_d} splits d={dim} into {num_d_tiles} chunks; "
@@ -331,17 +327,17 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             f"config.single_tile needs every document within block_t={cfg.block_t} tokens and d <= "
             f"{MAX_BLOCK_D}; got max_doc_len={max_doc_len}, d={dim}"
         )
-    lq = _pow2(head)
-    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
-    num_qblocks = triton.cdiv(B, queries_per_block)
+    lq = pow2(head)
+    queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = cdiv(B, queries_per_block)
     tail_lq = _tail_lq(tail_tokens, queries_per_block) if tail_tokens else 0
     if tail_tokens and not (cfg.hold_query and not cfg.running_max and head == lq):
         raise ValueError(f"a tail of {tail_tokens} query tokens joins a launch of the held query "
                          f"block without running_max over a power of two of tokens; got {cfg}, "
                          f"{head} head tokens")
     q_blocks_per_program = min(cfg.q_blocks_per_program, num_qblocks)
-    num_qgroups = triton.cdiv(num_qblocks, q_blocks_per_program)
-    num_doc_programs = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    num_qgroups = cdiv(num_qblocks, q_blocks_per_program)
+    num_doc_programs = cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
     # Launch arguments every dense kernel takes.
     common = dict(BLOCK_D=block_d, NUM_D_TILES=num_d_tiles, INPUT_PRECISION=dot_precision(Q3.dtype),

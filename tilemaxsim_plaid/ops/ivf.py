@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from tilemaxsim_plaid.kernels.ivf_probe import _mark_probed_kernel
+from tilemaxsim_plaid.ops.launch import cdiv
 
 __all__ = ["mark_probed_documents"]
 
@@ -33,5 +33,5 @@ def mark_probed_documents(bitmap: torch.Tensor, cells: torch.Tensor, ivf_offsets
         raise TypeError(f"bitmap must be a 1-D bool tensor, got {bitmap.dtype} {tuple(bitmap.shape)}")
     if cells.numel() == 0 or max_list_length <= 0:
         return
-    grid = (cells.numel(), triton.cdiv(max_list_length, BLOCK))
+    grid = (cells.numel(), cdiv(max_list_length, BLOCK))
     _mark_probed_kernel[grid](cells, ivf_offsets, ivf_lengths, ivf_pids, bitmap.view(torch.int8), BLOCK=BLOCK)

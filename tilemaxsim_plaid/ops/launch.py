@@ -28,6 +28,18 @@ def dot_precision(dtype: torch.dtype) -> str:
     return FP32_INPUT_PRECISION if dtype == torch.float32 else "tf32"
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of ints on the host. triton.cdiv and triton.next_power_of_2 are
+    constexpr_functions, whose host calls cost microseconds each, about ten per launch
+    (results/PERFORMANCE_LOG.md, run 130)."""
+    return -(-a // b)
+
+
+def pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1), on the host (see :func:`cdiv`)."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

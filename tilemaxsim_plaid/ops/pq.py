@@ -24,16 +24,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.ops import checks, nvrtc, pq_lut_shared, pq_mma
-from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least,
+from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least, cdiv,
                                          check_config_fields, document_grid, dot_precision,
                                          interpreter_upcast, interpreting,
                                          launch_in_query_chunks, one_of, optional_range,
-                                         power_of_two)
+                                         pow2, power_of_two)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 
 __all__ = ["PQConfig", "MMA_DEFAULT", "check_config", "default_pq_config", "maxsim_pq"]
@@ -152,9 +151,6 @@ def check_config(cfg: PQConfig) -> None:
 MMA_DEFAULT = PQConfig(scoring="mma", docs_per_program=4)
 
 
-def _pow2(x: int) -> int:
-    return 1 if x <= 1 else triton.next_power_of_2(x)
-
 
 def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
                       element_size: int = 2, num_subquantizers: int | None = None,
@@ -172,8 +168,8 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
       queries 32-token tiles and one query per block, which fits a block's shared memory at any
       d (see FP32_QUERY_CHUNK).
     """
-    lq = _pow2(Lq)
-    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
+    lq = pow2(Lq)
+    queries_per_block = max(1, min(pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if num_queries * lq <= 32:
         if num_docs >= MANY_DOCS and element_size == 2:
             one_warp = PQConfig(block_t=32, block_t_tail=16, queries_per_block=queries_per_block,
@@ -193,10 +189,10 @@ def default_pq_config(num_queries: int, Lq: int, num_docs: int = 0,
 
 def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, int, int]:
     """(M_BLOCK, NUM_M_BLOCKS, DSUB_PAD): sub-quantizers per decoded chunk of <= 128 columns."""
-    dsub_pad = _pow2(sub_dim)
-    m_block = min(_pow2(num_subquantizers), max(1, MAX_BLOCK_D // dsub_pad))
-    m_block = max(m_block, triton.cdiv(MIN_DOT_DIM, dsub_pad))
-    return m_block, triton.cdiv(num_subquantizers, m_block), dsub_pad
+    dsub_pad = pow2(sub_dim)
+    m_block = min(pow2(num_subquantizers), max(1, MAX_BLOCK_D // dsub_pad))
+    m_block = max(m_block, cdiv(MIN_DOT_DIM, dsub_pad))
+    return m_block, cdiv(num_subquantizers, m_block), dsub_pad
 
 
 def _hold_query(num_warps: int, dtype: torch.dtype, block_q: int, chunk_cols: int) -> bool:
@@ -274,7 +270,7 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
     B, Lq, dim = Q3.shape
     M, _, sub_dim = codebooks.shape
     rows = cfg.lut_rows
-    tiles = triton.cdiv(Lq, rows)
+    tiles = cdiv(Lq, rows)
     padded = tiles * rows
     device = Q3.device
     Q_padded = torch.zeros(B, padded, dim, dtype=torch.float64, device=device)
@@ -303,14 +299,14 @@ def _launch_lut(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroid
                              grab=cfg.docs_per_program)
         return partial.view(B, tiles, num_out_docs).sum(1)
     dummy = partial
-    grid = (B * tiles * triton.cdiv(num_out_docs, cfg.docs_per_program),)
+    grid = (B * tiles * cdiv(num_out_docs, cfg.docs_per_program),)
     _maxsim_pq_lut_kernel[grid](
         lut, pq_codes, offsets, pids if pids is not None else dummy,
         centroid_codes if use_table else dummy, scores_table if use_table else dummy,
         inv_norms if inv_norms is not None else dummy, row_query, row_valid, partial,
         num_out_docs, M, B * tiles, pq_codes.stride(0),
         scores_table.stride(0) if use_table else 0, partial.stride(0), partial.stride(1),
-        BLOCK_T=cfg.block_t, M_PAD=_pow2(M), LQ_TILE=rows, DOCS_PER_PROGRAM=cfg.docs_per_program,
+        BLOCK_T=cfg.block_t, M_PAD=pow2(M), LQ_TILE=rows, DOCS_PER_PROGRAM=cfg.docs_per_program,
         HAS_PIDS=pids is not None, CENTROID_TABLE=use_table,
         PRECOMPUTED_NORMS=inv_norms is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -333,9 +329,9 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
                                     num_out_docs, grab=cfg.docs_per_program)
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     m_block, num_m_blocks, dsub_pad = subquantizer_blocking(num_subquantizers, sub_dim)
-    lq = _pow2(Lq)
-    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
-    num_qblocks = triton.cdiv(B, queries_per_block)
+    lq = pow2(Lq)
+    queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = cdiv(B, queries_per_block)
     use_table = centroid_codes is not None
     scores_table = query_centroid_scores(Q3, centroids) if use_table else None
     held_query = _hold_query(cfg.num_warps, Q3.dtype, lq * queries_per_block,
@@ -343,7 +339,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
     words, gather_bytes = _word_gather(Q3, pq_codes, codebooks, num_subquantizers, sub_dim,
                                        m_block, held_query)
     dummy = out
-    num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    num_chunks = cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
     _maxsim_pq_kernel[(grid,)](
         Q3, pq_codes, offsets,

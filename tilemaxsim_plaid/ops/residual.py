@@ -7,7 +7,6 @@ import functools
 import logging
 
 import torch
-import triton
 
 from tilemaxsim_plaid.codecs.residual import SUPPORTED_NBITS, field_order_weights
 from tilemaxsim_plaid.kernels.maxsim_residual import (
@@ -23,6 +22,7 @@ from tilemaxsim_plaid.ops.launch import (
     NUM_WARPS,
     OPTIONAL_FLAG,
     at_least,
+    cdiv,
     check_config_fields,
     document_grid,
     dot_precision,
@@ -32,6 +32,7 @@ from tilemaxsim_plaid.ops.launch import (
     one_of,
     optional,
     optional_range,
+    pow2,
     power_of_two,
 )
 
@@ -181,15 +182,12 @@ def check_config(cfg: ResidualConfig) -> None:
     check_config_fields(cfg, CONFIG_FIELDS)
 
 
-def _pow2(x: int) -> int:
-    return 1 if x <= 1 else triton.next_power_of_2(x)
-
 
 def default_block_d(dim: int) -> int:
     """One chunk when d <= 128 (masked if d is not a power of two, so the query chunk stays in
     registers); above, the largest power of two <= 128 that divides d, so nothing is masked."""
     if dim <= MAX_BLOCK_D:
-        return max(MIN_DOT_DIM, _pow2(dim))
+        return max(MIN_DOT_DIM, pow2(dim))
     block = MAX_BLOCK_D
     while block > 32 and dim % block:
         block //= 2
@@ -224,11 +222,11 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     Several queries: a query block of up to 64 rows (two 32-token queries) fills the tensor-core
     N dimension without spilling the [BLOCK_T, 64] score block, with 4 warps to share it.
     """
-    lq = _pow2(Lq)
-    queries_per_block = max(1, min(_pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
+    lq = pow2(Lq)
+    queries_per_block = max(1, min(pow2(num_queries), max(MIN_DOT_DIM, 64) // lq))
     if queries_per_block * lq <= 32:
         if num_docs >= MANY_DOCS and (split_query or element_size == 2):
-            # Here queries_per_block = _pow2(num_queries): every query is in the one block, as
+            # Here queries_per_block = pow2(num_queries): every query is in the one block, as
             # a persistent grid needs. An L2 prefetch pays beside the fp16 table only (more L2
             # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
             # with split_query.
@@ -332,11 +330,11 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
     out = torch.empty(C, rows.shape[0], dtype=dtype, device=Q3.device)
     if C == 0 or rows.shape[0] == 0:
         return out
-    grid = (triton.cdiv(C, TABLE_BLOCK_C), triton.cdiv(rows.shape[0], TABLE_BLOCK_R))
+    grid = (cdiv(C, TABLE_BLOCK_C), cdiv(rows.shape[0], TABLE_BLOCK_R))
     _query_centroid_scores_kernel[grid](
         centroids, rows, out, out, out, out, out, out, C, rows.shape[0], dim, 0.0,
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
-        BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, _pow2(dim))),
+        BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
         UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False, PROBE=False,
     )
@@ -379,9 +377,9 @@ def _split_table(Q3, centroids, probe_threshold=None):
     tail = torch.empty_like(head)
     if rows.shape[0] == 0:
         return out, head, tail
-    block_r = min(SPLIT_TABLE_MAX_BLOCK_R, max(MIN_DOT_DIM, _pow2(rows.shape[0])))
+    block_r = min(SPLIT_TABLE_MAX_BLOCK_R, max(MIN_DOT_DIM, pow2(rows.shape[0])))
     # At least one centroid block, so that the head and tail are written even when C = 0.
-    grid = (max(1, triton.cdiv(C, SPLIT_TABLE_BLOCK_C)), triton.cdiv(rows.shape[0], block_r))
+    grid = (max(1, cdiv(C, SPLIT_TABLE_BLOCK_C)), cdiv(rows.shape[0], block_r))
     probe = probe_threshold is not None
     # Without the probe its outputs are never written: the table stands in for their pointers.
     keep, block_max, block_arg = out, out, out
@@ -394,7 +392,7 @@ def _split_table(Q3, centroids, probe_threshold=None):
         block_max, block_arg, C, rows.shape[0], dim, float(probe_threshold or 0.0),
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
         BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
-        BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, _pow2(dim))),
+        BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float16), UPCAST=interpreter_upcast(torch.float16),
         SPLIT_Q=True, PROBE=probe,
     )
@@ -437,7 +435,7 @@ def centroid_table_tiles(num_centroids: int, num_queries: int, query_len: int,
         return num_queries, query_len
     if query_len <= rows:
         return rows // query_len, query_len
-    tokens = triton.cdiv(query_len, triton.cdiv(query_len, max(rows, 1)))
+    tokens = cdiv(query_len, cdiv(query_len, max(rows, 1)))
     return (1, tokens) if tokens >= MIN_TABLE_TILE_ROWS else None
 
 
@@ -525,7 +523,7 @@ def _launch_table_tiles(Q3, codes, residuals, offsets, centroids, bucket_weights
             "maxsim_residual: the centroid-score table [C=%d, B*Lq=%d] of %d-byte entries "
             "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB): %d launches of %d x %d "
             "query rows, one table each", C, B * Lq, entry_bytes, C * B * Lq * entry_bytes / 2**20,
-            MAX_CENTROID_TABLE_BYTES / 2**20, triton.cdiv(B, queries) * triton.cdiv(Lq, tokens),
+            MAX_CENTROID_TABLE_BYTES / 2**20, cdiv(B, queries) * cdiv(Lq, tokens),
             queries, tokens)
     summed = tokens < Lq
     out = (torch.zeros if summed else torch.empty)(B, num_out_docs, dtype=torch.float32,
@@ -581,9 +579,9 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                          "queries or split_query) and 4-byte aligned residual rows; got "
                          f"nbits={nbits}, {Q3.dtype} queries, residual row stride "
                          f"{residuals.stride(0)}")
-    lq = _pow2(Lq)
-    queries_per_block = max(cfg.queries_per_block, triton.cdiv(MIN_DOT_DIM, lq))
-    num_qblocks = triton.cdiv(B, queries_per_block)
+    lq = pow2(Lq)
+    queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
+    num_qblocks = cdiv(B, queries_per_block)
     use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes)
     scores_table = None
     Q_lo = None
@@ -621,7 +619,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     table = checks.derived(bucket_weights, ("decode table", nbits, Q3.dtype, group),
                            lambda: decode_table(bucket_weights, nbits, Q3.dtype, group))
     dummy = out  # pointer arguments behind a False constexpr are never read
-    num_chunks = triton.cdiv(num_out_docs, cfg.docs_per_program)
+    num_chunks = cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
     _maxsim_residual_kernel[(grid,)](
         Q3, Q_lo if Q_lo is not None else Q3, codes, residuals, offsets,
@@ -639,7 +637,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         NBITS=nbits, UNIT_BYTES=unit_bytes, DECODE_GROUP=group,
         ELEM_BITS=8 * Q3.element_size(), LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
         BLOCK_T=cfg.block_t, BLOCK_T_TAIL=cfg.block_t_tail, BLOCK_D=block_d,
-        NUM_D_BLOCKS=triton.cdiv(dim, block_d), DOCS_PER_PROGRAM=cfg.docs_per_program,
+        NUM_D_BLOCKS=cdiv(dim, block_d), DOCS_PER_PROGRAM=cfg.docs_per_program,
         HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
         CENTROID_TABLE=use_table, PRECOMPUTED_NORMS=inv_norms is not None,
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),

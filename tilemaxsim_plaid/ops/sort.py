@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from tilemaxsim_plaid.kernels.sort_candidates import _sort_candidates_kernel
+from tilemaxsim_plaid.ops.launch import pow2
 from tilemaxsim_plaid.ops.packed_lists import packed_triple
 
 __all__ = ["MAX_SORTED_IN_ONE_PROGRAM", "sort_candidates"]
@@ -37,7 +37,7 @@ def sort_candidates(pids: torch.Tensor, scores: torch.Tensor, valid: torch.Tenso
         raise ValueError(f"sort_candidates sorts 1 to {MAX_SORTED_IN_ONE_PROGRAM} slots, got {K}")
     out_pids, out_scores, out_valid = packed_triple(K, pids.device)
     valid_arg = valid.view(torch.int8) if valid is not None else out_valid.view(torch.int8)
-    block = triton.next_power_of_2(K)
+    block = pow2(K)
     _sort_candidates_kernel[(1,)](
         pids, scores, valid_arg, out_pids, out_scores, out_valid.view(torch.int8), K,
         HAS_VALID=valid is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8,
