@@ -268,6 +268,32 @@ def test_inference_tensors_are_scanned_for_nan_once(device, stub_kernels, monkey
     assert counts == {"finite_rows": 1, "offsets": 2}
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the stats kernels serve GPU tensors")
+def test_inference_index_checks_share_one_stats_launch(device, stub_kernels, monkeypatch):
+    """A residual index made under inference mode has its offsets and codes checked on every
+    call: in one stats launch, read back once."""
+    from tilemaxsim_plaid.kernels import value_range
+
+    with torch.inference_mode():
+        call, t = make("residual", device)
+    t["pids"] = t["query_lengths"] = None
+    call(t)  # the first call reads every check before its launch
+    grids, real = [], value_range._stats_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(value_range, "_stats_kernel", Counting())
+    reads = []
+    real_read = checks.host_read
+    monkeypatch.setattr(checks, "host_read", lambda x: (reads.append(1), real_read(x))[1])
+    call(t)
+    call(t)
+    assert len(grids) == 2 and len(reads) == 2
+
+
 def test_cache_is_bounded_and_holds_no_tensor(device):
     tensors = [torch.arange(4, device=device) for _ in range(checks.MAX_CACHED_TENSORS + 10)]
     for x in tensors:
