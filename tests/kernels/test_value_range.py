@@ -38,7 +38,7 @@ def test_min_and_max_over_every_block(device, dtype, n, programs):
 def test_the_checks_read_a_strided_view_by_its_strides(device):
     t = torch.arange(40, dtype=torch.int64, device=device).reshape(8, 5)[:, 1]  # 1, 6, ..., 36
     for view in (t, t.to(torch.int32)):
-        assert checks._merge("range", checks._kernel_range_stats(view).tolist()) == [1, 36]
+        assert checks._merge("range", checks._kernel_stats("range", view, None)[0].tolist()) == [1, 36]
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -54,7 +54,7 @@ def test_the_clamped_copy_is_torch_clamp(device, dtype, n, programs):
 
 def test_the_checks_clamp_a_deferred_tensor_in_the_same_pass(device):
     t = torch.tensor([3, -2, 9, 4], dtype=torch.int32, device=device)
-    stats, clamped = checks._kernel_range_stats(t, clamp=(0, 5))
+    stats, clamped = checks._kernel_stats("range", t, (0, 5))
     assert checks._merge("range", stats.tolist()) == [-2, 9]
     assert clamped.dtype == torch.int32 and clamped.tolist() == [3, 0, 5, 4]
 
@@ -92,7 +92,7 @@ def test_offsets_stats_and_clamp_over_every_block(device, n, programs):
 
 def test_the_checks_offsets_stats_by_kernel(device):
     off = torch.tensor([0, 4, 4, 2, 9, 15], device=device)
-    stats, clamped = checks._kernel_offsets_stats(off, clamp_hi=10)
+    stats, clamped = checks._kernel_stats("offsets", off, 10)
     assert (checks._merge("offsets", stats.tolist()) == [0, 15, 1, 7]
             == checks._merge("offsets", checks._offsets_stats(off).tolist()))
     assert clamped.tolist() == [0, 4, 4, 2, 9, 10]

@@ -181,16 +181,9 @@ def _stats_out(size: int, device: torch.device, take=None) -> torch.Tensor:
 def _range_stats(t: torch.Tensor, take=None) -> torch.Tensor:
     """The partials of [min, max] of a non-empty integer tensor, int64 (:func:`_merge`)."""
     if t.is_cuda:
-        return _kernel_range_stats(t, take=take)
+        return _kernel_stats("range", t, None, take)[0]
     lo, hi = torch.aminmax(t)
     return _into(torch.stack([lo, hi]).to(torch.int64), take)
-
-
-def _kernel_range_stats(t: torch.Tensor, clamp: tuple[int, int] | None = None, take=None):
-    """_range_stats by kernels/value_range.py: one read of t across the GPU (t of any strides).
-    With ``clamp=(lo, hi)``: (partials, t clamped into [lo, hi]) from that same pass."""
-    stats, clamped = _kernel_stats("range", t, clamp, take)
-    return stats if clamp is None else (stats, clamped)
 
 
 def _offsets_stats(offsets: torch.Tensor, take=None) -> torch.Tensor:
@@ -198,16 +191,9 @@ def _offsets_stats(offsets: torch.Tensor, take=None) -> torch.Tensor:
     if offsets.numel() == 1:
         return _into(torch.cat([offsets, offsets, offsets.new_zeros(2)]), take)
     if offsets.is_cuda:
-        return _kernel_offsets_stats(offsets.contiguous(), take=take)
+        return _kernel_stats("offsets", offsets, None, take)[0]
     steps = offsets[1:] - offsets[:-1]
     return _into(torch.stack([offsets[0], offsets[-1], (steps < 0).sum(), steps.max()]), take)
-
-
-def _kernel_offsets_stats(offsets: torch.Tensor, clamp_hi: int | None = None, take=None):
-    """_offsets_stats of int64 offsets (2+ entries, unit stride) by one kernel; with
-    ``clamp_hi``: (partials, offsets clamped into [0, clamp_hi]) from that same pass."""
-    stats, clamped = _kernel_stats("offsets", offsets, clamp_hi, take)
-    return stats if clamp_hi is None else (stats, clamped)
 
 
 # A slot of kernels/value_range.py's _stats_kernel by the check's kind.
