@@ -208,7 +208,7 @@ def _check(call, refusal: str | None, expected, op: str, dtype: torch.dtype):
         out = call()
     except ValueError as err:
         # Which explicit configs fit in shared memory and registers depends on the GPU (known
-        # when Triton compiles): such a one is refused naming it (ops/launch._fitting).
+        # when Triton compiles): such a one is refused naming it (ops/launch._does_not_fit).
         if ON_GPU and "does not fit this GPU" in str(err):
             return
         raise

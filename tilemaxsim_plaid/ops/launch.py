@@ -3,7 +3,6 @@ configuration's fields obey, and the outer layer every MaxSim host function shar
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -143,7 +142,7 @@ def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, l
     or no queries: an empty [B, M]; no query tokens: zeros, the empty sum), and queries longer
     than MAX_LQ_PER_LAUNCH split into chunks of query tokens. Each chunk is exact MaxSim over its
     own tokens and the sum over tokens is associative, so the chunk scores add up to the whole.
-    An explicit config too big for this GPU is refused with a ValueError (:func:`_fitting`).
+    An explicit config too big for this GPU is refused with a ValueError (:func:`_does_not_fit`).
 
     Args:
         Q3: [B, Lq, d] queries.
@@ -159,24 +158,21 @@ def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, l
     """
     if config is not None and check_config is not None:
         check_config(config)
-    with _fitting(config):
-        return _launch_chunks(Q3, query_lengths, num_out_docs, launch, chunk_tokens)
-
-
-@contextlib.contextmanager
-def _fitting(config):
-    """An explicit config whose kernel needs more shared memory (or registers) than this GPU has
-    is refused with a ValueError naming it; which configs fit depends on the GPU, so this is
-    known only when Triton compiles for it. A default config that does not fit is a bug: its
-    error passes through unchanged."""
     try:
-        yield
+        return _launch_chunks(Q3, query_lengths, num_out_docs, launch, chunk_tokens)
     except OutOfResources as err:
         if config is None:
             raise
-        raise ValueError(f"config {config} does not fit this GPU ({err}); smaller tiles "
-                         f"(block_t, queries_per_block, docs_per_program) or fewer num_stages "
-                         f"do") from err
+        raise _does_not_fit(config, err) from err
+
+
+def _does_not_fit(config, err) -> ValueError:
+    """The refusal of an explicit config whose kernel needs more shared memory (or registers)
+    than this GPU has; which configs fit depends on the GPU, so this is known only when Triton
+    compiles for it. A default config that does not fit is a bug: its error passes through
+    unchanged."""
+    return ValueError(f"config {config} does not fit this GPU ({err}); smaller tiles "
+                      f"(block_t, queries_per_block, docs_per_program) or fewer num_stages do")
 
 
 def _launch_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch, chunk_tokens=None):
