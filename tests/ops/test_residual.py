@@ -145,6 +145,28 @@ def test_permute_selectors_match_the_codec_layout():
         decode_table(weights, 2, torch.float32, 0)
 
 
+@pytest.mark.parametrize("group", [0, 1, 2, 3])
+def test_decode_table_of_a_strided_or_non_finite_weight_view(group):
+    """A strided view of bucket_weights (another dtype than the table's) gives the table of its
+    contiguous copy, value for value, NaN and inf included (the table gathers the weights cast
+    to its dtype; a cast may give a NaN another payload, so NaN matches NaN)."""
+    nbits, dtype = (2, torch.float16) if group == 0 else (4, torch.bfloat16)
+    weights = torch.sort(torch.randn(1 << nbits)).values
+    weights[1], weights[-1] = float("nan"), float("inf")
+    strided = torch.stack([weights, -weights], 1)[:, 0]
+    assert not strided.is_contiguous()
+    got = decode_table(strided, nbits, dtype, group)
+    want = decode_table(weights.contiguous(), nbits, dtype, group)
+    def values(table):  # the weights in the table's dtype; group 0 holds their low, high bytes
+        if group == 0:
+            return table.view(torch.uint8).reshape(2, 4).t().contiguous().view(dtype)
+        return table.view(dtype)
+
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(values(got), values(want), rtol=0, atol=0, equal_nan=True)
+    assert values(got).isnan().any() and values(got).isinf().any()
+
+
 def test_default_decode_by_path(device, monkeypatch):
     """The default decodes by byte permutes on the table path only: without inverse norms the
     centroid rows are gathered, and in permuted column order those would be 2-byte gathers."""

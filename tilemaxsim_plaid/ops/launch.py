@@ -30,7 +30,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of ints on the host. triton.cdiv and triton.next_power_of_2 are
     constexpr_functions, whose host calls cost microseconds each, about ten per launch
-    (results/PERFORMANCE_LOG.md, run 130)."""
+    (results/host/cpu-stubbed-launches)."""
     return -(-a // b)
 
 
