@@ -46,7 +46,7 @@ kernel is built around the instructions per embedding element:
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU; the host
       takes it for byte units in chunks narrower than 128 columns, where pairs are wrong on the
-      GPU (see results/PERFORMANCE_LOG.md, run 9).
+      GPU (see results/compressed/h200-diag).
 * Loads by inline PTX (PTX_LOADS, on a GPU). A tl.load gets a coalesced layout of its own; the
   residual words and the pair-table entries would then reach the tensor-core operand's layout
   through shared memory on every tile. tl.inline_asm_elementwise loads are elementwise, so they
@@ -522,7 +522,7 @@ def _residual_tile_scores(
         mask_s = mask_t[:, None] & mask_col[None, :]
         # A tl.load, not inline PTX in the accumulator's layout: one 2- or 4-byte load per
         # element there costs more than the layout conversion through shared memory (see
-        # results/PERFORMANCE_LOG.md, run 39).
+        # results/compressed/h200-pq-words).
         acc = tl.load(p_rows_s, mask=mask_s, other=0.0,
                       eviction_policy="evict_last").to(tl.float32)
     else:

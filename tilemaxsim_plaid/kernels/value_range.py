@@ -1,7 +1,7 @@
 """Range statistics of integer tensors, for the ops' range checks on the GPU.
 
 torch's ``aminmax`` of a whole 100k-entry tensor runs as one slow reduction, most of the cost of
-checking a new pid list (results/PERFORMANCE_LOG.md, run 122); ``_stats_kernel`` reads the
+checking a new pid list (results/validate/h200-935c094-profile); ``_stats_kernel`` reads the
 tensor once across the GPU, each program walking every ``programs``-th block, and each program
 writes its own partial result to ``p_out`` (no atomics, so ``p_out`` needs no starting values
 and may be pinned host memory, which the host reads with no copy: ops/checks.py merges the

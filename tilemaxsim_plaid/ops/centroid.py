@@ -163,7 +163,7 @@ def probe_centroids(centroid_scores: torch.Tensor, threshold: float) -> tuple[to
     programs = cdiv(C, block_c)
     keep = torch.empty(C, dtype=torch.bool, device=device)
     # Per block and column, stored column-major: the reduction over blocks then runs along
-    # contiguous rows, not along the strided dimension (results/PERFORMANCE_LOG.md, run 102).
+    # contiguous rows, not along the strided dimension (results/profile/h200-665b5b8-search).
     block_max = torch.empty(block_r, programs, dtype=torch.float32, device=device)
     block_arg = torch.empty(block_r, programs, dtype=torch.int32, device=device)
     _probe_centroids_kernel[(programs,)](

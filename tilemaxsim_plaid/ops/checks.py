@@ -107,7 +107,7 @@ def _signature(t: torch.Tensor, kind: str, provisional: bool = False):
     NaN on every call; a write into it inside inference mode goes unseen by the refusal), and
     with ``provisional`` (``DataChecks``), where a remembered result is checked again after
     the launch."""
-    if t.is_inference():  # asked first: its _version raises a C++ error (PERFORMANCE_LOG, run 126)
+    if t.is_inference():  # asked first: its _version raises a C++ error (results/validate/h200-probe-host-costs)
         if kind not in REFUSALS_ONLY and not provisional:
             return None
         version = INFERENCE

@@ -21,7 +21,7 @@ MAX_BLOCK_D = 128
 MIN_DOT_DIM = 16
 # From this many documents on, one query is scored by programs that hold the query across
 # several documents each (default_config): 4,096 programs of 4 documents and more, ~31 per SM
-# of an H200 (d = 256, 28k long documents: run 116).
+# of an H200 (d = 256, 28k long documents: results/sweep_configs/h200-e5fc4ca-fifth).
 MANY_DOCS = 16384
 # Padded documents up to this long, one query: the query held in one warp across 16 of them.
 HELD_PADDED_MAX_LEN = 64
@@ -76,7 +76,7 @@ MAX_HELD_CHUNKS = 16
 # that divide d (default_config), up to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of
 # 192 fp16 columns in 96 registers a thread (d = 96, 144 and 192 measured). A query of up to 32
 # tokens is also held at d = 256 in 64-column chunks, in one warp (127 registers, no spill;
-# run 111). Wider d keeps the streamed chunks.
+# results/sweep_configs/h200-34d0588-third). Wider d keeps the streamed chunks.
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
 
 
@@ -226,7 +226,7 @@ def default_query_chunks(num_queries: int, Lq: int) -> list[int] | None:
     per query: 33 tokens cost the products of 64. Where the tokens past the largest power of two
     p >= 32 take at most p / 2 rows, two launches (p tokens, then the rest) read the documents
     twice but skip a quarter to a half of the products (the two parts' times in
-    results/PERFORMANCE_LOG.md, run 109, add up to less than the one launch's). One query is
+    results/grid/h200-4613307-full, add up to less than the one launch's). One query is
     bound by the read, which a second launch repeats."""
     if num_queries < 4 or Lq <= 32 or Lq > MAX_LQ_PER_LAUNCH:
         return None
@@ -245,13 +245,14 @@ def _row_offsets_fit_int32(rows: int, columns: int, stride_dt: int, stride_dd: i
 
 def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, stride_dd: int) -> bool:
     """The kernel's TOKENS_I32: 32-bit row offsets where d is one chunk and every offset fits.
-    Over several d chunks the 64-bit ones were faster (d = 192-768, run 117)."""
+    Over several d chunks the 64-bit ones were faster (d = 192-768:
+    results/dense_variants/h200-81de55c)."""
     return num_d_tiles == 1 and _row_offsets_fit_int32(rows, block_d, stride_dt, stride_dd)
 
 
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
 # queries' tail tokens, a power of two each): 64-row tails beat a second launch at B = 4-32,
-# smaller ones lost to it (results/PERFORMANCE_LOG.md, run 127).
+# smaller ones lost to it (results/dense_variants/h200-10976ef-tail).
 TAIL_JOIN_MIN_ROWS = 64
 
 

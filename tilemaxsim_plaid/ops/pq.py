@@ -147,7 +147,7 @@ def check_config(cfg: PQConfig) -> None:
 
 
 # The default where scoring="mma" applies and at least MANY_DOCS documents are scored: 4
-# documents per grab (1, 2 and 8 measured within 1 %: results/PERFORMANCE_LOG.md, run 74).
+# documents per grab (1, 2 and 8 measured within 1 %: results/compressed/h200-pq-mma).
 MMA_DEFAULT = PQConfig(scoring="mma", docs_per_program=4)
 
 
@@ -247,8 +247,8 @@ def _launch(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centroids, i
 
 
 # Query tokens per launch of the default for fp32 queries: a block of more rows of fp32 chunks
-# does not fit a block's shared memory at d >= 256; 32 rows do (results/PERFORMANCE_LOG.md,
-# run 114).
+# does not fit a block's shared memory at d >= 256; 32 rows do (static sm_90a
+# compiles, experiments/sass_budget).
 FP32_QUERY_CHUNK = 32
 
 

@@ -32,8 +32,8 @@ QUERY_REGS = K_BLOCKS * QUERY_BLOCKS * 4
 LINE_GROUPS = NUM_SUBQUANTIZERS // 4
 BOOK_BYTES = LINE_GROUPS * 256 * 8 * 16
 # 16 warps per block, one block per SM: 128 KB of codebook in shared memory serves them all, and
-# 128 registers per thread fit (other counts were measured slower: results/PERFORMANCE_LOG.md,
-# run 74).
+# 128 registers per thread fit (other counts were measured slower:
+# results/compressed/h200-pq-mma).
 WARPS = 16
 DEFAULT_GRAB = 4
 

@@ -113,7 +113,7 @@ class ResidualConfig:
             Byte-unit rows in chunks narrower than 128 columns always decode with "select".
         num_warps, num_stages: Triton launch parameters (a power of two; at least 1). One
             stage: deeper pipelining costs registers and occupancy here (see
-            results/PERFORMANCE_LOG.md, run 4).
+            results/compressed/h200-final).
         maxnreg: a cap on registers per thread (ptx .maxnreg, MIN_MAXNREG..MAX_MAXNREG), or
             None for the compiler's choice. Fewer registers let more programs share an SM,
             which hides the latency of each program's dependent loads; too few make the
@@ -612,7 +612,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     # On the GPU (triton 3.6) the pair decoder over byte units gives wrong scores in 16-column
     # chunks (word units and 128-column chunks are right); byte-unit chunks narrower than
     # MAX_BLOCK_D decode with the select tree, which is right at every width (see
-    # results/PERFORMANCE_LOG.md, run 9).
+    # results/compressed/h200-diag).
     group = DECODERS[cfg.decode]
     if unit_bytes == 1 and block_d < MAX_BLOCK_D:
         group = 1

@@ -12,7 +12,7 @@ the texts on the host; the marker column, the ``[MASK]`` swap and ``attend_to_ma
 applied to the integer lists, and ids and mask travel to the device in one non-blocking copy
 from a reused pinned buffer (:class:`PinnedUploads`). The mask is tagged with whether any
 position is padded (:data:`HAS_PADDING_ATTRIBUTE`), so the encoder graph need not read it back.
-Measured on the H200: results/PERFORMANCE_LOG.md, run 22 (results/plaid/h200-host-tokens).
+Measured on the H200: results/plaid/h200-host-tokens.
 
 The first call for each (tokenizer, ``query_maxlen``) also runs upstream's ``tensorize`` on the
 same texts and on :data:`PROBE_TEXTS` (empty, over-long, special-token strings) and compares:
