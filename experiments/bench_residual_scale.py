@@ -49,11 +49,12 @@ def cap_variants(config, caps):
 
 def decoder_variants(config, decoders, nbits):
     """(provider, config) for the default launch ``config`` with each decoder of ``decoders``
-    other than its own that applies at ``nbits`` (byte permutes: nbits = 2 only)."""
+    other than its own that applies at ``nbits`` (byte permutes: nbits = 2 and 4)."""
+    from tilemaxsim_plaid.ops.residual import PERMUTE_NBITS
     return [(f"maxsim_residual validate=False decode={decode}",
              dataclasses.replace(config, decode=decode))
             for decode in dict.fromkeys(decoders)
-            if decode != config.decode and (decode != "permute" or nbits == 2)]
+            if decode != config.decode and (decode != "permute" or nbits in PERMUTE_NBITS)]
 
 
 def scores_as_default(config, default, got, want) -> bool:
@@ -68,12 +69,12 @@ def scores_as_default(config, default, got, want) -> bool:
 
 def op_default(nbits: int, num_docs: int, element_size: int):
     """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
-    default config, with the pair decoder where byte permutes cannot serve (nbits != 2), as
+    default config, with the pair decoder where byte permutes cannot serve (nbits = 1), as
     ops.residual._launch_kernel falls back."""
-    from tilemaxsim_plaid.ops.residual import default_residual_config
+    from tilemaxsim_plaid.ops.residual import PERMUTE_NBITS, default_residual_config
     config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
                                      nbits=nbits)
-    if config.decode == "permute" and nbits != 2:
+    if config.decode == "permute" and nbits not in PERMUTE_NBITS:
         config = dataclasses.replace(config, decode="pairs")
     return config
 

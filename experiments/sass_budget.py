@@ -200,12 +200,15 @@ def benchmark_offsets(num_docs: int = NUM_DOCS) -> tuple[torch.Tensor, torch.Ten
     return lengths, offsets
 
 
-def benchmark_launches(nbits_list=(1, 2, 4), num_docs: int = NUM_DOCS) -> dict[str, Launch]:
-    """{"dense": ..., "residual nbits=k": ...}: the launches bench_residual_scale's calls make."""
+def benchmark_launches(nbits_list=(1, 2, 4), num_docs: int = NUM_DOCS,
+                       decode: str | None = None) -> dict[str, Launch]:
+    """{"dense": ..., "residual nbits=k": ...}: the launches bench_residual_scale's calls make;
+    ``decode``: the residual ones with that decoder in place of their default's."""
     from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
                                                           _query_centroid_scores_kernel)
     from tilemaxsim_plaid.ops.dense import maxsim_packed
+    from tilemaxsim_plaid.ops import residual as residual_op
     from tilemaxsim_plaid.ops.residual import maxsim_residual
 
     lengths, offsets = benchmark_offsets(num_docs)
@@ -225,11 +228,15 @@ def benchmark_launches(nbits_list=(1, 2, 4), num_docs: int = NUM_DOCS) -> dict[s
         residuals = torch.zeros(T, DIM * nbits // 8, dtype=torch.uint8)
         weights = torch.sort(torch.randn(1 << nbits, generator=g) * 0.03).values
         inv_norms = torch.ones(T)
-        name = f"residual nbits={nbits}"
+        name = f"residual nbits={nbits}" + (f" decode={decode}" if decode else "")
+        # The default for this shape, with the decoder replaced when one is asked for.
+        config = None if decode is None else dataclasses.replace(
+            residual_op.default_residual_config(1, QUERY_LEN, False, len(lengths), 2, True,
+                                                nbits), decode=decode)
         launches[name] = capture_launch(
             _maxsim_residual_kernel,
             lambda: maxsim_residual(Q, codes, residuals, offsets, centroids, weights, nbits,
-                                    inv_norms=inv_norms, validate=False),
+                                    inv_norms=inv_norms, config=config, validate=False),
             name, skip=(_query_centroid_scores_kernel,))
     return launches
 
@@ -597,11 +604,11 @@ def read_roof() -> tuple[float, str]:
 # Report
 
 
-def analyse(nbits_list, num_docs: int, out_dir: Path | None) -> dict:
+def analyse(nbits_list, num_docs: int, out_dir: Path | None, decode: str | None = None) -> dict:
     lengths, _ = benchmark_offsets(num_docs)
     total_tokens = int(lengths.sum())
     roof_gbps, roof_source = read_roof()
-    launches = benchmark_launches(nbits_list, num_docs)
+    launches = benchmark_launches(nbits_list, num_docs, decode)
     kernels = {}
     excerpts = {}
     for name, launch in launches.items():
@@ -632,8 +639,8 @@ def analyse(nbits_list, num_docs: int, out_dir: Path | None) -> dict:
             "measured_over_floor": measured * 1e3 / b["floor_us"],
         }
         excerpts[name] = excerpt
-    floors = {int(n.split("=")[1]): k["bounds"]["floor_us"] for n, k in kernels.items()
-              if n != "dense"}
+    floors = {launches[n].constexprs["NBITS"]: k["bounds"]["floor_us"]
+              for n, k in kernels.items() if n != "dense"}
     doc = {
         "provenance": harness.provenance(),
         "shape": {"num_docs": num_docs, "total_tokens": total_tokens,
@@ -741,6 +748,8 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4))
     parser.add_argument("--num-docs", type=int, default=NUM_DOCS)
+    parser.add_argument("--decode", default=None, choices=("pairs", "select", "permute", "shuffle"),
+                        help="the residual launches with this decoder instead of their default's")
     parser.add_argument("--out", default=None,
                         help="default: results/sass_budget/sm90-triton<version>-<commit7>")
     args = parser.parse_args(argv)
@@ -755,7 +764,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else Path("results/sass_budget") / (
         f"sm90-triton{'.'.join(triton.__version__.split('.')[:2])}-"
         f"{harness.provenance()['commit'][:7]}")
-    doc = analyse(args.nbits, args.num_docs, out)
+    doc = analyse(args.nbits, args.num_docs, out, args.decode)
     command = "python -m experiments.sass_budget " + " ".join(
         sys.argv[1:] if argv is None else argv)
     table = markdown_table(doc)

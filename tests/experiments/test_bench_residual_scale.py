@@ -18,17 +18,19 @@ def test_cap_variants_replace_only_the_cap_and_skip_the_defaults_own():
 
 
 def test_the_capped_launch_is_the_ops_own_at_every_nbits():
-    """Byte permutes serve nbits = 2 only, warp shuffles are the nbits = 4 default; the op falls
+    """Byte permutes are the nbits = 2 default, warp shuffles the nbits = 4 one; the op falls
     back to the pair table at nbits 1, and so must the variants (an explicit decode='permute' is
-    refused at nbits 1 and 4)."""
+    refused at nbits 1)."""
     for nbits, decode in ((1, "pairs"), (2, "permute"), (4, "shuffle")):
         config = op_default(nbits, 100_000, 2)
         assert config.decode == decode
         assert all(c.decode == decode for _, c in cap_variants(config, [0, 112]))
 
 
-def test_decoder_variants_skip_the_defaults_own_and_permute_off_nbits_2():
-    for nbits, own, others in ((2, "permute", ["shuffle", "pairs"]), (4, "shuffle", ["pairs"])):
+def test_decoder_variants_skip_the_defaults_own_and_permute_at_nbits_1():
+    for nbits, own, others in ((1, "pairs", ["shuffle"]),
+                               (2, "permute", ["shuffle", "pairs"]),
+                               (4, "shuffle", ["pairs", "permute"])):
         default = op_default(nbits, 100_000, 2)
         assert default.decode == own
         variants = decoder_variants(default, ["shuffle", "pairs", "permute", "shuffle"], nbits)

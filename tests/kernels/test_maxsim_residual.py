@@ -219,40 +219,43 @@ def test_persistent_programs_are_exact(device, poisoned_outputs, dtype, split, d
               split_query=split, config=cfg)
 
 
+@pytest.mark.parametrize("nbits", [2, 4])
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
-def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype):
-    """decode="permute" (two weights per byte permute, columns in the operand's register order)
+def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype, nbits):
+    """decode="permute" (weights by byte permutes, columns in the operand's register order)
     scores like the pair decoder and the float64 reference: the table path, the gather path
     (centroid rows read in the same column order), split_query, and d = 384's dynamic chunk
     loop; configurations it cannot serve are refused."""
-    index = random_index(device, dim, 2, centroid_dtype=torch.float16)
-    norms = norms_of(index, 2)
+    index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
+    norms = norms_of(index, nbits)
     Q = unit_queries(2, 19, dim, dtype, device)
     for extra in (dict(inv_norms=norms), {}):
-        permute = score(Q, index, 2, config=ResidualConfig(decode="permute"), **extra)
-        pairs = score(Q, index, 2, config=ResidualConfig(decode="pairs"), **extra)
-        assert_close(permute, expected(Q, index, 2), "maxsim_residual", dtype)
+        permute = score(Q, index, nbits, config=ResidualConfig(decode="permute"), **extra)
+        pairs = score(Q, index, nbits, config=ResidualConfig(decode="pairs"), **extra)
+        assert_close(permute, expected(Q, index, nbits), "maxsim_residual", dtype)
         assert_close(permute, pairs, "maxsim_residual", dtype)
     one_warp = ResidualConfig(decode="permute", num_warps=1, block_t=32, docs_per_program=2,
                               persistent=True)
-    out = score(Q[:1], index, 2, inv_norms=norms, config=one_warp)
-    assert_close(out, expected(Q[:1], index, 2), "maxsim_residual", dtype)
+    out = score(Q[:1], index, nbits, inv_norms=norms, config=one_warp)
+    assert_close(out, expected(Q[:1], index, nbits), "maxsim_residual", dtype)
     Q32 = unit_queries(1, 19, dim, torch.float32, device)
-    split = score(Q32, index, 2, inv_norms=norms, split_query=True,
+    split = score(Q32, index, nbits, inv_norms=norms, split_query=True,
                   config=ResidualConfig(decode="permute"))
-    assert_close(split, expected(Q32, index, 2), "maxsim_residual_split", torch.float32)
+    assert_close(split, expected(Q32, index, nbits), "maxsim_residual_split", torch.float32)
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q32, index, 2, inv_norms=norms, config=ResidualConfig(decode="permute"))
-    other = random_index(device, dim, 4)
+        score(Q32, index, nbits, inv_norms=norms, config=ResidualConfig(decode="permute"))
+    other = random_index(device, dim, 1)
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q, other, 4, inv_norms=norms_of(other, 4), config=ResidualConfig(decode="permute"))
+        score(Q, other, 1, inv_norms=norms_of(other, 1), config=ResidualConfig(decode="permute"))
     # Rows one byte into a wider buffer are not word-aligned: refused, not read as bytes.
-    wide = torch.zeros(index["residuals"].shape[0], dim // 4 + 1, dtype=torch.uint8, device=device)
+    row_bytes = dim * nbits // 8
+    wide = torch.zeros(index["residuals"].shape[0], row_bytes + 1, dtype=torch.uint8,
+                       device=device)
     wide[:, 1:] = index["residuals"]
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q, dict(index, residuals=wide[:, 1:]), 2, inv_norms=norms,
+        score(Q, dict(index, residuals=wide[:, 1:]), nbits, inv_norms=norms,
               config=ResidualConfig(decode="permute"))
 
 
@@ -539,7 +542,7 @@ def test_real_plaid_codes_match_colbert_decompression(tiny_plaid_index, device):
     # layout is checked against the codec's table for every byte value by
     # tests/ops/test_residual.py::test_permute_selectors_match_the_codec_layout, and their scores
     # against float64 by test_permute_decode_like_pairs).
-    configs = [None] + ([ResidualConfig(decode="permute")] if nbits == 2 and ON_GPU else [])
+    configs = [None] + ([ResidualConfig(decode="permute")] if nbits != 1 and ON_GPU else [])
     for norms in (inv_norms, None):
         for config in configs:
             out = score(Q.to(device), index, nbits, pids=pids.to(device), inv_norms=norms,

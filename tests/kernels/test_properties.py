@@ -458,8 +458,8 @@ def residual_refusal(p: ResidualProblem, residuals: torch.Tensor) -> str | None:
     word_rows = (residuals.shape[1] % 4 == 0 and residuals.stride(0) % 4 == 0
                  and residuals.data_ptr() % 4 == 0 and block_d * p.nbits % 32 == 0)
     sixteen_bit = q.dtype != torch.float32 or p.split_query
-    if cfg.decode == "permute" and not (p.nbits == 2 and sixteen_bit and word_rows):
-        return "permute: nbits = 2, 16-bit products, 4-byte aligned rows"
+    if cfg.decode == "permute" and not (p.nbits in (2, 4) and sixteen_bit and word_rows):
+        return "permute: nbits = 2 or 4, 16-bit products, 4-byte aligned rows"
     if cfg.centroid_table and not p.with_norms:
         return "centroid_table=True without inv_norms"
     if p.split_query and cfg.centroid_table is False:

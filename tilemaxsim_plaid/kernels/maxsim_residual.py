@@ -31,11 +31,13 @@ kernel is built around the instructions per embedding element:
       weight pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16:
       one L1 line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
       tensor-core operands per lookup.
-    - permute (0: no lookups; nbits = 2, word units, 16-bit weights): the four weights sit in
-      two registers (their low bytes, their high bytes), and one PTX byte permute assembles the
-      two weights of a k-pair from a selector computed from the word (shift, mask, one
-      multiply-add): no L1 access at all. The weights come out in the fp16 operand's register
-      order (_operand_dims), so the held query chunk is permuted once per program to match.
+    - permute (0: no lookups; nbits = 2 or 4, word units, 16-bit weights): the weights' low
+      bytes and high bytes sit in registers (two at nbits = 2, eight at nbits = 4). At nbits =
+      2 one PTX byte permute assembles the two weights of a k-pair from a selector computed
+      from the word (shift, mask, one multiply-add); at nbits = 4 four fields take four
+      permutes of the low and high bytes, two byte selects and two interleaving permutes
+      (_permute_nibbles): no L1 access at all. The weights come out in the fp16 operand's
+      register order (_operand_dims), so the held query chunk is permuted once per program.
     - shuffle (3): two dimensions per step, as pairs, but no table load: lane l of the warp
       holds the weight of field l mod 2**nbits (one 16-entry row at nbits = 4, in every
       half-warp), and a warp shuffle of segment width 2**nbits reads field f's weight from lane
@@ -255,9 +257,10 @@ def _shuffle_weight(field, lane_weight, NBITS: tl.constexpr):
 
 @triton.jit
 def _byte_permute(lo_bytes, hi_bytes, selector, USE_PTX: tl.constexpr):
-    """PTX ``prmt.b32``: byte k of the result is byte (nibble k of ``selector``) of the 8 bytes
-    ``hi_bytes:lo_bytes`` (selector nibbles are 0-7 here: no sign replication; bits 16-31 are
-    ignored). Without PTX (the CPU interpreter) the same selection in int64 arithmetic."""
+    """PTX ``prmt.b32``: byte k of the result is byte (bits 0-2 of nibble k of ``selector``) of
+    the 8 bytes ``hi_bytes:lo_bytes``, or with the nibble's bit 3 set, that byte's top bit
+    copied into all eight (0x00 or 0xFF); bits 16-31 of the selector are ignored. Without PTX
+    (the CPU interpreter) the same selection in int64 arithmetic."""
     if USE_PTX:
         return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
                                          [lo_bytes + tl.zeros_like(selector),
@@ -266,35 +269,94 @@ def _byte_permute(lo_bytes, hi_bytes, selector, USE_PTX: tl.constexpr):
     source = (lo_bytes.to(tl.int64) & 0xFFFFFFFF) | (hi_bytes.to(tl.int64) << 32)
     out = tl.zeros_like(selector).to(tl.int64)
     for k in tl.static_range(4):
-        byte_index = ((selector >> (4 * k)) & 7).to(tl.int64)
-        out |= ((source >> (8 * byte_index)) & 0xFF) << (8 * k)
+        nibble = ((selector >> (4 * k)) & 0xF).to(tl.int64)
+        byte = (source >> (8 * (nibble & 7))) & 0xFF
+        byte = tl.where(nibble >= 8, tl.where(byte >= 0x80, 0xFF, 0), byte)
+        out |= byte << (8 * k)
     return out.to(tl.int32)
 
 
 @triton.jit
-def _operand_dims(offs_c, DECODE_GROUP: tl.constexpr):
+def _operand_dims(offs_c, DECODE_GROUP: tl.constexpr, NBITS: tl.constexpr):
     """The embedding dimension behind each tensor-core operand column. The byte-permute decoder
     (DECODE_GROUP 0) emits its weights in the order of the fp16 operand's registers: in each
-    16-column block, column 8h + 2j + p holds dimension j + 4p + 8h (j < 4: the lane of a
-    quad, p and h: its register halves), so the query and centroid columns are read in that
-    order too, which leaves every dot product unchanged. Other decoders: the identity."""
+    16-column block, column 8h + 2j + p holds dimension j + 4p + 8h at nbits = 2 (j < 4: the
+    lane of a quad, p and h: its register halves; the quad shares one word) and dimension
+    4j + 2h + p at nbits = 4 (lane j decodes the j-th half-word of the block's two words), so
+    the query and centroid columns are read in that order too, which leaves every dot product
+    unchanged. Other decoders: the identity."""
     if DECODE_GROUP == 0:
         column = offs_c % 16
-        return offs_c - column + (column % 8) // 2 + 4 * (column % 2) + 8 * (column // 8)
+        j = (column % 8) // 2
+        h = column // 8
+        p = column % 2
+        if NBITS == 4:
+            return offs_c - column + 4 * j + 2 * h + p
+        return offs_c - column + j + 4 * p + 8 * h
     return offs_c
 
 
 @triton.jit
 def _columns_to_operand_order(b_q, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                              DECODE_GROUP: tl.constexpr):
+                              DECODE_GROUP: tl.constexpr, NBITS: tl.constexpr):
     """[ROWS, BLOCK_D] columns in dimension order -> in _operand_dims order, by a register
     permutation (a one-off layout conversion), so the held query chunk is still read with
     contiguous vector loads."""
     if DECODE_GROUP == 0:
-        # dimension 16w + 8h + 4p + j -> column 16w + 8h + 2j + p
-        b_q = tl.reshape(b_q, [ROWS, BLOCK_D // 16, 2, 2, 4])
-        b_q = tl.reshape(tl.permute(b_q, (0, 1, 2, 4, 3)), [ROWS, BLOCK_D])
+        if NBITS == 4:
+            # dimension 16w + 4j + 2h + p -> column 16w + 8h + 2j + p
+            b_q = tl.reshape(b_q, [ROWS, BLOCK_D // 16, 4, 2, 2])
+            b_q = tl.reshape(tl.permute(b_q, (0, 1, 3, 2, 4)), [ROWS, BLOCK_D])
+        else:
+            # dimension 16w + 8h + 4p + j -> column 16w + 8h + 2j + p
+            b_q = tl.reshape(b_q, [ROWS, BLOCK_D // 16, 2, 2, 4])
+            b_q = tl.reshape(tl.permute(b_q, (0, 1, 2, 4, 3)), [ROWS, BLOCK_D])
     return b_q
+
+
+@triton.jit
+def _select_bytes(a, b, mask):
+    """Byte k of ``b`` where byte k of ``mask`` is 0xFF, else of ``a`` (one LOP3)."""
+    return (a & ~mask) | (b & mask)
+
+
+@triton.jit
+def _permute_nibbles(b_units, w0, w1, w2, w3, dot_dtype: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_D: tl.constexpr, USE_PTX: tl.constexpr):
+    """[BLOCK_T, BLOCK_D // 8] int32 words of nbits = 4 fields -> [BLOCK_T, BLOCK_D] 16-bit
+    weights in _operand_dims order, by byte permutes from registers (no table loads).
+
+    w0 / w1: the low bytes of the weights of fields 0-7 / 8-15 (int64, field f in byte f % 8),
+    w2 / w3: their high bytes. Lane j of a quad takes half-word j % 2 of the block's word j // 2:
+    four fields, nibbles k = 0-3 (byte 0's high nibble is the first dimension). A permute of
+    the low bytes of fields 0-7 with the selector (fields & 7) gives the four low bytes where
+    the field is below 8, one of fields 8-15 where it is 8 or more; the fields' top bits, each
+    spread over its byte by a sign-replicating permute, pick between the two (one LOP3); the
+    same for the high bytes; two permutes then interleave them into the weights of dimensions
+    (4j, 4j + 1) and (4j + 2, 4j + 3), columns 2j + p and 8 + 2j + p of the 16-column block."""
+    KB: tl.constexpr = BLOCK_D // 16
+    # [BLOCK_T, KB, 2 (word of the block), 2 (half-word)]: the quad's lanes.
+    words = tl.reshape(b_units, [BLOCK_T, KB, 2])
+    fields = words[:, :, :, None] >> (16 * tl.arange(0, 2))[None, None, None, :]
+    selector = fields & 0x7777
+    # Byte k = 0xFF where nibble k is 8-15: bit 3 of nibble k is the top bit of byte k // 2
+    # of (fields << 4) (k even) or of fields (k odd).
+    high = _byte_permute(fields << 4, fields, 0xD9C8 + tl.zeros_like(fields), USE_PTX)
+    lo = _select_bytes(_byte_permute(w0.to(tl.int32), (w0 >> 32).to(tl.int32), selector, USE_PTX),
+                       _byte_permute(w1.to(tl.int32), (w1 >> 32).to(tl.int32), selector, USE_PTX),
+                       high)
+    hi = _select_bytes(_byte_permute(w2.to(tl.int32), (w2 >> 32).to(tl.int32), selector, USE_PTX),
+                       _byte_permute(w3.to(tl.int32), (w3 >> 32).to(tl.int32), selector, USE_PTX),
+                       high)
+    # [BLOCK_T, KB, 2 (+8 columns), 2 (word), 2 (half-word)]: bytes (1, 5, 0, 4) are the weight
+    # of nibble 1 (dimension 4j) then of nibble 0 (4j + 1); (3, 7, 2, 6) those of 4j + 2, 4j + 3.
+    # Broadcast into the operand's register order, not joined and permuted after: Triton
+    # converts that through shared memory on every tile.
+    zero = tl.zeros([BLOCK_T, KB, 2, 2, 2], tl.int32)
+    order = tl.where(tl.arange(0, 2) == 0, 0x4051, 0x6273)[None, None, :, None, None] + zero
+    packed = _byte_permute(lo[:, :, None, :, :] + zero, hi[:, :, None, :, :] + zero, order,
+                           USE_PTX)
+    return tl.reshape(unpack_16bit_weights(packed, dot_dtype, 2), [BLOCK_T, BLOCK_D])
 
 
 @triton.jit
@@ -307,7 +369,9 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
     Each unit is broadcast over its column groups in registers ([BLOCK_T, UNITS, PER_UNIT],
     flattened in dimension order), so rows are read with vector loads, once.
     """
-    if DECODE_GROUP == 0:
+    if DECODE_GROUP == 0 and NBITS == 4:
+        return _permute_nibbles(b_units, w0, w1, w2, w3, dot_dtype, BLOCK_T, BLOCK_D, PTX_LOADS)
+    elif DECODE_GROUP == 0:
         # Byte permutes (nbits = 2, word units, 16-bit weights); w0 / w1 hold the low / high
         # bytes of the four weights in field order. Byte b of a word holds dimensions 4b .. 4b+3,
         # dimension 4b + j at bit 8b + 6 - 2j, so shifting by 6 - 2j and masking 0x03030303
@@ -406,7 +470,15 @@ def _first_finite_field(p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr, NBITS:
     """The smallest raw field value whose decoded weight is finite (0 when none is), read from
     the decoder's own table (see _decode_chunk and the kernel's table argument)."""
     FIELDS: tl.constexpr = 1 << NBITS
-    if DECODE_GROUP == 0:
+    if DECODE_GROUP == 0 and NBITS == 4:
+        # Weight f is byte f % 8 of w0 / w1 (its low byte) and of w2 / w3 (its high byte).
+        f = tl.arange(0, FIELDS)
+        shift = 8 * (f % 8)
+        low = (tl.where(f < 8, w0, w1) >> shift) & 0xFF
+        high = (tl.where(f < 8, w2, w3) >> shift) & 0xFF
+        bits = low | (high << 8)
+        field = _first_true(_finite(bits.to(tl.int16).to(dot_dtype, bitcast=True)), FIELDS)
+    elif DECODE_GROUP == 0:
         # Weight f is byte f of w0 (its low byte) and byte f of w1 (its high byte).
         shift = 8 * tl.arange(0, 4)
         bits = ((w0 >> shift) & 0xFF) | (((w1 >> shift) & 0xFF) << 8)
@@ -470,7 +542,7 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
     b_emb = _decode_chunk(b_units, p_table, w0, w1, w2, w3, b_q.dtype, NBITS, UNIT_BYTES,
                           DECODE_GROUP, ELEM_BITS, BLOCK_T, BLOCK_D, PTX_LOADS)
     if not CENTROID_TABLE:
-        offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
+        offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP, NBITS)
         mask_d = offs_d < dim
         # [BLOCK_T, BLOCK_D], centroid rows from L2
         b_c = tl.load(p_centroids + (codes * stride_cc)[:, None] + offs_d[None, :] * stride_cd,
@@ -538,7 +610,7 @@ def _residual_tile_scores(
     else:
         # A dynamic loop, like a GEMM's K loop, so the next chunk's loads overlap this product.
         for kd in range(NUM_D_BLOCKS):
-            offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP)
+            offs_d = _operand_dims(kd * BLOCK_D + tl.arange(0, BLOCK_D), DECODE_GROUP, NBITS)
             # [BLOCK_Q, BLOCK_D] (L1/L2 hits); masked dimensions are 0 here, which cancels any
             # weight there.
             q_offsets = offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt + offs_d[None, :] * stride_qd
@@ -673,12 +745,12 @@ def _maxsim_residual_kernel(
     b_q0 = tl.load(p_q + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                    + offs_d0[None, :] * stride_qd,
                    mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
-    b_q0 = _columns_to_operand_order(b_q0, BLOCK_Q, BLOCK_D, DECODE_GROUP)
+    b_q0 = _columns_to_operand_order(b_q0, BLOCK_Q, BLOCK_D, DECODE_GROUP, NBITS)
     if SPLIT_Q:
         b_q0_lo = tl.load(p_q_lo + offs_b[:, None] * stride_qb + offs_i[:, None] * stride_qt
                           + offs_d0[None, :] * stride_qd,
                           mask=mask_r[:, None] & (offs_d0[None, :] < dim), other=0.0)
-        b_q0_lo = _columns_to_operand_order(b_q0_lo, BLOCK_Q, BLOCK_D, DECODE_GROUP)
+        b_q0_lo = _columns_to_operand_order(b_q0_lo, BLOCK_Q, BLOCK_D, DECODE_GROUP, NBITS)
     else:
         b_q0_lo = b_q0
     if DECODE_GROUP == 2:
@@ -697,11 +769,16 @@ def _maxsim_residual_kernel(
         w2 = 0
         w3 = 0
     elif DECODE_GROUP == 0:
-        # The byte-permute table: the weights' low bytes and high bytes, one int32 each.
+        # The byte-permute table: the weights' low bytes, then their high bytes (nbits = 2: one
+        # int32 each; nbits = 4: two int64 each, fields 0-7 then 8-15).
         w0 = tl.load(p_table)
         w1 = tl.load(p_table + 1)
-        w2 = 0
-        w3 = 0
+        if NBITS == 4:
+            w2 = tl.load(p_table + 2)
+            w3 = tl.load(p_table + 3)
+        else:
+            w2 = 0
+            w3 = 0
     else:
         w0 = tl.load(p_table)
         w1 = tl.load(p_table + 1)

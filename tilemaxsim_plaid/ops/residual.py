@@ -75,11 +75,12 @@ WORD_BYTES = 4
 MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
-# "permute" (nbits = 2, 32-bit word units, 16-bit products) assembles two weights per PTX byte
-# permute from the four held in two registers, with no lookup at all; "shuffle" reads each weight
+# "permute" (nbits = 2 or 4, 32-bit word units, 16-bit products) assembles the weights by PTX
+# byte permutes from their bytes held in registers, with no lookup at all; "shuffle" reads each weight
 # from the lane of the warp that holds it (a warp shuffle), two per step as pairs. The kernel's
 # DECODE_GROUP: dimensions per lookup for 0-2 (0: none), 3 for the shuffles.
 DECODERS = {"select": 1, "pairs": 2, "permute": 0, "shuffle": 3}
+PERMUTE_NBITS = (2, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +108,8 @@ class ResidualConfig:
             launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once);
             gather where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once).
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension),
-            "permute" (no table lookups: two weights per byte permute from registers; nbits = 2,
-            4-byte aligned residual rows, 16-bit products only) or "shuffle" (no table loads:
+            "permute" (no table lookups: weights by byte permutes from registers; nbits = 2 or
+            4, 4-byte aligned residual rows, 16-bit products only) or "shuffle" (no table loads:
             each weight by a warp shuffle from the lane holding it, two per step; any nbits).
             Byte-unit rows in chunks narrower than 128 columns always decode with "select".
         num_warps, num_stages: Triton launch parameters (a power of two; at least 1). One
@@ -270,31 +271,33 @@ def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
     adjacent dimensions.
-    0 (byte permutes; nbits = 2, 16-bit dtypes): [2] int32, the low bytes of the four weights in
-    field order, then their high bytes: byte f of the first word and byte f of the second make
-    the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it.
+    0 (byte permutes; nbits = 2 or 4, 16-bit dtypes): the low bytes of the weights in field
+    order, then their high bytes; nbits = 2: [2] int32, byte f of the first word and byte f of
+    the second make the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it;
+    nbits = 4: [4] int64, fields 0-7 and 8-15 of the low bytes, then of the high bytes.
     """
     weights = bucket_weights.reshape(-1).to(dtype)
     if group == 3:
         group = 1  # the shuffles' lanes hold the field table
     if group not in (0, 1, 2):
         raise ValueError(f"group must be one of {sorted(set(DECODERS.values()))}, got {group}")
-    if group == 0 and (nbits != 2 or weights.element_size() != 2):
-        raise ValueError("a byte-permute decode table needs nbits = 2 and a 16-bit dtype, got "
-                         f"nbits={nbits}, {dtype}")
+    if group == 0 and (nbits not in PERMUTE_NBITS or weights.element_size() != 2):
+        raise ValueError("a byte-permute decode table needs nbits = 2 or 4 and a 16-bit dtype, "
+                         f"got nbits={nbits}, {dtype}")
     index = _decode_table_index(nbits, group, weights.device)
     if group == 1:
         return weights.index_select(0, index)
     if group == 0:  # little-endian bytes: weight w's are 2w (low) and 2w + 1 (high)
-        return weights.contiguous().view(torch.uint8).index_select(0, index).view(torch.int32)
+        table = weights.contiguous().view(torch.uint8).index_select(0, index)
+        return table.view(torch.int64 if nbits == 4 else torch.int32)
     bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
     return weights.view(bits[0]).index_select(0, index).view(bits[1])
 
 
 def _permute_applies(Q3, residuals, nbits, split_query, block_d) -> bool:
-    """Whether the byte-permute decoder can serve this call: nbits = 2, 16-bit products and
-    residual rows read as 32-bit words."""
-    return (nbits == 2 and (Q3.element_size() == 2 or split_query)
+    """Whether the byte-permute decoder can serve this call: nbits = 2 or 4, 16-bit products
+    and residual rows read as 32-bit words."""
+    return (nbits in PERMUTE_NBITS and (Q3.element_size() == 2 or split_query)
             and _unit_bytes(residuals, block_d, nbits) == WORD_BYTES)
 
 
@@ -575,8 +578,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     block_d = cfg.block_d or default_block_d(dim)
     if cfg.decode == "permute" and not _permute_applies(Q3, residuals, nbits, split_query,
                                                         block_d):
-        raise ValueError("config.decode='permute' needs nbits = 2, 16-bit products (fp16/bf16 "
-                         "queries or split_query) and 4-byte aligned residual rows; got "
+        raise ValueError("config.decode='permute' needs nbits = 2 or 4, 16-bit products "
+                         "(fp16/bf16 queries or split_query) and 4-byte aligned residual rows; got "
                          f"nbits={nbits}, {Q3.dtype} queries, residual row stride "
                          f"{residuals.stride(0)}")
     lq = pow2(Lq)
