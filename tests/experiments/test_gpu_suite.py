@@ -98,7 +98,7 @@ EXPECTED = {
     "residual-decoders": {
         "decoder-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual.py",
                           "tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
-                          "-k", "shuffle or running or ptx"],
+                          "-k", "shuffle or permute or running or ptx"],
         "pq-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_pq.py"],
         "residual-decoders": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
                               "--decoders", "shuffle", "pairs", "permute", "--out",
