@@ -9,6 +9,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from tests.conftest import ON_GPU, poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
+from tilemaxsim_plaid.kernels.maxsim_residual import _permute_registers
 from tilemaxsim_plaid.ops.residual import (
     ResidualConfig,
     decode_table,
@@ -219,6 +222,40 @@ def test_persistent_programs_are_exact(device, poisoned_outputs, dtype, split, d
               split_query=split, config=cfg)
 
 
+@triton.jit
+def _store_permute_registers(p_weights, p_out, DOT_BF16: tl.constexpr, NBITS: tl.constexpr):
+    dot_dtype: tl.constexpr = tl.bfloat16 if DOT_BF16 else tl.float16
+    w0, w1, w2, w3 = _permute_registers(p_weights, dot_dtype, NBITS)
+    tl.store(p_out, w0.to(tl.int64))
+    tl.store(p_out + 1, w1.to(tl.int64))
+    tl.store(p_out + 2, w2.to(tl.int64) + tl.zeros([1], tl.int64).sum())
+    tl.store(p_out + 3, w3.to(tl.int64) + tl.zeros([1], tl.int64).sum())
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("dot_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_permute_registers_lay_out_the_weights_as_the_codec(device, nbits, weight_dtype,
+                                                            dot_dtype):
+    """The byte permutes' registers, built in the kernel from the bucket weights (any float
+    dtype, cast to the products' dtype as torch casts), bit for bit as tests/ops/test_residual's
+    permute_words builds them from the codec's field order; inf included."""
+    from tests.ops.test_residual import permute_words
+
+    weights = torch.sort(torch.randn(1 << nbits) * 0.05).values
+    weights[0], weights[-1] = float("-inf"), float("inf")
+    weights = weights.to(weight_dtype)
+    out = torch.zeros(4, dtype=torch.int64, device=device)
+    _store_permute_registers[(1,)](weights.to(device), out, dot_dtype == torch.bfloat16, nbits)
+    want = permute_words(weights.float(), nbits, dot_dtype)
+    bits = 32 if nbits == 2 else 64
+    got = [w & ((1 << bits) - 1) for w in out.cpu().tolist()[:len(want)]]
+    assert got == want
+    if nbits == 2:
+        assert out.cpu().tolist()[2:] == [0, 0]
+
+
 @pytest.mark.parametrize("nbits", [2, 4])
 @pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
@@ -236,6 +273,13 @@ def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype, nbits):
         pairs = score(Q, index, nbits, config=ResidualConfig(decode="pairs"), **extra)
         assert_close(permute, expected(Q, index, nbits), "maxsim_residual", dtype)
         assert_close(permute, pairs, "maxsim_residual", dtype)
+    # The kernel reads bucket_weights itself: a strided view scores as its contiguous copy.
+    weights = index["bucket_weights"]
+    strided = torch.stack([weights, -weights], 1)[:, 0]
+    permute = ResidualConfig(decode="permute")
+    assert torch.equal(score(Q, dict(index, bucket_weights=strided), nbits, inv_norms=norms,
+                             config=permute),
+                       score(Q, index, nbits, inv_norms=norms, config=permute))
     one_warp = ResidualConfig(decode="permute", num_warps=1, block_t=32, docs_per_program=2,
                               persistent=True)
     out = score(Q[:1], index, nbits, inv_norms=norms, config=one_warp)

@@ -12,7 +12,7 @@ from tests.kernels.test_maxsim_residual import (NUM_CENTROIDS, expected, norms_o
                                                 poisoned_outputs, random_index, score,
                                                 unit_queries)
 from tests.tolerances import assert_close
-from tilemaxsim_plaid.codecs.residual import bucket_table
+from tilemaxsim_plaid.codecs.residual import bucket_table, field_order_weights
 from tilemaxsim_plaid.ops import residual
 from tilemaxsim_plaid.ops.residual import (MANY_DOCS, ResidualConfig, decode_table,
                                            default_residual_config, maxsim_residual)
@@ -110,24 +110,47 @@ def test_pair_table_matches_the_codec_layout(nbits, dtype):
             assert torch.equal(pairs[entry], want), (byte, slot)
 
 
+def permute_words(weights: torch.Tensor, nbits: int, dtype: torch.dtype) -> list[int]:
+    """The byte permutes' registers as kernels/maxsim_residual._permute_registers lays them out,
+    built here from the codec's own field order: the low bytes of the weights (cast to
+    ``dtype``) in field order, then their high bytes; nbits = 2 as two 32-bit words, nbits = 4
+    as four 64-bit ones (fields 0-7, then 8-15)."""
+    bits = field_order_weights(weights, nbits).to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+    per_word = 4 if nbits == 2 else 8
+    words = []
+    for part in (bits & 0xFF, bits >> 8):
+        for first in range(0, 1 << nbits, per_word):
+            words.append(sum(int(b) << (8 * k) for k, b in enumerate(part[first:first + per_word])))
+    return words
+
+
+def _prmt(source: int, selector: int) -> int:
+    """PTX prmt.b32 on the 8 bytes of ``source``: 4 selector nibbles, bit 3 replicates the sign."""
+    out = 0
+    for k in range(4):
+        nibble = (selector >> (4 * k)) & 0xF
+        byte = (source >> (8 * (nibble & 7))) & 0xFF
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * k)
+    return out
+
+
+def _halves(pair: int) -> torch.Tensor:
+    """The two fp16 weights packed in a 32-bit value, low half first."""
+    return torch.tensor([pair & 0xFFFF, pair >> 16], dtype=torch.int32).to(torch.int16).view(
+        torch.float16)
+
+
 def test_permute_selectors_match_the_codec_layout():
-    """The byte-permute decoder's arithmetic, replayed in Python on every byte value in every
-    byte of a word: word >> (6 - 2j) & 0x03030303, times 0x11 plus 0x40404040, selects (from the
-    two words decode_table(..., 0) gives) the weights of dimensions j, 4 + j (low 16 bits) and
+    """The nbits = 2 byte-permute decoder's arithmetic, replayed in Python on every byte value in
+    every byte of a word: word >> (6 - 2j) & 0x03030303, times 0x11 plus 0x40404040, selects (from
+    the two registers of permute_words) the weights of dimensions j, 4 + j (low 16 bits) and
     8 + j, 12 + j (high 16 bits), as the codec's own bucket table decodes them."""
     weights = torch.sort(torch.randn(4)).values
-    lo, hi = (int(w) & 0xFFFFFFFF for w in decode_table(weights, 2, torch.float16, 0).tolist())
+    lo, hi = permute_words(weights, 2, torch.float16)
     source = lo | hi << 32
     buckets = bucket_table(2)  # [256, 4]: bucket of each dimension of a byte
-
-    def permute(selector):
-        return sum(((source >> (8 * ((selector >> (4 * k)) & 7))) & 0xFF) << (8 * k)
-                   for k in range(4))
-
-    def weights_of(pair):  # the two fp16 weights packed in a 32-bit value, low half first
-        halves = torch.tensor([pair & 0xFFFF, pair >> 16], dtype=torch.int32).to(torch.int16)
-        return halves.view(torch.float16)
-
     generator = torch.Generator().manual_seed(0)
     words = [b * 0x01010101 for b in range(256)]  # every byte value, in every byte at once
     words += torch.randint(0, 2**32, (64,), generator=generator, dtype=torch.int64).tolist()
@@ -136,35 +159,55 @@ def test_permute_selectors_match_the_codec_layout():
         for j in range(4):
             selector = ((word >> (6 - 2 * j)) & 0x03030303) * 0x11 + 0x40404040
             for h in range(2):
-                got = weights_of(permute(selector >> (16 * h)))
+                got = _halves(_prmt(source, selector >> (16 * h)))
                 want = weights[dims[[8 * h + j, 8 * h + 4 + j]]].half()
                 assert torch.equal(got, want), (hex(word), j, h)
-    with pytest.raises(ValueError, match="nbits = 2"):
-        decode_table(weights[:2], 1, torch.float16, 0)
-    with pytest.raises(ValueError, match="16-bit"):
-        decode_table(weights, 2, torch.float32, 0)
 
 
-@pytest.mark.parametrize("group", [0, 1, 2, 3])
+def test_permute_nibbles_match_the_codec_layout():
+    """The nbits = 4 byte-permute decoder (kernels/maxsim_residual._permute_nibbles), replayed in
+    Python on every half-word value: selector = fields & 0x7777, the top-bit mask by a
+    sign-replicating permute of (fields << 4, fields) with 0xD9C8, low and high bytes from
+    fields 0-7 or 8-15 picked byte by byte, and the interleaves 0x4051 / 0x6273 give the weights
+    of the half-word's dimensions (0, 1) and (2, 3), as the codec's own bucket table decodes
+    them."""
+    weights = torch.sort(torch.randn(16)).values
+    low_a, low_b, high_a, high_b = permute_words(weights, 4, torch.float16)
+    buckets = bucket_table(4)  # [256, 2]: bucket of each dimension of a byte
+
+    def select(a: int, b: int, mask: int) -> int:
+        return (a & ~mask | b & mask) & 0xFFFFFFFF
+
+    for half in range(1 << 16):
+        selector = half & 0x7777
+        top = _prmt((half << 4 & 0xFFFFFFFF) | half << 32, 0xD9C8)
+        low = select(_prmt(low_a, selector), _prmt(low_b, selector), top)
+        high = select(_prmt(high_a, selector), _prmt(high_b, selector), top)
+        dims = buckets[torch.tensor([half & 0xFF, half >> 8])].reshape(4)
+        for h, order in enumerate((0x4051, 0x6273)):
+            got = _halves(_prmt(low | high << 32, order))
+            want = weights[dims[[2 * h, 2 * h + 1]]].half()
+            assert torch.equal(got, want), (hex(half), h)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
 def test_decode_table_of_a_strided_or_non_finite_weight_view(group):
     """A strided view of bucket_weights (another dtype than the table's) gives the table of its
     contiguous copy, value for value, NaN and inf included (the table gathers the weights cast
-    to its dtype; a cast may give a NaN another payload, so NaN matches NaN)."""
-    nbits, dtype = (2, torch.float16) if group == 0 else (4, torch.bfloat16)
+    to its dtype; a cast may give a NaN another payload, so NaN matches NaN); the byte permutes
+    (group 0) need no table."""
+    nbits, dtype = (2, torch.float16) if group == 2 else (4, torch.bfloat16)
     weights = torch.sort(torch.randn(1 << nbits)).values
     weights[1], weights[-1] = float("nan"), float("inf")
     strided = torch.stack([weights, -weights], 1)[:, 0]
     assert not strided.is_contiguous()
     got = decode_table(strided, nbits, dtype, group)
     want = decode_table(weights.contiguous(), nbits, dtype, group)
-    def values(table):  # the weights in the table's dtype; group 0 holds their low, high bytes
-        if group == 0:
-            return table.view(torch.uint8).reshape(2, 4).t().contiguous().view(dtype)
-        return table.view(dtype)
-
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(values(got), values(want), rtol=0, atol=0, equal_nan=True)
-    assert values(got).isnan().any() and values(got).isinf().any()
+    torch.testing.assert_close(got.view(dtype), want.view(dtype), rtol=0, atol=0, equal_nan=True)
+    assert got.view(dtype).isnan().any() and got.view(dtype).isinf().any()
+    with pytest.raises(ValueError, match="need no table"):
+        decode_table(weights, nbits, dtype, 0)
 
 
 def test_default_decode_by_path(device, monkeypatch):

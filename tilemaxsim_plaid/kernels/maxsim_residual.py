@@ -25,8 +25,9 @@ kernel is built around the instructions per embedding element:
   else as bytes (UNIT_BYTES). Each unit is broadcast over its fields in registers
   ([BLOCK_T, UNITS, PER_UNIT] with a compile-time shift per field, flattened in dimension
   order), so a field is one shift and one mask; the bit reversal of colbert-ai's fields is folded
-  into host-built weight tables (ops/residual.decode_table). Decoders (DECODE_GROUP dimensions
-  per lookup):
+  into the weight tables (ops/residual.decode_table, built on the host; the byte permutes build
+  their registers from the bucket weights in the kernel, _permute_registers). Decoders
+  (DECODE_GROUP dimensions per lookup):
     - pairs (2): the 2 * nbits bits of dimensions (2p, 2p+1) index a table of 2**(2 * nbits)
       weight pairs, each entry both weights packed in one integer (64 B at nbits = 2 with fp16:
       one L1 line for the whole warp). Shift, mask, one L1 load, and the split is a bitcast: two
@@ -312,6 +313,49 @@ def _columns_to_operand_order(b_q, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
             b_q = tl.reshape(b_q, [ROWS, BLOCK_D // 16, 2, 2, 4])
             b_q = tl.reshape(tl.permute(b_q, (0, 1, 2, 4, 3)), [ROWS, BLOCK_D])
     return b_q
+
+
+@triton.jit
+def _round_to_16bit(x, dot_dtype: tl.constexpr):
+    """The bits (int32, low 16) of fp32 ``x`` rounded to dot_dtype (fp16 or bf16) to nearest,
+    ties to even, as torch casts. bf16 by integer arithmetic: the interpreter truncates a cast
+    to bf16, the GPU rounds it; a NaN stays a (quiet) NaN."""
+    if dot_dtype == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(x != x, (bits >> 16) | 0x40, rounded) & 0xFFFF
+    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _permute_registers(p_weights, dot_dtype: tl.constexpr, NBITS: tl.constexpr):
+    """(w0, w1, w2, w3): the bucket weights (``p_weights``, [2**NBITS], any float dtype) cast to
+    dot_dtype, in field order (colbert-ai's bits are reversed within a field: field f holds
+    bucket reverse(f)), as the byte permutes read them. NBITS = 2: w0 / w1 the low / high bytes
+    of the four weights, byte f each (int32; w2 = w3 = 0). NBITS = 4: w0 / w1 the low bytes of
+    fields 0-7 / 8-15, byte f % 8 each, w2 / w3 their high bytes (int64). Built once per
+    program, so no table is made on the host."""
+    FIELDS: tl.constexpr = 1 << NBITS
+    f = tl.arange(0, FIELDS)
+    bucket = tl.zeros_like(f)
+    for b in tl.static_range(NBITS):
+        bucket |= ((f >> b) & 1) << (NBITS - 1 - b)
+    bits = _round_to_16bit(tl.load(p_weights + bucket).to(tl.float32), dot_dtype)
+    # Disjoint bytes: each sum is their OR.
+    shift = (8 * (f % 8)).to(tl.int64)
+    low = (bits & 0xFF).to(tl.int64) << shift
+    high = ((bits >> 8) & 0xFF).to(tl.int64) << shift
+    if NBITS == 4:
+        w0 = tl.sum(tl.where(f < 8, low, 0), axis=0)
+        w1 = tl.sum(tl.where(f < 8, 0, low), axis=0)
+        w2 = tl.sum(tl.where(f < 8, high, 0), axis=0)
+        w3 = tl.sum(tl.where(f < 8, 0, high), axis=0)
+    else:
+        w0 = tl.sum(low, axis=0).to(tl.uint32).to(tl.int32, bitcast=True)
+        w1 = tl.sum(high, axis=0).to(tl.uint32).to(tl.int32, bitcast=True)
+        w2 = 0
+        w3 = 0
+    return w0, w1, w2, w3
 
 
 @triton.jit
@@ -720,8 +764,8 @@ def _maxsim_residual_kernel(
     units: the residual rows [T, d*NBITS/8] read as UNIT_BYTES-byte units (int32 words or uint8
     bytes; units_per_row per row, row stride stride_ut units); offsets: int64 [N+1]; pids: [M]
     (else 0..M-1); centroids: [C, d]; table: the pair table (DECODE_GROUP 2: [2**(2*NBITS)]
-    int32/int64 of packed ELEM_BITS-bit weights), the byte table (DECODE_GROUP 0: [2] int32, the
-    four weights' low bytes then high bytes) or the field table (DECODE_GROUP 1 and 3:
+    int32/int64 of packed ELEM_BITS-bit weights), the bucket weights themselves (DECODE_GROUP 0:
+    [2**NBITS], any float dtype: _permute_registers) or the field table (DECODE_GROUP 1 and 3:
     [2**NBITS] weights in the dot dtype, field order); inv_norms: [T] float (when
     PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc (when
     CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
@@ -769,16 +813,8 @@ def _maxsim_residual_kernel(
         w2 = 0
         w3 = 0
     elif DECODE_GROUP == 0:
-        # The byte-permute table: the weights' low bytes, then their high bytes (nbits = 2: one
-        # int32 each; nbits = 4: two int64 each, fields 0-7 then 8-15).
-        w0 = tl.load(p_table)
-        w1 = tl.load(p_table + 1)
-        if NBITS == 4:
-            w2 = tl.load(p_table + 2)
-            w3 = tl.load(p_table + 3)
-        else:
-            w2 = 0
-            w3 = 0
+        # The byte permutes' registers, from the bucket weights themselves.
+        w0, w1, w2, w3 = _permute_registers(p_table, b_q0.dtype, NBITS)
     else:
         w0 = tl.load(p_table)
         w1 = tl.load(p_table + 1)

@@ -245,13 +245,10 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
 @functools.cache
 def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.Tensor:
     """What :func:`decode_table` gathers, flat: for group 1 the bucket of each field; for
-    group 2 the buckets of each entry's two fields (weights' bits, entry by entry); for group 0
-    the bytes of the weights (2 per weight: low, high), the low bytes of the four fields first."""
+    group 2 the buckets of each entry's two fields (weights' bits, entry by entry)."""
     # field -> bucket (colbert-ai's bits are reversed within a field), from the codec's own rule.
     bucket_of_field = field_order_weights(torch.arange(1 << nbits, dtype=torch.float32),
                                           nbits).long()
-    if group == 0:
-        return torch.cat([2 * bucket_of_field, 2 * bucket_of_field + 1]).to(device)
     if group == 1:
         return bucket_of_field.to(device)
     fields = torch.arange(1 << (group * nbits))
@@ -264,32 +261,24 @@ def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.T
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
                  group: int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
-    kernel's decoder (DECODERS: 0-2 dimensions per lookup, 3 the shuffles). One gather of the
-    weights (after their cast to ``dtype``), so it costs a call two launches at most.
+    kernel's decoder (DECODERS: 1-2 dimensions per lookup, 3 the shuffles; the byte permutes,
+    0, take the bucket weights themselves). One gather of the weights (after their cast to
+    ``dtype``), so it costs a call two launches at most.
 
     1 and 3: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
     adjacent dimensions.
-    0 (byte permutes; nbits = 2 or 4, 16-bit dtypes): the low bytes of the weights in field
-    order, then their high bytes; nbits = 2: [2] int32, byte f of the first word and byte f of
-    the second make the weight of field f, so a byte selector of nibbles (f, 4 + f) picks it;
-    nbits = 4: [4] int64, fields 0-7 and 8-15 of the low bytes, then of the high bytes.
     """
     weights = bucket_weights.reshape(-1).to(dtype)
     if group == 3:
         group = 1  # the shuffles' lanes hold the field table
-    if group not in (0, 1, 2):
-        raise ValueError(f"group must be one of {sorted(set(DECODERS.values()))}, got {group}")
-    if group == 0 and (nbits not in PERMUTE_NBITS or weights.element_size() != 2):
-        raise ValueError("a byte-permute decode table needs nbits = 2 or 4 and a 16-bit dtype, "
-                         f"got nbits={nbits}, {dtype}")
+    if group not in (1, 2):
+        raise ValueError(f"group must be one of 1, 2 or 3 (the byte permutes, 0, need no "
+                         f"table), got {group}")
     index = _decode_table_index(nbits, group, weights.device)
     if group == 1:
         return weights.index_select(0, index)
-    if group == 0:  # little-endian bytes: weight w's are 2w (low) and 2w + 1 (high)
-        table = weights.contiguous().view(torch.uint8).index_select(0, index)
-        return table.view(torch.int64 if nbits == 4 else torch.int32)
     bits = {2: (torch.int16, torch.int32), 4: (torch.int32, torch.int64)}[weights.element_size()]
     return weights.view(bits[0]).index_select(0, index).view(bits[1])
 
@@ -619,8 +608,11 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     group = DECODERS[cfg.decode]
     if unit_bytes == 1 and block_d < MAX_BLOCK_D:
         group = 1
-    table = checks.derived(bucket_weights, ("decode table", nbits, Q3.dtype, group),
-                           lambda: decode_table(bucket_weights, nbits, Q3.dtype, group))
+    if group == DECODERS["permute"]:  # the kernel lays the weights out itself
+        table = checks.unit_stride(bucket_weights)
+    else:
+        table = checks.derived(bucket_weights, ("decode table", nbits, Q3.dtype, group),
+                               lambda: decode_table(bucket_weights, nbits, Q3.dtype, group))
     dummy = out  # pointer arguments behind a False constexpr are never read
     num_chunks = cdiv(num_out_docs, cfg.docs_per_program)
     grid, counter = document_grid(cfg, num_chunks, num_qblocks, queries_per_block, B, Q3.device)
