@@ -76,9 +76,9 @@ MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
 # "permute" (nbits = 2 or 4, 32-bit word units, 16-bit products) assembles the weights by PTX
-# byte permutes from their bytes held in registers, with no lookup at all; "shuffle" reads each weight
-# from the lane of the warp that holds it (a warp shuffle), two per step as pairs. The kernel's
-# DECODE_GROUP: dimensions per lookup for 0-2 (0: none), 3 for the shuffles.
+# byte permutes from their bytes held in registers, with no lookup at all; "shuffle" reads each
+# weight from the lane of the warp that holds it (a warp shuffle), two per step as pairs. The
+# kernel's DECODE_GROUP: dimensions per lookup for 0-2 (0: none), 3 for the shuffles.
 DECODERS = {"select": 1, "pairs": 2, "permute": 0, "shuffle": 3}
 PERMUTE_NBITS = (2, 4)
 
