@@ -520,15 +520,16 @@ def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch,
                      "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
+@pytest.mark.parametrize("decode", ["shuffle", "permute"])
 @pytest.mark.parametrize("path", ["table", "gather"])
-def test_shuffle_decoder_reads_strided_views(device, poisoned_outputs, path):
-    """decode="shuffle" at nbits 4 (its case), one-warp persistent programs of both queries:
-    every tensor argument as a non-contiguous view scores as its contiguous copy and as the
-    reference."""
+def test_nbits4_decoders_read_strided_views(device, poisoned_outputs, path, decode):
+    """decode="shuffle" (the nbits 4 default) and "permute" at nbits 4, one-warp persistent
+    programs of both queries: every tensor argument as a non-contiguous view scores as its
+    contiguous copy and as the reference."""
     index = random_index(device, 64, 4)
     Q = unit_queries(2, 9, 64, torch.float16, device)
     norms = norms_of(index, 4) if path == "table" else None
-    cfg = ResidualConfig(decode="shuffle", num_warps=1, persistent=True, docs_per_program=2,
+    cfg = ResidualConfig(decode=decode, num_warps=1, persistent=True, docs_per_program=2,
                          queries_per_block=2, centroid_table=path == "table")
     kwargs = dict(pids=torch.tensor([4, 0, 2, 2, 5], device=device),
                   query_lengths=torch.tensor([9, 4], device=device), config=cfg)
