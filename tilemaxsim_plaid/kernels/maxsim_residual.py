@@ -512,7 +512,8 @@ def _first_true(flags, N: tl.constexpr):
 def _first_finite_field(p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr, NBITS: tl.constexpr,
                         DECODE_GROUP: tl.constexpr, ELEM_BITS: tl.constexpr):
     """The smallest raw field value whose decoded weight is finite (0 when none is), read from
-    the decoder's own table (see _decode_chunk and the kernel's table argument)."""
+    the decoder's own table or registers (see _decode_chunk, _permute_registers and the kernel's
+    table argument)."""
     FIELDS: tl.constexpr = 1 << NBITS
     if DECODE_GROUP == 0 and NBITS == 4:
         # Weight f is byte f % 8 of w0 / w1 (its low byte) and of w2 / w3 (its high byte).
