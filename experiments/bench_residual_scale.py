@@ -16,6 +16,9 @@ as the default: whether a cap that spills (nbits 4 under 96) or one that costs o
 With ``--decoders NAME ...`` the default launch is timed the same way with each other decoder
 (``ResidualConfig.decode`` where it applies at that nbits), each first checked against the
 default's scores (bit for bit where it decodes into the same operand layout: pairs and shuffle).
+With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
+``ResidualConfig(pipeline_codes=True)`` (each tile's codes loaded a tile ahead), checked the same
+way.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
@@ -57,6 +60,14 @@ def decoder_variants(config, decoders, nbits):
             if decode != config.decode and (decode != "permute" or nbits in PERMUTE_NBITS)]
 
 
+def pipelined_variants(default, variants):
+    """(provider, config) twins of the default launch and of each of ``variants`` with every
+    main tile's codes loaded a tile ahead."""
+    base = [("maxsim_residual validate=False", default)] + list(variants)
+    return [(f"{provider} pipeline_codes", dataclasses.replace(config, pipeline_codes=True))
+            for provider, config in base if not config.pipeline_codes]
+
+
 def scores_as_default(config, default, got, want) -> bool:
     """Whether a variant's scores are the default's: bit for bit where both decode into the same
     operand layout (register caps; pairs and shuffle), else within fp16 rounding (permute's
@@ -92,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--decoders", nargs="*", default=[],
                         choices=("pairs", "select", "permute", "shuffle"),
                         help="decoders to time the default launch with")
+    parser.add_argument("--pipeline-codes", action="store_true",
+                        help="also time the default and each decoder with codes a tile ahead")
     parser.add_argument("--out", default="results/residual_scale")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -138,8 +151,12 @@ def main(argv=None) -> int:
             # The launch the op picks here: one fp16 query builds an fp16 table.
             default = op_default(nbits, args.num_docs, Q.element_size())
             want = variants[0][1]()
-            for provider, config in (cap_variants(default, args.caps)
-                                     + decoder_variants(default, args.decoders, nbits)):
+            configs = (cap_variants(default, args.caps)
+                       + decoder_variants(default, args.decoders, nbits))
+            if args.pipeline_codes:
+                configs += pipelined_variants(
+                    default, decoder_variants(default, args.decoders, nbits))
+            for provider, config in configs:
                 fn = (lambda c=config: maxsim_residual(*call, inv_norms=index["inv_norms"],
                                                        config=c, validate=False))
                 if not scores_as_default(config, default, fn(), want):

@@ -233,19 +233,20 @@ def parallel_workers() -> tuple[str, ...]:
 
 
 def residual_decoders(work: Path, opts) -> list[Step]:
-    """The GPU tests of the shuffle and byte-permute decoders, the dense running max and PQ
-    decode, then the residual op's default launch with each decoder that applies (shuffle, pairs,
-    permute), nbits 1, 2 and 4 at C = 2^16, beside dense scoring of the decoded documents (about
-    6 minutes)."""
+    """The GPU tests of the shuffle and byte-permute decoders, codes a tile ahead, the dense
+    running max and PQ decode, then the residual op's default launch with each decoder that
+    applies (shuffle, pairs, permute), each also with codes a tile ahead, nbits 1, 2 and 4 at
+    C = 2^16, beside dense scoring of the decoded documents (about 8 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_dense.py",
              "tests/kernels/test_nan_policy.py")
     return [Step("decoder-tests", (*PYTEST, *parallel_workers(), *tests, "-k",
-                                   "shuffle or permute or running or ptx"), 150),
+                                   "shuffle or permute or running or ptx or pipelined"), 150),
             Step("pq-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_pq.py"),
                  150),
             Step("residual-decoders", module("experiments.bench_residual_scale", "--centroids",
                                              "65536", "--decoders", "shuffle", "pairs", "permute",
-                                             "--out", str(work / "residual-decoders")), 270)]
+                                             "--pipeline-codes",
+                                             "--out", str(work / "residual-decoders")), 360)]
 
 
 def grid(work: Path, opts) -> list[Step]:
@@ -383,9 +384,10 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
-    "residual-decoders": Suite("GPU tests of the shuffle and permute decoders, the running max "
-                               "and PQ decode; the residual op's default launch with the shuffle, "
-                               "pair and permute decoders, nbits 1 / 2 / 4, beside dense on the "
+    "residual-decoders": Suite("GPU tests of the shuffle and permute decoders, codes a tile "
+                               "ahead, the running max and PQ decode; the residual op's default "
+                               "launch with the shuffle, pair and permute decoders, each with and "
+                               "without codes a tile ahead, nbits 1 / 2 / 4, beside dense on the "
                                "decoded documents", residual_decoders),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),

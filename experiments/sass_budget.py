@@ -1,6 +1,7 @@
 """A static instruction budget for the residual and dense MaxSim kernels on sm_90a (issue 25).
 
-    python -m experiments.sass_budget [--nbits 1 2 4] [--num-docs 100000] [--out DIR]
+    python -m experiments.sass_budget [--nbits 1 2 4] [--num-docs 100000] [--decode NAME]
+        [--set FIELD=VALUE ...] [--out DIR]
 
 Runs on a CPU: no kernel is executed. For the benchmark shape of
 ``experiments/bench_residual_scale.py`` (100k documents of MS MARCO-like lengths from
@@ -53,6 +54,7 @@ last.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import dataclasses
 import json
@@ -68,9 +70,10 @@ import torch
 
 from . import harness
 from .bench import msmarco_like_lengths
+from .bench_residual_scale import op_default
 
 __all__ = ["Launch", "Loop", "benchmark_launches", "bounds", "capture_launch", "class_counts",
-           "classify", "compile_launch", "document_loop", "find_loops", "hot_loops", "loop_budget",
+           "classify", "compile_launch", "config_override", "document_loop", "find_loops", "hot_loops", "loop_budget",
            "main", "parse_sass", "targets", "tile_walk"]
 
 DIM, QUERY_LEN, NUM_CENTROIDS, NUM_DOCS = 128, 32, 65_536, 100_000
@@ -201,14 +204,14 @@ def benchmark_offsets(num_docs: int = NUM_DOCS) -> tuple[torch.Tensor, torch.Ten
 
 
 def benchmark_launches(nbits_list=(1, 2, 4), num_docs: int = NUM_DOCS,
-                       decode: str | None = None) -> dict[str, Launch]:
+                       overrides: dict | None = None) -> dict[str, Launch]:
     """{"dense": ..., "residual nbits=k": ...}: the launches bench_residual_scale's calls make;
-    ``decode``: the residual ones with that decoder in place of their default's."""
+    ``overrides``: ResidualConfig fields the residual ones take in place of their default's
+    (``{"decode": "permute"}``, say)."""
     from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
                                                           _query_centroid_scores_kernel)
     from tilemaxsim_plaid.ops.dense import maxsim_packed
-    from tilemaxsim_plaid.ops import residual as residual_op
     from tilemaxsim_plaid.ops.residual import maxsim_residual
 
     lengths, offsets = benchmark_offsets(num_docs)
@@ -228,11 +231,12 @@ def benchmark_launches(nbits_list=(1, 2, 4), num_docs: int = NUM_DOCS,
         residuals = torch.zeros(T, DIM * nbits // 8, dtype=torch.uint8)
         weights = torch.sort(torch.randn(1 << nbits, generator=g) * 0.03).values
         inv_norms = torch.ones(T)
-        name = f"residual nbits={nbits}" + (f" decode={decode}" if decode else "")
-        # The default for this shape, with the decoder replaced when one is asked for.
-        config = None if decode is None else dataclasses.replace(
-            residual_op.default_residual_config(1, QUERY_LEN, False, len(lengths), 2, True,
-                                                nbits), decode=decode)
+        name = f"residual nbits={nbits}" + "".join(f" {k}={v}" for k, v in
+                                                    (overrides or {}).items())
+        # The op's launch for this shape (bench_residual_scale.op_default), with the fields
+        # asked for replaced.
+        config = None if not overrides else dataclasses.replace(
+            op_default(nbits, len(lengths), 2), **overrides)
         launches[name] = capture_launch(
             _maxsim_residual_kernel,
             lambda: maxsim_residual(Q, codes, residuals, offsets, centroids, weights, nbits,
@@ -604,11 +608,12 @@ def read_roof() -> tuple[float, str]:
 # Report
 
 
-def analyse(nbits_list, num_docs: int, out_dir: Path | None, decode: str | None = None) -> dict:
+def analyse(nbits_list, num_docs: int, out_dir: Path | None,
+            overrides: dict | None = None) -> dict:
     lengths, _ = benchmark_offsets(num_docs)
     total_tokens = int(lengths.sum())
     roof_gbps, roof_source = read_roof()
-    launches = benchmark_launches(nbits_list, num_docs, decode)
+    launches = benchmark_launches(nbits_list, num_docs, overrides)
     kernels = {}
     excerpts = {}
     for name, launch in launches.items():
@@ -743,6 +748,20 @@ def _readme(doc: dict, command: str) -> str:
     ])
 
 
+def config_override(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` -> (field, value) for a ResidualConfig field; VALUE a Python literal."""
+    from tilemaxsim_plaid.ops.residual import ResidualConfig
+    field, sep, value = text.partition("=")
+    names = [f.name for f in dataclasses.fields(ResidualConfig)]
+    if not sep or field not in names:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with FIELD one of {names}, got "
+                                         f"{text!r}")
+    try:
+        return field, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{field}: {value!r} is not a Python literal") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.sass_budget",
                                      description=__doc__.split("\n")[0])
@@ -750,6 +769,10 @@ def main(argv=None) -> int:
     parser.add_argument("--num-docs", type=int, default=NUM_DOCS)
     parser.add_argument("--decode", default=None, choices=("pairs", "select", "permute", "shuffle"),
                         help="the residual launches with this decoder instead of their default's")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        type=config_override,
+                        help="a ResidualConfig field the residual launches take instead of their "
+                             "default's (a Python literal: --set pipeline_codes=True); repeatable")
     parser.add_argument("--out", default=None,
                         help="default: results/sass_budget/sm90-triton<version>-<commit7>")
     args = parser.parse_args(argv)
@@ -764,7 +787,10 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else Path("results/sass_budget") / (
         f"sm90-triton{'.'.join(triton.__version__.split('.')[:2])}-"
         f"{harness.provenance()['commit'][:7]}")
-    doc = analyse(args.nbits, args.num_docs, out, args.decode)
+    overrides = dict(args.set)
+    if args.decode:
+        overrides["decode"] = args.decode
+    doc = analyse(args.nbits, args.num_docs, out, overrides)
     command = "python -m experiments.sass_budget " + " ".join(
         sys.argv[1:] if argv is None else argv)
     table = markdown_table(doc)

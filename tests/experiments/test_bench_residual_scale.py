@@ -1,7 +1,7 @@
 """The register-cap and decoder variants of bench_residual_scale (timing needs a GPU)."""
 
 from experiments.bench_residual_scale import (cap_variants, decoder_variants, op_default,
-                                             scores_as_default)
+                                             pipelined_variants, scores_as_default)
 from tilemaxsim_plaid.ops.residual import ResidualConfig, default_residual_config
 
 
@@ -38,6 +38,18 @@ def test_decoder_variants_skip_the_defaults_own_and_permute_at_nbits_1():
         assert all(ResidualConfig(**{**vars(c), "decode": own}) == default for _, c in variants)
         assert [name for name, _ in variants] == [
             f"maxsim_residual validate=False decode={d}" for d in others]
+
+
+def test_pipelined_variants_twin_the_default_and_each_decoder():
+    default = op_default(4, 100_000, 2)
+    decoders = decoder_variants(default, ["pairs", "permute"], 4)
+    twins = pipelined_variants(default, decoders)
+    assert [name for name, _ in twins] == [
+        "maxsim_residual validate=False pipeline_codes",
+        "maxsim_residual validate=False decode=pairs pipeline_codes",
+        "maxsim_residual validate=False decode=permute pipeline_codes"]
+    for (_, twin), (_, base) in zip(twins, [("", default)] + decoders):
+        assert twin.pipeline_codes and ResidualConfig(**{**vars(twin), "pipeline_codes": False}) == base
 
 
 def test_pairs_and_shuffle_must_score_bit_for_bit_other_decoders_within_rounding():

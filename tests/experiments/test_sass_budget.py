@@ -140,3 +140,14 @@ def test_targets_against_floors():
     assert t[2]["margin"] == pytest.approx(450 / 1.3 / 167.3)
     assert t[4]["needed_us"] == pytest.approx(450 / 1.1) and not t[4]["reachable"]
     assert t[4]["margin"] == pytest.approx(450 / 1.1 / 500.0)
+
+
+def test_config_override_parses_a_residual_field_and_refuses_others():
+    import argparse
+
+    assert sb.config_override("pipeline_codes=True") == ("pipeline_codes", True)
+    assert sb.config_override("maxnreg=128") == ("maxnreg", 128)
+    assert sb.config_override("decode='permute'") == ("decode", "permute")
+    for bad in ("pipeline_codes", "warps=1", "maxnreg=lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sb.config_override(bad)

@@ -79,6 +79,16 @@ _COMPILE = textwrap.dedent("""
                         Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T),
                         config=cfg, validate=False),
                     (_query_centroid_scores_kernel,))
+        # Codes a tile ahead, on the one-warp persistent launch of the many-document default.
+        decode = {1: "pairs", 2: "permute", 4: "shuffle"}[nbits]
+        cfg = ResidualConfig(decode=decode, num_warps=1, persistent=True, docs_per_program=2,
+                             pipeline_codes=True)
+        calls[f"residual nbits={nbits} {decode} table=True pipelined"] = (
+            _maxsim_residual_kernel,
+            lambda rc=rc, res=res, w=w, nbits=nbits, cfg=cfg: maxsim_residual(
+                Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T), config=cfg,
+                validate=False),
+            (_query_centroid_scores_kernel,))
     from tilemaxsim_plaid.kernels.value_range import OFFSETS, RANGE, _stats_kernel
     for dtype in (torch.int32, torch.int64):  # the ops' range checks of index tensors
         for clamp in (False, True):
@@ -113,7 +123,8 @@ _COMPILE = textwrap.dedent("""
                      "ptx_loads": launch.constexprs.get("PTX_LOADS"),
                      "decode_group": launch.constexprs.get("DECODE_GROUP"),
                      "centroid_table": launch.constexprs.get("CENTROID_TABLE"),
-                     "running_max": launch.constexprs.get("RUNNING_MAX")}
+                     "running_max": launch.constexprs.get("RUNNING_MAX"),
+                     "pipeline_codes": launch.constexprs.get("PIPELINE_CODES")}
     json.dump(out, open(sys.argv[1], "w"))
 """)
 
@@ -129,8 +140,9 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # last: value range (2 dtypes x clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 4 + 4 + 2 * 11 + 2 * 2 + 2 + 1
+    # residual: 11 decoder choices x table / gather, 3 pipelined; last: value range (2 dtypes x
+    # clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 4 + 4 + 2 * 11 + 3 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -139,16 +151,17 @@ def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):
-    """The residual and PQ decode launches take their GPU code (PTX loads), each decoder and
-    both centroid paths as named."""
+    """The residual and PQ decode launches take their GPU code (PTX loads), each decoder, both
+    centroid paths and codes a tile ahead as named."""
     assert compiled["pq decode"]["ptx_loads"] is True
     groups = {"pairs": 2, "select": 1, "permute": 0, "shuffle": 3}
     for name, kernel in compiled.items():
         if name.startswith("residual"):
-            _, _, decode, table = name.split()
+            _, _, decode, table, *pipelined = name.split()
             assert kernel["ptx_loads"] is True, name
             assert kernel["decode_group"] == groups[decode], name
             assert kernel["centroid_table"] == (table == "table=True"), name
+            assert kernel["pipeline_codes"] == bool(pipelined), name
 
 
 def test_the_shuffle_decoder_reads_weights_from_lanes_not_tables(compiled):

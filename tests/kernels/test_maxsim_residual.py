@@ -185,6 +185,48 @@ def test_shuffle_decoder_scores_as_pairs(device, poisoned_outputs, nbits, dtype,
                  "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
+@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
+@pytest.mark.parametrize("dim,cfg", [
+    pytest.param(128, dict(decode="permute", num_warps=1, persistent=True, docs_per_program=2),
+                 id="d128-one-warp"),
+    pytest.param(96, dict(block_t=32, block_t_tail=16, centroid_table=False), id="d96-gather"),
+    pytest.param(384, dict(decode="shuffle", num_warps=4, docs_per_program=3), id="d384-chunks")])
+def test_pipelined_codes_score_as_codes_per_tile(device, poisoned_outputs, nbits, dim, cfg):
+    """pipeline_codes=True loads each main tile's codes while the tile before it is scored (the
+    last such load serves the tail where its tiles are as long); the same codes reach the same
+    products, so the scores equal those of codes loaded per tile bit for bit: documents of 0-83
+    tokens (no main tile, main tiles with and without a tail), tails of the main tile's length
+    and shorter, the centroid-score table and centroid gathers, a persistent one-warp grid and
+    several d-chunks."""
+    if cfg.get("decode") == "permute" and nbits == 1:
+        cfg = dict(cfg, decode="pairs")
+    index = random_index(device, dim, nbits)
+    Q = unit_queries(1, 32, dim, torch.float16, device)
+    pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
+    inv_norms = norms_of(index, nbits) if cfg.get("centroid_table", True) else None
+    out = {ahead: score(Q, index, nbits, pids=pids, inv_norms=inv_norms,
+                        config=ResidualConfig(pipeline_codes=ahead, **cfg))
+           for ahead in (False, True)}
+    assert torch.equal(out[True], out[False])
+    assert_close(out[True], expected(Q, index, nbits, pids=pids), "maxsim_residual",
+                 torch.float16)
+    # Every argument as a strided view; a NaN centroid reaches the scores of the document whose
+    # second main tile uses it (document 3: 40 tokens), in both ways alike.
+    ahead = ResidualConfig(pipeline_codes=True, **cfg)
+    strided = {name: _strided(v) for name, v in index.items()}
+    got = score(_strided(Q), strided, nbits, pids=_strided(pids),
+                inv_norms=None if inv_norms is None else _strided(inv_norms), config=ahead)
+    assert torch.equal(got, out[True])
+    code = int(index["codes"][int(index["offsets"][3]) + 20])
+    index["centroids"][code, 0] = float("nan")
+    nan_scores = {c.pipeline_codes: score(Q, index, nbits, pids=pids, inv_norms=inv_norms,
+                                          config=c, validate=False)
+                  for c in (ahead, ResidualConfig(**cfg))}
+    torch.testing.assert_close(nan_scores[True], nan_scores[False], rtol=0, atol=0,
+                               equal_nan=True)
+    assert torch.isnan(nan_scores[True][:, pids == 3]).all()
+
+
 @pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
                                          pytest.param(torch.float32, True, id="fp32-split")])
 def test_many_document_defaults_are_exact(device, poisoned_outputs, monkeypatch, dtype, split):
@@ -334,18 +376,22 @@ def test_pids_in_place_and_2d_query(device, poisoned_outputs):
     assert_close(out, expected(Q, index, 2, pids=pids), "maxsim_residual", torch.float16)
 
 
+@pytest.mark.parametrize("pipeline_codes", [pytest.param(False, id="per-tile"),
+                                            pytest.param(True, id="pipelined")])
 @pytest.mark.parametrize("centroid_table", [pytest.param(True, id="table"),
                                             pytest.param(False, id="gather")])
-def test_codes_out_of_range_are_clamped_by_the_kernel(device, poisoned_outputs, centroid_table):
+def test_codes_out_of_range_are_clamped_by_the_kernel(device, poisoned_outputs, centroid_table,
+                                                      pipeline_codes):
     """The kernel reads a code clamped into [0, C) (what lets validate=True judge a new codes
-    tensor after the launch): out-of-range codes score as the clamped ones, no read outside."""
+    tensor after the launch): out-of-range codes score as the clamped ones, no read outside,
+    whether a tile's codes are loaded with it or a tile ahead."""
     index = random_index(device, 64, 2)
     Q = unit_queries(2, 9, 64, torch.float16, device)
     bad = index["codes"].clone()
     bad[::3] = NUM_CENTROIDS + 5
     bad[1::3] = -7
     inv_norms = norms_of(index, 2) if centroid_table else None
-    cfg = ResidualConfig(centroid_table=centroid_table)
+    cfg = ResidualConfig(centroid_table=centroid_table, pipeline_codes=pipeline_codes)
     got = score(Q, dict(index, codes=bad), 2, inv_norms=inv_norms, config=cfg, validate=False)
     want = score(Q, dict(index, codes=bad.clamp(0, NUM_CENTROIDS - 1)), 2, inv_norms=inv_norms,
                  config=cfg, validate=False)

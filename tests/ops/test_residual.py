@@ -63,6 +63,7 @@ def test_default_config_by_number_of_documents():
     pytest.param(ResidualConfig(persistent=None), "config.persistent", id="persistent-None"),
     pytest.param(ResidualConfig(prefetch=1), "config.prefetch", id="prefetch-int"),
     pytest.param(ResidualConfig(half_table="fp16"), "config.half_table", id="half-str"),
+    pytest.param(ResidualConfig(pipeline_codes=None), "config.pipeline_codes", id="pipeline-None"),
 ])
 def test_every_config_field_is_checked(device, config, match):
     """check_config names the field and what it takes; maxsim_residual refuses the same config

@@ -606,8 +606,17 @@ def _chunk_product(kd, b_q, b_q_lo, acc, sum_sq, offs_t, mask_t, p_rows, codes, 
 
 
 @triton.jit
+def _load_codes(p_codes, offs_t, mask_t, max_code):
+    """[BLOCK_T] centroid codes of tokens offs_t as int32, clamped into [0, max_code = C - 1]: a
+    code the host has not judged yet (ops/checks.py) cannot make a read outside the centroid rows
+    or the table. Streamed once, so kept from evicting the L2-resident tables."""
+    codes = tl.load(p_codes + offs_t, mask=mask_t, other=0, eviction_policy="evict_first")
+    return tl.minimum(tl.maximum(codes.to(tl.int32), 0), max_code)
+
+
+@triton.jit
 def _residual_tile_scores(
-    t0, t_end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+    t0, t_end, next_codes, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
     p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms, p_centroid_scores,
     w0, w1, w2, w3, pad_unit,
     dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc, stride_cd,
@@ -617,21 +626,22 @@ def _residual_tile_scores(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D_BLOCKS: tl.constexpr, CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr,
     SPLIT_Q: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr,
+    EVEN_D: tl.constexpr, PTX_LOADS: tl.constexpr, PIPELINE_CODES: tl.constexpr,
 ):
     """[BLOCK_T, BLOCK_Q] scores of tokens t0 .. t0+BLOCK_T; those at or past t_end are -inf.
-    FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked."""
+    FULL: the caller guarantees t0 + BLOCK_T <= t_end, so nothing is masked. PIPELINE_CODES: the
+    tile's codes are next_codes, loaded (and clamped) by the caller a tile ahead; otherwise
+    next_codes is unused."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if FULL:
         # A constant-true mask folds away: unpredicated loads, no -inf select.
         mask_t = tl.full([BLOCK_T], 1, tl.int1)
     else:
         mask_t = offs_t < t_end
-    # [BLOCK_T]: streamed once, so keep them from evicting the L2-resident tables.
-    codes = tl.load(p_codes + offs_t, mask=mask_t, other=0, eviction_policy="evict_first")
-    # Clamped into [0, C): a code the host has not judged yet (ops/checks.py) cannot make a
-    # read outside the centroid rows or the table.
-    codes = tl.minimum(tl.maximum(codes.to(tl.int32), 0), max_code)
+    if PIPELINE_CODES:
+        codes = next_codes
+    else:
+        codes = _load_codes(p_codes, offs_t, mask_t, max_code)
     if CENTROID_TABLE:
         # [BLOCK_T, BLOCK_Q]: row codes[t] of S, the <q, centroid> of every query row.
         # (fp32, or fp16 for fp16 queries: half the L2 bytes per token)
@@ -704,41 +714,54 @@ def _score_document(
     BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr, HAS_PIDS: tl.constexpr,
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr,
+    PTX_LOADS: tl.constexpr, PREFETCH: tl.constexpr, PIPELINE_CODES: tl.constexpr,
 ):
     """Scores the out_idx-th scored document against the program's query block and stores them
     (nothing for a slot past the last document). PREFETCH: first asks L2 for the document's
-    codes, residual rows and inverse norms past its first tile, so later tiles find them there."""
+    codes, residual rows and inverse norms past its first tile, so later tiles find them there.
+    PIPELINE_CODES: each main tile's codes are loaded while the tile before it is scored, so its
+    centroid-score rows are gathered at once instead of behind a dependent load; rows past the
+    document's end are masked. When tails are tiles of BLOCK_T too (at most one per document),
+    the last load is the tail's."""
     valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
     if PREFETCH:
         _prefetch_document(p_codes, p_units, p_inv_norms, start + BLOCK_T, end, stride_ut,
                            UNIT_BYTES, PRECOMPUTED_NORMS)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
+    offs_next = start + tl.arange(0, BLOCK_T)
+    if PIPELINE_CODES:
+        next_codes = _load_codes(p_codes, offs_next, offs_next < end, max_code)
+    else:
+        next_codes = tl.zeros([BLOCK_T], tl.int32)  # never read
     # Main tiles are full: an elementwise running max, reduced over tokens once per document.
     tile_max = tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32)
     for t0 in range(start, full_end, BLOCK_T):
+        codes = next_codes
+        if PIPELINE_CODES:
+            offs_next = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+            next_codes = _load_codes(p_codes, offs_next, offs_next < end, max_code)
         scores = _residual_tile_scores(
-            t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, codes, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
             p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc, max_code,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, True, BLOCK_T, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-            EVEN_D, PTX_LOADS)
+            EVEN_D, PTX_LOADS, PIPELINE_CODES)
         tile_max = maximum_nan(tile_max, scores)
     row_max = max_nan(tile_max, 0)
     for t0 in range(full_end, end, BLOCK_T_TAIL):
         scores = _residual_tile_scores(
-            t0, end, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
+            t0, end, next_codes, b_q0, b_q0_lo, offs_b, offs_i, mask_r, offs_col, mask_col,
             p_q, p_q_lo, p_codes, p_units, p_centroids, p_table, p_inv_norms,
             p_centroid_scores, w0, w1, w2, w3, pad_unit,
             dim, units_per_row, stride_qb, stride_qt, stride_qd, stride_ut, stride_cc,
             stride_cd, stride_sc, max_code,
             NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, False, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D,
             NUM_D_BLOCKS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-            EVEN_D, PTX_LOADS)
+            EVEN_D, PTX_LOADS, PIPELINE_CODES and BLOCK_T_TAIL == BLOCK_T)
         row_max = maximum_nan(row_max, max_nan(scores, 0))
     _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                         valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
@@ -759,6 +782,7 @@ def _maxsim_residual_kernel(
     CENTROID_TABLE: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr, SPLIT_Q: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     PTX_LOADS: tl.constexpr, PERSISTENT: tl.constexpr, PREFETCH: tl.constexpr,
+    PIPELINE_CODES: tl.constexpr,
 ):
     """Q: [B, Lq, d] (strides q*); Q_lo (when SPLIT_Q): the fp16 tail of an fp32 query whose fp16
     head is Q, same strides; codes: [T] int32/int64, read clamped into [0, max_code = C - 1];
@@ -847,7 +871,7 @@ def _maxsim_residual_kernel(
                     max_code, stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
                     QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS,
                     HAS_PIDS, CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST,
-                    EVEN_D, PTX_LOADS, PREFETCH)
+                    EVEN_D, PTX_LOADS, PREFETCH, PIPELINE_CODES)
             chunk = tl.atomic_add(p_counter, 1, sem="relaxed")
     else:
         # The static grid keeps a plain loop (no while, no atomic).
@@ -861,4 +885,4 @@ def _maxsim_residual_kernel(
                 max_code, stride_ob, stride_on, NBITS, UNIT_BYTES, DECODE_GROUP, ELEM_BITS, LQ,
                 QUERIES_PER_BLOCK, BLOCK_T, BLOCK_T_TAIL, BLOCK_Q, BLOCK_D, NUM_D_BLOCKS, HAS_PIDS,
                 CENTROID_TABLE, PRECOMPUTED_NORMS, SPLIT_Q, INPUT_PRECISION, UPCAST, EVEN_D,
-                PTX_LOADS, PREFETCH)
+                PTX_LOADS, PREFETCH, PIPELINE_CODES)

@@ -127,6 +127,9 @@ class ResidualConfig:
             one program per chunk: no last wave running alone. One query block only.
         prefetch: ask L2 for each document's codes, residual rows and inverse norms past its
             first tile before walking it (GPU only: a hint the interpreter skips).
+        pipeline_codes: load each main tile's centroid codes while the tile before it is
+            scored, so the tile's centroid-score rows (or centroid rows) are gathered without
+            first waiting for its codes. One more int32 register per lane.
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
@@ -148,6 +151,7 @@ class ResidualConfig:
     persistent: bool = False
     prefetch: bool = False
     half_table: bool | None = None
+    pipeline_codes: bool = False
 
 
 # The one-warp default's register cap; nbits = 4's 16-entry table decoder spills under it and
@@ -173,6 +177,7 @@ CONFIG_FIELDS = {
     "persistent": FLAG,
     "prefetch": FLAG,
     "half_table": OPTIONAL_FLAG,
+    "pipeline_codes": FLAG,
 }
 
 
@@ -638,7 +643,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         SPLIT_Q=split_query, INPUT_PRECISION=dot_precision(Q3.dtype), UPCAST=interpreter_upcast(Q3.dtype),
         EVEN_D=dim % block_d == 0, PTX_LOADS=_ptx_loads(cfg),
         PERSISTENT=cfg.persistent,
-        PREFETCH=0 if interpreting() else int(cfg.prefetch),
+        PREFETCH=0 if interpreting() else int(cfg.prefetch), PIPELINE_CODES=cfg.pipeline_codes,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
