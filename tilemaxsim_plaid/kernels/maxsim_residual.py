@@ -729,8 +729,8 @@ def _score_document(
                            UNIT_BYTES, PRECOMPUTED_NORMS)
     full_end = start + ((end - start) // BLOCK_T) * BLOCK_T
 
-    offs_next = start + tl.arange(0, BLOCK_T)
     if PIPELINE_CODES:
+        offs_next = start + tl.arange(0, BLOCK_T)
         next_codes = _load_codes(p_codes, offs_next, offs_next < end, max_code)
     else:
         next_codes = tl.zeros([BLOCK_T], tl.int32)  # never read

@@ -129,7 +129,8 @@ class ResidualConfig:
             first tile before walking it (GPU only: a hint the interpreter skips).
         pipeline_codes: load each main tile's centroid codes while the tile before it is
             scored, so the tile's centroid-score rows (or centroid rows) are gathered without
-            first waiting for its codes. One more int32 register per lane.
+            first waiting for its codes; the masked load adds instructions to every tile
+            (results/sass_budget/sm90-triton3.6-620bbb1-pipeline_codes).
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
