@@ -9,7 +9,11 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 
 * ``default``: what ``maxsim_packed`` / ``maxsim_padded`` do with their default arguments;
 * ``int64 rows`` / ``int32 rows``: the same launch with 64-bit / 32-bit row offsets within a
-  document (the kernel's ``TOKENS_I32``; the default takes 32-bit ones where d is one chunk).
+  document (the kernel's ``TOKENS_I32``; the default takes 32-bit ones where d is one chunk);
+* ``validate=False``: the default launch without the checks' host work.
+
+The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
+alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
 
 Every variant's scores are checked equal to the default's (the switches change addressing, not
 arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed in the same rounds.
@@ -34,6 +38,8 @@ SUITE = "dense_variants"
 CELLS = {
     "headline": {},
     "d192-lognormal-30": {"d": 192, "dist": "lognormal-30"},
+    "d64-lognormal-30": {"d": 64, "dist": "lognormal-30"},
+    "d128-lognormal-30": {"dist": "lognormal-30"},
     "d256-lognormal-30": {"d": 256, "dist": "lognormal-30"},
     "d256-lognormal-70": {"d": 256},
     "d256-heavy-512": {"d": 256, "dist": "heavy-512"},
@@ -84,6 +90,10 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device) -> lis
         if not torch.equal(got, want):
             raise AssertionError(f"{cell.name}: variant {variant!r} does not score as the default")
         calls[variant] = (switch, ours)
+    unchecked = bg.provider_ours(cell, x, validate=False)
+    if not torch.equal(unchecked(), want):
+        raise AssertionError(f"{cell.name}: validate=False does not score as the default")
+    calls["validate=False"] = (contextlib.nullcontext, unchecked)
     for peer in PEERS:
         fn = bench.PROVIDERS[peer](case, x)
         if fn is not None:
@@ -95,14 +105,17 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device) -> lis
             with switch():
                 times[name].append(time_fn(fn))
     nbytes, flops = bg.bytes_and_flops(cell, x)
+    ours_names = (*VARIANTS, "validate=False")
     rows = []
     for name, samples in times.items():
         ms = statistics.median(t[0] for t in samples)
         rows.append(harness.make_row(
-            SUITE, cell.name, "tilemaxsim" if name in VARIANTS else name,
+            SUITE, cell.name, "tilemaxsim" if name in ours_names else name,
             (ms, min(t[0] for t in samples), max(t[0] for t in samples)),
             num_docs=cell.N * cell.B, nbytes=nbytes, flops=flops, ceilings=ceilings,
-            variant=name if name in VARIANTS else None, rounds=[t[0] for t in samples]))
+            variant=name if name in ours_names else None, rounds=[t[0] for t in samples]))
+    if device.type == "cuda":
+        rows[0]["graph_ms"] = harness.graph_replay_ms(ours)
     base = next(r["ms"] for r in rows if r["variant"] == "default")
     peers = [r["ms"] for r in rows if r["variant"] is None]
     for row in rows:
@@ -128,14 +141,16 @@ def main(argv=None) -> Path:
     for name in args.cells:
         cell = make_cell(name, sizing)
         rows += run_cell(cell, args.rounds, time_fn, ceilings, device)
-        for row in rows[-len(VARIANTS) - len(PEERS):]:
+        for row in rows:
             if row["shape"] == cell.name:
                 label = row["variant"] or row["provider"]
+                graph = f"  graph {row['graph_ms']:.4f} ms" if "graph_ms" in row else ""
                 print(f"{cell.name:58s} {label:26s} {row['ms']:8.4f} ms  "
                       f"x default {row['ratio_to_default']:.3f}  x best peer "
-                      f"{row['ratio_to_best_peer'] or float('nan'):.3f}", flush=True)
+                      f"{row['ratio_to_best_peer'] or float('nan'):.3f}{graph}", flush=True)
     path = harness.write_results(rows, args.out, SUITE, ceilings=ceilings,
-                                 meta={"rounds": args.rounds, "variants": list(VARIANTS)})
+                                 meta={"rounds": args.rounds,
+                                       "variants": [*VARIANTS, "validate=False"]})
     print(harness.provenance_line(harness.provenance(), ceilings))
     print(f"wrote {path}")
     return path

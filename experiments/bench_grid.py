@@ -310,12 +310,13 @@ def bench_case(cell: Cell, x: bench.Inputs) -> bench.Case:
                       sweep=SUITE)
 
 
-def provider_ours(cell: Cell, x: bench.Inputs):
-    """The public op with its default arguments: what a user who calls it gets."""
+def provider_ours(cell: Cell, x: bench.Inputs, **kwargs):
+    """The public op with its default arguments (what a user who calls it gets), or with
+    ``kwargs`` (``validate=False``, say)."""
     Q = x.Q[0] if cell.B == 1 else x.Q
     if cell.packed:
-        return lambda: maxsim_packed(Q, x.D_packed, x.offsets)
-    return lambda: maxsim_padded(Q, x.D)
+        return lambda: maxsim_packed(Q, x.D_packed, x.offsets, **kwargs)
+    return lambda: maxsim_padded(Q, x.D, **kwargs)
 
 
 def _bench_provider(name: str):

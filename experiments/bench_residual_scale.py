@@ -17,8 +17,8 @@ With ``--decoders NAME ...`` the default launch is timed the same way with each 
 (``ResidualConfig.decode`` where it applies at that nbits), each first checked against the
 default's scores (bit for bit where it decodes into the same operand layout: pairs and shuffle).
 With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
-``ResidualConfig(pipeline_codes=True)`` (each tile's codes loaded a tile ahead), checked the same
-way.
+``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
+checked the same way.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
@@ -61,11 +61,12 @@ def decoder_variants(config, decoders, nbits):
 
 
 def pipelined_variants(default, variants):
-    """(provider, config) twins of the default launch and of each of ``variants`` with every
-    main tile's codes loaded a tile ahead."""
+    """(provider, config) twins of the default launch and of each of ``variants`` with
+    pipeline_codes (each main tile's codes loaded a tile ahead) the other way round."""
     base = [("maxsim_residual validate=False", default)] + list(variants)
-    return [(f"{provider} pipeline_codes", dataclasses.replace(config, pipeline_codes=True))
-            for provider, config in base if not config.pipeline_codes]
+    return [(f"{provider} pipeline_codes={not config.pipeline_codes}",
+             dataclasses.replace(config, pipeline_codes=not config.pipeline_codes))
+            for provider, config in base]
 
 
 def scores_as_default(config, default, got, want) -> bool:
@@ -80,13 +81,13 @@ def scores_as_default(config, default, got, want) -> bool:
 
 def op_default(nbits: int, num_docs: int, element_size: int):
     """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
-    default config, with the pair decoder where byte permutes cannot serve (nbits = 1), as
-    ops.residual._launch_kernel falls back."""
+    default config, with the pair decoder (codes per tile) where byte permutes cannot serve
+    (nbits = 1), as ops.residual._launch_kernel falls back."""
     from tilemaxsim_plaid.ops.residual import PERMUTE_NBITS, default_residual_config
     config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
                                      nbits=nbits)
     if config.decode == "permute" and nbits not in PERMUTE_NBITS:
-        config = dataclasses.replace(config, decode="pairs")
+        config = dataclasses.replace(config, decode="pairs", pipeline_codes=False)
     return config
 
 

@@ -41,15 +41,18 @@ def test_decoder_variants_skip_the_defaults_own_and_permute_at_nbits_1():
 
 
 def test_pipelined_variants_twin_the_default_and_each_decoder():
-    default = op_default(4, 100_000, 2)
-    decoders = decoder_variants(default, ["pairs", "permute"], 4)
-    twins = pipelined_variants(default, decoders)
-    assert [name for name, _ in twins] == [
-        "maxsim_residual validate=False pipeline_codes",
-        "maxsim_residual validate=False decode=pairs pipeline_codes",
-        "maxsim_residual validate=False decode=permute pipeline_codes"]
-    for (_, twin), (_, base) in zip(twins, [("", default)] + decoders):
-        assert twin.pipeline_codes and ResidualConfig(**{**vars(twin), "pipeline_codes": False}) == base
+    """Codes a tile ahead are the nbits 2 and 4 defaults (beside permutes and shuffles), not
+    nbits 1's (pairs); each twin flips only that."""
+    for nbits, ahead in ((1, False), (2, True), (4, True)):
+        default = op_default(nbits, 100_000, 2)
+        assert default.pipeline_codes is ahead
+        decoders = decoder_variants(default, ["pairs", "permute"], nbits)
+        twins = pipelined_variants(default, decoders)
+        assert [name for name, _ in twins] == [
+            f"{name} pipeline_codes={not ahead}"
+            for name in ["maxsim_residual validate=False"] + [n for n, _ in decoders]]
+        for (_, twin), (_, base) in zip(twins, [("", default)] + decoders):
+            assert twin == ResidualConfig(**{**vars(base), "pipeline_codes": not ahead})
 
 
 def test_pairs_and_shuffle_must_score_bit_for_bit_other_decoders_within_rounding():

@@ -49,7 +49,7 @@ def test_capture_records_the_benchmark_launches_without_running_them(captured):
     c = residual["constexprs"]
     assert (c["NBITS"], c["DECODE_GROUP"], c["UNIT_BYTES"]) == (2, 0, 4)
     assert c["PERSISTENT"] and c["CENTROID_TABLE"] and c["PRECOMPUTED_NORMS"] and c["PTX_LOADS"]
-    assert c["PREFETCH"] == 1 and c["DOCS_PER_PROGRAM"] == 2
+    assert c["PREFETCH"] == 1 and c["DOCS_PER_PROGRAM"] == 2 and c["PIPELINE_CODES"]
     assert residual["options"] == {"num_warps": 1, "num_stages": 1, "maxnreg": 96}
 
 

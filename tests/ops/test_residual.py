@@ -295,11 +295,12 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
     assert {k: kwargs[k] for k in want} == want
 
 
-@pytest.mark.parametrize("nbits,decoder,maxnreg", [
-    (1, "pairs", 96), (2, "permute", 96), (4, "shuffle", 128)])
-def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
+@pytest.mark.parametrize("nbits,decoder,maxnreg,ahead", [
+    (1, "pairs", 96, False), (2, "permute", 96, True), (4, "shuffle", 128, True)])
+def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg, ahead):
     """One fp16 query over many documents on the table path: byte permutes at nbits = 2 only,
-    warp shuffles at nbits = 4, under the register cap its decoder does not spill under."""
+    warp shuffles at nbits = 4, under the register cap its decoder does not spill under; codes
+    a tile ahead beside both, not beside the pair table (nbits = 1)."""
     kernel = RecordingKernel()
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
     monkeypatch.setattr(residual, "MANY_DOCS", 4)
@@ -307,7 +308,8 @@ def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg):
     Q = unit_queries(1, 32, 128, torch.float16, device)
     score(Q, index, nbits, inv_norms=norms_of(index, nbits), validate=False)
     (_, kwargs), = kernel.launches
-    assert (kwargs["DECODE_GROUP"], kwargs["maxnreg"]) == (residual.DECODERS[decoder], maxnreg)
+    assert (kwargs["DECODE_GROUP"], kwargs["maxnreg"], kwargs["PIPELINE_CODES"]) == (
+        residual.DECODERS[decoder], maxnreg, ahead)
     assert residual.default_residual_config(1, 32, False, 4, 2, True, nbits).maxnreg == maxnreg
 
 

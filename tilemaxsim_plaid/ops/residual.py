@@ -219,7 +219,8 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
       no last wave running alone. 16-bit queries decode by byte permutes (no table loads)
       where they apply, by warp shuffles at nbits = 4, split_query by the pair
       table; with an fp16 centroid-score table (half_table) each document's rows are also
-      prefetched into L2.
+      prefetched into L2. Beside byte permutes and shuffles each tile's codes are loaded a tile
+      ahead (pipeline_codes).
     * Fewer documents (the search path's stage 4 scores at most a few thousand): 2-warp
       programs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query.
@@ -236,14 +237,17 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
             # Here queries_per_block = pow2(num_queries): every query is in the one block, as
             # a persistent grid needs. An L2 prefetch pays beside the fp16 table only (more L2
             # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
-            # with split_query.
+            # with split_query. Codes a tile ahead gain beside the permute and shuffle decoders,
+            # not beside pairs (results/residual_scale/h200-975e3d8-pipelined).
+            lookup_free = not split_query and nbits in PERMUTE_NBITS
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query or nbits == 4
                                   else ONE_WARP_MAXNREG,
                                   docs_per_program=2,
                                   persistent=True, prefetch=half_table,
                                   decode="pairs" if split_query
-                                  else "shuffle" if nbits == 4 else "permute")
+                                  else "shuffle" if nbits == 4 else "permute",
+                                  pipeline_codes=lookup_free)
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
@@ -566,7 +570,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
-        cfg = dataclasses.replace(cfg, decode="pairs")
+        cfg = dataclasses.replace(cfg, decode="pairs", pipeline_codes=False)
     if half_table and (Q3.dtype != torch.float16 or not builds_table):
         raise ValueError("config.half_table needs fp16 queries and a table built here (no "
                          f"centroid_scores, no split_query); got {Q3.dtype} queries")
