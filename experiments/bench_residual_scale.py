@@ -15,7 +15,7 @@ register cap R (ptxas .maxnreg; 0: none) instead of its own, each first checked 
 as the default: whether a cap that spills (nbits 4 under 96) or one that costs occupancy wins.
 With ``--decoders NAME ...`` the default launch is timed the same way with each other decoder
 (``ResidualConfig.decode`` where it applies at that nbits), each first checked against the
-default's scores (bit for bit where it decodes into the same operand layout: pairs and shuffle).
+default's scores (bit for bit where it decodes with the same decoder).
 With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
 ``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
 checked the same way.
@@ -70,11 +70,10 @@ def pipelined_variants(default, variants):
 
 
 def scores_as_default(config, default, got, want) -> bool:
-    """Whether a variant's scores are the default's: bit for bit where both decode into the same
-    operand layout (register caps; pairs and shuffle), else within fp16 rounding (permute's
-    column order changes the products' summation order)."""
-    same_layout = {config.decode, default.decode} <= {"pairs", "shuffle"}
-    if same_layout:
+    """Whether a variant's scores are the default's: bit for bit with the same decoder (register
+    caps, codes a tile ahead), else within fp16 rounding (permute's column order changes the
+    products' summation order)."""
+    if config.decode == default.decode:
         return torch.equal(got, want)
     return torch.allclose(got, want, rtol=1e-3, atol=1e-3)
 
@@ -102,10 +101,10 @@ def main(argv=None) -> int:
     parser.add_argument("--caps", type=int, nargs="*", default=[],
                         help="register caps (0: none) to time the default launch under")
     parser.add_argument("--decoders", nargs="*", default=[],
-                        choices=("pairs", "select", "permute", "shuffle"),
+                        choices=("pairs", "select", "permute"),
                         help="decoders to time the default launch with")
     parser.add_argument("--pipeline-codes", action="store_true",
-                        help="also time the default and each decoder with codes a tile ahead")
+                        help="also time the default and each decoder with pipeline_codes flipped")
     parser.add_argument("--out", default="results/residual_scale")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -233,18 +233,18 @@ def parallel_workers() -> tuple[str, ...]:
 
 
 def residual_decoders(work: Path, opts) -> list[Step]:
-    """The GPU tests of the shuffle and byte-permute decoders, codes a tile ahead, the dense
-    running max and PQ decode, then the residual op's default launch with each decoder that
-    applies (shuffle, pairs, permute), each also with codes a tile ahead, nbits 1, 2 and 4 at
-    C = 2^16, beside dense scoring of the decoded documents (about 8 minutes)."""
+    """The GPU tests of the byte-permute decoder, codes a tile ahead, the dense running max and
+    PQ decode, then the residual op's default launch with each decoder that applies (pairs,
+    permute), each also with codes a tile ahead flipped, nbits 1, 2 and 4 at C = 2^16, beside
+    dense scoring of the decoded documents (about 6 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual.py", "tests/kernels/test_maxsim_dense.py",
              "tests/kernels/test_nan_policy.py")
     return [Step("decoder-tests", (*PYTEST, *parallel_workers(), *tests, "-k",
-                                   "shuffle or permute or running or ptx or pipelined"), 150),
+                                   "permute or running or ptx or pipelined"), 150),
             Step("pq-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_pq.py"),
                  150),
             Step("residual-decoders", module("experiments.bench_residual_scale", "--centroids",
-                                             "65536", "--decoders", "shuffle", "pairs", "permute",
+                                             "65536", "--decoders", "pairs", "permute",
                                              "--pipeline-codes",
                                              "--out", str(work / "residual-decoders")), 360)]
 
@@ -384,11 +384,11 @@ SUITES = {
     "residual-caps": Suite("the residual op's default launch under register caps 104 / 112 / 128 and "
                            "none, nbits 1 / 2 / 4, beside dense on the decoded documents",
                            residual_caps),
-    "residual-decoders": Suite("GPU tests of the shuffle and permute decoders, codes a tile "
-                               "ahead, the running max and PQ decode; the residual op's default "
-                               "launch with the shuffle, pair and permute decoders, each with and "
-                               "without codes a tile ahead, nbits 1 / 2 / 4, beside dense on the "
-                               "decoded documents", residual_decoders),
+    "residual-decoders": Suite("GPU tests of the permute decoder, codes a tile ahead, the "
+                               "running max and PQ decode; the residual op's default launch with "
+                               "the pair and permute decoders, each with and without codes a tile "
+                               "ahead, nbits 1 / 2 / 4, beside dense on the decoded documents",
+                               residual_decoders),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

@@ -767,7 +767,7 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--nbits", type=int, nargs="+", default=[1, 2, 4], choices=(1, 2, 4))
     parser.add_argument("--num-docs", type=int, default=NUM_DOCS)
-    parser.add_argument("--decode", default=None, choices=("pairs", "select", "permute", "shuffle"),
+    parser.add_argument("--decode", default=None, choices=("pairs", "select", "permute"),
                         help="the residual launches with this decoder instead of their default's")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         type=config_override,

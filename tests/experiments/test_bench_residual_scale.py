@@ -18,22 +18,20 @@ def test_cap_variants_replace_only_the_cap_and_skip_the_defaults_own():
 
 
 def test_the_capped_launch_is_the_ops_own_at_every_nbits():
-    """Byte permutes are the nbits = 2 default, warp shuffles the nbits = 4 one; the op falls
-    back to the pair table at nbits 1, and so must the variants (an explicit decode='permute' is
-    refused at nbits 1)."""
-    for nbits, decode in ((1, "pairs"), (2, "permute"), (4, "shuffle")):
+    """Byte permutes are the nbits = 2 and 4 default, the pair table nbits = 1's."""
+    for nbits, decode in ((1, "pairs"), (2, "permute"), (4, "permute")):
         config = op_default(nbits, 100_000, 2)
         assert config.decode == decode
         assert all(c.decode == decode for _, c in cap_variants(config, [0, 112]))
 
 
 def test_decoder_variants_skip_the_defaults_own_and_permute_at_nbits_1():
-    for nbits, own, others in ((1, "pairs", ["shuffle"]),
-                               (2, "permute", ["shuffle", "pairs"]),
-                               (4, "shuffle", ["pairs", "permute"])):
+    for nbits, own, others in ((1, "pairs", ["select"]),
+                               (2, "permute", ["pairs", "select"]),
+                               (4, "permute", ["pairs", "select"])):
         default = op_default(nbits, 100_000, 2)
         assert default.decode == own
-        variants = decoder_variants(default, ["shuffle", "pairs", "permute", "shuffle"], nbits)
+        variants = decoder_variants(default, ["pairs", "permute", "select", "pairs"], nbits)
         assert [c.decode for _, c in variants] == others
         assert all(ResidualConfig(**{**vars(c), "decode": own}) == default for _, c in variants)
         assert [name for name, _ in variants] == [
@@ -41,8 +39,8 @@ def test_decoder_variants_skip_the_defaults_own_and_permute_at_nbits_1():
 
 
 def test_pipelined_variants_twin_the_default_and_each_decoder():
-    """Codes a tile ahead are the nbits 2 and 4 defaults (beside permutes and shuffles), not
-    nbits 1's (pairs); each twin flips only that."""
+    """Codes a tile ahead are the nbits 2 and 4 defaults (beside byte permutes), not nbits 1's
+    (pairs); each twin flips only that."""
     for nbits, ahead in ((1, False), (2, True), (4, True)):
         default = op_default(nbits, 100_000, 2)
         assert default.pipeline_codes is ahead
@@ -55,16 +53,15 @@ def test_pipelined_variants_twin_the_default_and_each_decoder():
             assert twin == ResidualConfig(**{**vars(base), "pipeline_codes": not ahead})
 
 
-def test_pairs_and_shuffle_must_score_bit_for_bit_other_decoders_within_rounding():
+def test_the_same_decoder_must_score_bit_for_bit_another_within_rounding():
     import torch
 
     want = torch.tensor([1.0, 2.0, float("-inf")])
     near = want + torch.tensor([1e-4, 0.0, 0.0])
-    shuffle = op_default(4, 100_000, 2)
-    pairs = ResidualConfig(**{**vars(shuffle), "decode": "pairs"})
     permute = op_default(2, 100_000, 2)
-    assert scores_as_default(shuffle, pairs, want.clone(), want)
-    assert not scores_as_default(shuffle, pairs, near, want)
-    assert scores_as_default(ResidualConfig(**{**vars(permute), "decode": "shuffle"}), permute,
-                             near, want)
-    assert not scores_as_default(shuffle, permute, want + 0.1, want)
+    twin = ResidualConfig(**{**vars(permute), "pipeline_codes": False, "maxnreg": 128})
+    pairs = ResidualConfig(**{**vars(permute), "decode": "pairs"})
+    assert scores_as_default(twin, permute, want.clone(), want)
+    assert not scores_as_default(twin, permute, near, want)
+    assert scores_as_default(pairs, permute, near, want)
+    assert not scores_as_default(pairs, permute, want + 0.1, want)

@@ -98,10 +98,10 @@ EXPECTED = {
     "residual-decoders": {
         "decoder-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual.py",
                           "tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
-                          "-k", "shuffle or permute or running or ptx or pipelined"],
+                          "-k", "permute or running or ptx or pipelined"],
         "pq-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_pq.py"],
         "residual-decoders": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
-                              "--decoders", "shuffle", "pairs", "permute", "--pipeline-codes",
+                              "--decoders", "pairs", "permute", "--pipeline-codes",
                               "--out", "W/residual-decoders"],
     },
     "grid": {

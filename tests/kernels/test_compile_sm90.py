@@ -70,7 +70,7 @@ _COMPILE = textwrap.dedent("""
         rc = torch.zeros(T, dtype=torch.int32)
         res = torch.zeros(T, 128 * nbits // 8, dtype=torch.uint8)
         w = torch.sort(torch.randn(1 << nbits, generator=g) * 0.03).values
-        for decode in ("pairs", "select", "shuffle") + (("permute",) if nbits != 1 else ()):
+        for decode in ("pairs", "select") + (("permute",) if nbits != 1 else ()):
             for table in (True, False):
                 cfg = ResidualConfig(decode=decode, centroid_table=table)
                 calls[f"residual nbits={nbits} {decode} table={table}"] = (
@@ -80,7 +80,7 @@ _COMPILE = textwrap.dedent("""
                         config=cfg, validate=False),
                     (_query_centroid_scores_kernel,))
         # Codes a tile ahead, on the one-warp persistent launch of the many-document default.
-        decode = {1: "pairs", 2: "permute", 4: "shuffle"}[nbits]
+        decode = "pairs" if nbits == 1 else "permute"
         cfg = ResidualConfig(decode=decode, num_warps=1, persistent=True, docs_per_program=2,
                              pipeline_codes=True)
         calls[f"residual nbits={nbits} {decode} table=True pipelined"] = (
@@ -140,9 +140,9 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # residual: 11 decoder choices x table / gather, 3 pipelined; last: value range (2 dtypes x
+    # residual: 8 decoder choices x table / gather, 3 pipelined; last: value range (2 dtypes x
     # clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 4 + 4 + 2 * 11 + 3 + 2 * 2 + 2 + 1
+    assert len(compiled) == 4 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -154,7 +154,7 @@ def test_the_ptx_paths_are_the_ones_compiled(compiled):
     """The residual and PQ decode launches take their GPU code (PTX loads), each decoder, both
     centroid paths and codes a tile ahead as named."""
     assert compiled["pq decode"]["ptx_loads"] is True
-    groups = {"pairs": 2, "select": 1, "permute": 0, "shuffle": 3}
+    groups = {"pairs": 2, "select": 1, "permute": 0}
     for name, kernel in compiled.items():
         if name.startswith("residual"):
             _, _, decode, table, *pipelined = name.split()
@@ -162,14 +162,3 @@ def test_the_ptx_paths_are_the_ones_compiled(compiled):
             assert kernel["decode_group"] == groups[decode], name
             assert kernel["centroid_table"] == (table == "table=True"), name
             assert kernel["pipeline_codes"] == bool(pipelined), name
-
-
-def test_the_shuffle_decoder_reads_weights_from_lanes_not_tables(compiled):
-    """decode="shuffle" replaces the pair decoder's table loads by warp shuffles: every global
-    load it drops is one of the pair table's, and each pair costs two indexed shuffles."""
-    for nbits in (1, 2, 4):
-        for table in ("table=True", "table=False"):
-            pairs = compiled[f"residual nbits={nbits} pairs {table}"]["opcodes"]
-            shuffle = compiled[f"residual nbits={nbits} shuffle {table}"]["opcodes"]
-            assert shuffle.count("SHFL.IDX") > pairs.count("SHFL.IDX"), (nbits, table)
-            assert shuffle.count("LDG") < pairs.count("LDG"), (nbits, table)

@@ -30,8 +30,7 @@ from tilemaxsim_plaid.ops.residual import (
 # Lengths on purpose: empty, one token, odd, one longer than a main tile plus a tail.
 DOC_LENGTHS = [0, 1, 17, 40, 83, 5]
 NUM_CENTROIDS = 37
-DECODERS = [pytest.param("pairs", id="pairs"), pytest.param("select", id="select"),
-            pytest.param("shuffle", id="shuffle")]
+DECODERS = [pytest.param("pairs", id="pairs"), pytest.param("select", id="select")]
 
 
 @pytest.fixture
@@ -162,35 +161,11 @@ def test_ptx_loads_equal_tl_loads(device, poisoned_outputs, dtype, split, dim, n
 
 
 @pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
-@pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
-                                         pytest.param(torch.bfloat16, False, id="bf16"),
-                                         pytest.param(torch.float32, True, id="fp32-split"),
-                                         pytest.param(torch.float32, False, id="fp32")])
-@pytest.mark.parametrize("dim,cfg", [
-    pytest.param(96, dict(num_warps=1, persistent=True, docs_per_program=2), id="d96-one-warp"),
-    pytest.param(384, dict(num_warps=4, block_t=32), id="d384-four-warps")])
-def test_shuffle_decoder_scores_as_pairs(device, poisoned_outputs, nbits, dtype, split, dim, cfg):
-    """decode="shuffle" reads the same weights as the pair table (on a GPU each from the lane of
-    the warp that holds it, by warp shuffles, instead of a table load) into the same operand
-    layout, so it scores bit for bit as "pairs": full and masked tiles, a masked chunk (d = 96)
-    and three chunks (d = 384), one warp on a persistent grid and four warps."""
-    index = random_index(device, dim, nbits)
-    Q = unit_queries(1, 32, dim, dtype, device)
-    pids = torch.tensor([3, 0, 2, 5, 1, 4, 3], device=device)
-    out = {decode: score(Q, index, nbits, pids=pids, inv_norms=norms_of(index, nbits),
-                         split_query=split, config=ResidualConfig(decode=decode, **cfg))
-           for decode in ("shuffle", "pairs")}
-    assert torch.equal(out["shuffle"], out["pairs"])
-    assert_close(out["shuffle"], expected(Q, index, nbits, pids=pids),
-                 "maxsim_residual_split" if split else "maxsim_residual", dtype)
-
-
-@pytest.mark.parametrize("nbits", [pytest.param(n, id=f"nbits{n}") for n in (1, 2, 4)])
 @pytest.mark.parametrize("dim,cfg", [
     pytest.param(128, dict(decode="permute", num_warps=1, persistent=True, docs_per_program=2),
                  id="d128-one-warp"),
     pytest.param(96, dict(block_t=32, block_t_tail=16, centroid_table=False), id="d96-gather"),
-    pytest.param(384, dict(decode="shuffle", num_warps=4, docs_per_program=3), id="d384-chunks")])
+    pytest.param(384, dict(num_warps=4, docs_per_program=3), id="d384-chunks")])
 def test_pipelined_codes_score_as_codes_per_tile(device, poisoned_outputs, nbits, dim, cfg):
     """pipeline_codes=True loads each main tile's codes while the tile before it is scored (the
     last such load serves the tail where its tiles are as long); the same codes reach the same
@@ -569,10 +544,10 @@ def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch,
                      "maxsim_residual_split" if split else "maxsim_residual", dtype)
 
 
-@pytest.mark.parametrize("decode", ["shuffle", "permute"])
+@pytest.mark.parametrize("decode", ["permute", "pairs"])
 @pytest.mark.parametrize("path", ["table", "gather"])
 def test_nbits4_decoders_read_strided_views(device, poisoned_outputs, path, decode):
-    """decode="shuffle" (the nbits 4 default) and "permute" at nbits 4, one-warp persistent
+    """decode="permute" (the nbits 4 default) and "pairs" at nbits 4, one-warp persistent
     programs of both queries: every tensor argument as a non-contiguous view scores as its
     contiguous copy and as the reference."""
     index = random_index(device, 64, 4)

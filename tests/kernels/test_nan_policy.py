@@ -206,7 +206,6 @@ RESIDUAL_CONFIGS = [
     pytest.param(dict(centroid_table=True), id="table"),
     pytest.param(dict(centroid_table=True, decode="permute"), id="table-permute"),
     pytest.param(dict(centroid_table=False, decode="select"), id="gather-select"),
-    pytest.param(dict(centroid_table=True, decode="shuffle"), id="table-shuffle"),
 ]
 
 
@@ -260,8 +259,7 @@ ODD_D_CONFIGS = [
     pytest.param(dict(centroid_table=True), True, id="table"),
     pytest.param(dict(centroid_table=True, decode="select"), True, id="table-select"),
     pytest.param(dict(centroid_table=True, decode="permute"), True, id="table-permute"),
-    pytest.param(dict(centroid_table=True, decode="shuffle"), True, id="table-shuffle"),
-    pytest.param(dict(centroid_table=False, decode="shuffle"), False, id="gather-shuffle"),
+    pytest.param(dict(centroid_table=False, decode="permute"), False, id="gather-permute"),
 ]
 # "unused": bucket 0 is poisoned and no real dimension is in it; "all_but_last": every bucket but
 # the last is poisoned and every real dimension is in the last.

@@ -39,13 +39,6 @@ kernel is built around the instructions per embedding element:
       permutes of the low and high bytes, two byte selects and two interleaving permutes
       (_permute_nibbles): no L1 access at all. The weights come out in the fp16 operand's
       register order (_operand_dims), so the held query chunk is permuted once per program.
-    - shuffle (3): two dimensions per step, as pairs, but no table load: lane l of the warp
-      holds the weight of field l mod 2**nbits (one 16-entry row at nbits = 4, in every
-      half-warp), and a warp shuffle of segment width 2**nbits reads field f's weight from lane
-      f; the shuffle ignores the bits above the field, so each weight is one shift and one
-      shuffle, and a byte permute packs the pair. A shuffle costs one shared-memory-pipe cycle
-      per warp; the pair table's 1 KB at nbits = 4 spans 8 L1 lines, most of which a warp's 32
-      lookups touch. On the CPU it reads the field table instead.
     - select (1): one field per dimension, the weight picked by a select tree on the field's bits
       (nbits <= 2) or loaded from the 2**nbits table (nbits = 4). No loads, more ALU; the host
       takes it for byte units in chunks narrower than 128 columns, where pairs are wrong on the
@@ -206,54 +199,6 @@ def _ptx_load_table(ptrs, ENTRY_HALF_BITS: tl.constexpr):
         entry = tl.inline_asm_elementwise("ld.global.nc.L1::evict_last.b64 $0, [$1];", "=l,l",
                                           [ptrs], dtype=tl.int64, is_pure=True, pack=1)
     return entry
-
-
-@triton.jit
-def _lane_field_weight(p_table, NBITS: tl.constexpr, ELEM_BITS: tl.constexpr):
-    """This lane's weight of field (lane id mod 2**NBITS) from the field table ``p_table``
-    ([2**NBITS] weights), as int32 bits (a 16-bit weight in the low half), by inline PTX: the
-    value each lane contributes to _shuffle_pair. A per-lane value, so it is read inside one asm
-    block (Triton takes a scalar to be the same in every lane)."""
-    if ELEM_BITS == 16:
-        weight = tl.inline_asm_elementwise(
-            "{ .reg .u32 l; .reg .u64 a; .reg .b16 h; mov.u32 l, %laneid; and.b32 l, l, $2; "
-            "mul.wide.u32 a, l, 2; add.s64 a, a, $1; ld.global.nc.b16 h, [a]; "
-            "cvt.u32.u16 $0, h; }",
-            "=r,l,r", [p_table, (1 << NBITS) - 1], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        weight = tl.inline_asm_elementwise(
-            "{ .reg .u32 l; .reg .u64 a; mov.u32 l, %laneid; and.b32 l, l, $2; "
-            "mul.wide.u32 a, l, 4; add.s64 a, a, $1; ld.global.nc.b32 $0, [a]; }",
-            "=r,l,r", [p_table, (1 << NBITS) - 1], dtype=tl.int32, is_pure=True, pack=1)
-    return weight
-
-
-@triton.jit
-def _shuffle_segment(NBITS: tl.constexpr):
-    """shfl's c operand for segments of 2**NBITS lanes: the segment mask (the lane bits above a
-    field kept from the reading lane, so the bits of b above the field are ignored) | clamp 31."""
-    return ((32 - (1 << NBITS)) << 8) | 0x1F
-
-
-@triton.jit
-def _shuffle_pair(first, second, lane_weight, NBITS: tl.constexpr):
-    """The 16-bit weights of two fields, each in the low NBITS bits of ``first`` / ``second``
-    (higher bits ignored), read from the lanes that hold them (_lane_field_weight) by warp
-    shuffles and packed into one int32, first in the low half, as a pair-table entry. Every lane
-    of the warp runs each shuffle (Triton's elementwise code is not divergent)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 wa, wb; shfl.sync.idx.b32 wa, $3, $1, $4, 0xffffffff; "
-        "shfl.sync.idx.b32 wb, $3, $2, $4, 0xffffffff; prmt.b32 $0, wa, wb, 0x5410; }",
-        "=r,r,r,r,r", [first, second, lane_weight, _shuffle_segment(NBITS)], dtype=tl.int32,
-        is_pure=True, pack=1)
-
-
-@triton.jit
-def _shuffle_weight(field, lane_weight, NBITS: tl.constexpr):
-    """The 32-bit weight of each field (low NBITS bits of ``field``), as _shuffle_pair reads it."""
-    return tl.inline_asm_elementwise(
-        "shfl.sync.idx.b32 $0, $2, $1, $3, 0xffffffff;", "=r,r,r,r",
-        [field, lane_weight, _shuffle_segment(NBITS)], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -450,25 +395,6 @@ def _decode_chunk(b_units, p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr,
             hi = (entry >> 32).to(tl.int32)
             groups = tl.join(lo.to(dot_dtype, bitcast=True), hi.to(dot_dtype, bitcast=True))
         return tl.reshape(groups, [BLOCK_T, BLOCK_D])
-    elif DECODE_GROUP == 3:
-        # Pairs of dimensions as the pair decoder lays them out, each weight by a shuffle from
-        # the lane holding it (w0: _lane_field_weight); the first dimension is the higher field.
-        shift = _unit_shifts(NBITS, UNIT_BYTES, 2)
-        # [BLOCK_T, BLOCK_D // 2]
-        second = tl.reshape(b_units[:, :, None] >> shift[None, None, :], [BLOCK_T, BLOCK_D // 2])
-        first = second >> NBITS
-        if PTX_LOADS:
-            if ELEM_BITS == 16:
-                groups = unpack_16bit_weights(_shuffle_pair(first, second, w0, NBITS),
-                                              dot_dtype, 2)
-            else:
-                groups = tl.join(_shuffle_weight(first, w0, NBITS).to(dot_dtype, bitcast=True),
-                                 _shuffle_weight(second, w0, NBITS).to(dot_dtype, bitcast=True))
-        else:
-            # The interpreter runs no PTX: the same weights from the field table.
-            mask = (1 << NBITS) - 1
-            groups = tl.join(tl.load(p_table + (first & mask)), tl.load(p_table + (second & mask)))
-        return tl.reshape(groups, [BLOCK_T, BLOCK_D])
     else:
         shift = _unit_shifts(NBITS, UNIT_BYTES, 1)
         field = (b_units[:, :, None] >> shift[None, None, :]) & ((1 << NBITS) - 1)
@@ -536,7 +462,7 @@ def _first_finite_field(p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr, NBITS:
         else:
             low = entry.to(tl.int32)
         field = _first_true(_finite(low.to(dot_dtype, bitcast=True)), FIELDS)
-    elif DECODE_GROUP == 3 or NBITS == 4:
+    elif NBITS == 4:
         # The field table.
         field = _first_true(_finite(tl.load(p_table + tl.arange(0, FIELDS))), FIELDS)
     elif NBITS == 2:
@@ -790,7 +716,7 @@ def _maxsim_residual_kernel(
     bytes; units_per_row per row, row stride stride_ut units); offsets: int64 [N+1]; pids: [M]
     (else 0..M-1); centroids: [C, d]; table: the pair table (DECODE_GROUP 2: [2**(2*NBITS)]
     int32/int64 of packed ELEM_BITS-bit weights), the bucket weights themselves (DECODE_GROUP 0:
-    [2**NBITS], any float dtype: _permute_registers) or the field table (DECODE_GROUP 1 and 3:
+    [2**NBITS], any float dtype: _permute_registers) or the field table (DECODE_GROUP 1:
     [2**NBITS] weights in the dot dtype, field order); inv_norms: [T] float (when
     PRECOMPUTED_NORMS); centroid_scores S: [C, B*Lq] fp32 or fp16, row stride stride_sc (when
     CENTROID_TABLE); query_lengths: [B]; out: fp32 [B, M]; counter (PERSISTENT, one query
@@ -828,15 +754,6 @@ def _maxsim_residual_kernel(
         w1 = 0.0
         w2 = 0.0
         w3 = 0.0
-    elif DECODE_GROUP == 3:
-        # Each lane's weight for the shuffles (the CPU path reads the field table).
-        if PTX_LOADS:
-            w0 = _lane_field_weight(p_table, NBITS, ELEM_BITS)
-        else:
-            w0 = 0
-        w1 = 0
-        w2 = 0
-        w3 = 0
     elif DECODE_GROUP == 0:
         # The byte permutes' registers, from the bucket weights themselves.
         w0, w1, w2, w3 = _permute_registers(p_table, b_q0.dtype, NBITS)

@@ -76,10 +76,9 @@ MANY_DOCS = 16384
 # How bits become weights (kernels/maxsim_residual.py): "pairs" looks up two weights per load in
 # a 2**(2*nbits)-entry table; "select" picks one weight per dimension with a select tree;
 # "permute" (nbits = 2 or 4, 32-bit word units, 16-bit products) assembles the weights by PTX
-# byte permutes from their bytes held in registers, with no lookup at all; "shuffle" reads each
-# weight from the lane of the warp that holds it (a warp shuffle), two per step as pairs. The
-# kernel's DECODE_GROUP: dimensions per lookup for 0-2 (0: none), 3 for the shuffles.
-DECODERS = {"select": 1, "pairs": 2, "permute": 0, "shuffle": 3}
+# byte permutes from their bytes held in registers, with no lookup at all. The kernel's
+# DECODE_GROUP: dimensions per lookup (0: none).
+DECODERS = {"select": 1, "pairs": 2, "permute": 0}
 PERMUTE_NBITS = (2, 4)
 
 
@@ -108,9 +107,8 @@ class ResidualConfig:
             launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once);
             gather where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once).
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension),
-            "permute" (no table lookups: weights by byte permutes from registers; nbits = 2 or
-            4, 4-byte aligned residual rows, 16-bit products only) or "shuffle" (no table loads:
-            each weight by a warp shuffle from the lane holding it, two per step; any nbits).
+            or "permute" (no table lookups: weights by byte permutes from registers; nbits = 2
+            or 4, 4-byte aligned residual rows, 16-bit products only).
             Byte-unit rows in chunks narrower than 128 columns always decode with "select".
         num_warps, num_stages: Triton launch parameters (a power of two; at least 1). One
             stage: deeper pipelining costs registers and occupancy here (see
@@ -155,8 +153,8 @@ class ResidualConfig:
     pipeline_codes: bool = False
 
 
-# The one-warp default's register cap; nbits = 4's 16-entry table decoder spills under it and
-# takes 128, as split_query does (results/PERFORMANCE_LOG.md, runs 98 and 106).
+# The one-warp default's register cap; nbits = 4's decoders spill under it and take 128, as
+# split_query does (results/PERFORMANCE_LOG.md, runs 98, 106 and 132).
 ONE_WARP_MAXNREG = 96
 # ptxas's range for .maxnreg on sm_80/sm_90.
 MIN_MAXNREG, MAX_MAXNREG = 24, 255
@@ -213,14 +211,13 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
     * At least MANY_DOCS documents with 16-bit products (fp16/bf16 queries, or split_query):
       one-warp programs of 16-token tiles on a persistent grid taking 2 documents at a time,
       with a register cap (96; 128 with split_query's second query operand, and at nbits = 4,
-      whose table decoder spills under 96). A 2-warp program
+      whose decoders spill under 96). A 2-warp program
       splits a 16-token tile's products by query columns, so both warps decode the whole tile;
       one warp decodes it once, and the cap fits more programs per SM; the persistent grid has
       no last wave running alone. 16-bit queries decode by byte permutes (no table loads)
-      where they apply, by warp shuffles at nbits = 4, split_query by the pair
-      table; with an fp16 centroid-score table (half_table) each document's rows are also
-      prefetched into L2. Beside byte permutes and shuffles each tile's codes are loaded a tile
-      ahead (pipeline_codes).
+      where they apply, split_query by the pair table; with an fp16 centroid-score table
+      (half_table) each document's rows are also prefetched into L2. Beside byte permutes each
+      tile's codes are loaded a tile ahead (pipeline_codes).
     * Fewer documents (the search path's stage 4 scores at most a few thousand): 2-warp
       programs, which keep more warps on each document: ResidualConfig's defaults, and 32-token
       tiles with split_query.
@@ -237,17 +234,16 @@ def default_residual_config(num_queries: int, Lq: int, split_query: bool = False
             # Here queries_per_block = pow2(num_queries): every query is in the one block, as
             # a persistent grid needs. An L2 prefetch pays beside the fp16 table only (more L2
             # traffic beside the fp32 table's 128-B rows); byte permutes were slower than pairs
-            # with split_query. Codes a tile ahead gain beside the permute and shuffle decoders,
-            # not beside pairs (results/residual_scale/h200-975e3d8-pipelined).
-            lookup_free = not split_query and nbits in PERMUTE_NBITS
+            # with split_query. Codes a tile ahead gain beside byte permutes, not beside pairs
+            # (results/residual_scale/h200-975e3d8-pipelined).
+            permutes = not split_query and nbits in PERMUTE_NBITS
             return ResidualConfig(queries_per_block=queries_per_block, num_warps=1,
                                   maxnreg=128 if split_query or nbits == 4
                                   else ONE_WARP_MAXNREG,
                                   docs_per_program=2,
                                   persistent=True, prefetch=half_table,
-                                  decode="pairs" if split_query
-                                  else "shuffle" if nbits == 4 else "permute",
-                                  pipeline_codes=lookup_free)
+                                  decode="permute" if permutes else "pairs",
+                                  pipeline_codes=permutes)
         return ResidualConfig(queries_per_block=queries_per_block, block_t=32 if split_query else 16)
     return ResidualConfig(queries_per_block=queries_per_block, num_warps=4)
 
@@ -271,21 +267,19 @@ def _decode_table_index(nbits: int, group: int, device: torch.device) -> torch.T
 def decode_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype,
                  group: int) -> torch.Tensor:
     """The weight table the kernel decodes with, in the dot dtype's bits; ``group`` is the
-    kernel's decoder (DECODERS: 1-2 dimensions per lookup, 3 the shuffles; the byte permutes,
-    0, take the bucket weights themselves). One gather of the weights (after their cast to
-    ``dtype``), so it costs a call two launches at most.
+    kernel's decoder (DECODERS: 1-2 dimensions per lookup; the byte permutes, 0, take the bucket
+    weights themselves). One gather of the weights (after their cast to ``dtype``), so it costs
+    a call two launches at most.
 
-    1 and 3: [2**nbits] weights in ``dtype`` indexed by the raw field.
+    1: [2**nbits] weights in ``dtype`` indexed by the raw field.
     2: [2**(2*nbits)] int32 (fp16/bf16) or int64 (fp32): entry f holds the weights of the fields
     ``f >> nbits`` (low half) and ``f & (2**nbits - 1)`` (high half), so one load gives two
     adjacent dimensions.
     """
     weights = bucket_weights.reshape(-1).to(dtype)
-    if group == 3:
-        group = 1  # the shuffles' lanes hold the field table
     if group not in (1, 2):
-        raise ValueError(f"group must be one of 1, 2 or 3 (the byte permutes, 0, need no "
-                         f"table), got {group}")
+        raise ValueError(f"group must be 1 or 2 (the byte permutes, 0, need no table), got "
+                         f"{group}")
     index = _decode_table_index(nbits, group, weights.device)
     if group == 1:
         return weights.index_select(0, index)
