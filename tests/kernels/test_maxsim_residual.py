@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from tests.conftest import ON_GPU, poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
+from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
 from tilemaxsim_plaid.kernels.maxsim_residual import _permute_registers
 from tilemaxsim_plaid.ops.residual import (
     ResidualConfig,
-    decode_table,
     maxsim_residual,
     query_centroid_scores,
     split_query_centroid_scores,
