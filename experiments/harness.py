@@ -35,16 +35,20 @@ CEILING_BYTES = 4 << 30
 MATMUL_SIZE = 8192
 
 
-def _commit() -> str:
+def _commit(root: Path = Path(__file__).resolve().parent.parent) -> str:
+    """The commit the measured tree is: TILEMAXSIM_COMMIT, else the tree's .device_commit (a copy
+    sent to the device may carry an older .git than the tree), else git's HEAD, else 'unknown'."""
     if os.environ.get("TILEMAXSIM_COMMIT"):
         return os.environ["TILEMAXSIM_COMMIT"]
+    marker = root / ".device_commit"
+    if marker.exists():
+        return marker.read_text().strip()
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, check=True)
+                             cwd=root, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        marker = Path(__file__).resolve().parent.parent / ".device_commit"
-        return marker.read_text().strip() if marker.exists() else "unknown"
+        return "unknown"
 
 
 def provenance() -> dict:

@@ -240,6 +240,17 @@ def test_wheels_install_first_into_the_site(tmp_path):
     assert env["PYTHONPATH"] == f"/tmp/site:{tmp_path}"
 
 
+def test_harness_commit_prefers_the_device_commit_to_git(tmp_path, monkeypatch):
+    from experiments import harness
+
+    monkeypatch.delenv("TILEMAXSIM_COMMIT", raising=False)
+    assert harness._commit(tmp_path) in ("unknown", gpu_suite.tree_commit(ROOT))  # git: HEAD
+    (tmp_path / ".device_commit").write_text("abc123\n")
+    assert harness._commit(tmp_path) == "abc123"
+    monkeypatch.setenv("TILEMAXSIM_COMMIT", "def456")
+    assert harness._commit(tmp_path) == "def456"
+
+
 def test_commit_from_device_commit_then_git(tmp_path):
     assert gpu_suite.tree_commit(tmp_path) == "unknown"  # no history of its own, even inside a checkout
     (tmp_path / ".device_commit").write_text("abc123\n")
