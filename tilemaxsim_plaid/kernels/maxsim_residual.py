@@ -53,6 +53,8 @@ kernel is built around the instructions per embedding element:
 * PREFETCH: an L2 prefetch of each document's rows past its first tile before its tiles are
   walked (GPU only). It pays beside the fp16 table; beside the fp32 one the extra L2 traffic
   costs more than the latency it hides.
+* PIPELINE_CODES: each main tile's codes are loaded while the tile before it is scored, so the
+  tile's rows of S are gathered at once rather than behind a dependent load of its codes.
 * Tiles: documents are walked in tiles of BLOCK_T tokens, then the remainder in tiles of
   BLOCK_T_TAIL, so a 70-token document decodes 80 rows rather than 128. Main tiles are full by
   construction: their loads are unmasked and their scores go into an elementwise running max,
