@@ -80,14 +80,10 @@ def scores_as_default(config, default, got, want) -> bool:
 
 def op_default(nbits: int, num_docs: int, element_size: int):
     """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
-    default config, with the pair decoder (codes per tile) where byte permutes cannot serve
-    (nbits = 1), as ops.residual._launch_kernel falls back."""
-    from tilemaxsim_plaid.ops.residual import PERMUTE_NBITS, default_residual_config
-    config = default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
-                                     nbits=nbits)
-    if config.decode == "permute" and nbits not in PERMUTE_NBITS:
-        config = dataclasses.replace(config, decode="pairs", pipeline_codes=False)
-    return config
+    default config (byte permutes where they serve, the pair table at nbits = 1)."""
+    from tilemaxsim_plaid.ops.residual import default_residual_config
+    return default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
+                                   nbits=nbits)
 
 
 def main(argv=None) -> int:
