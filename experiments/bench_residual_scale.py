@@ -18,7 +18,9 @@ With ``--decoders NAME ...`` the default launch is timed the same way with each 
 default's scores (bit for bit where it decodes with the same decoder).
 With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
 ``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
-checked the same way.
+checked the same way. Where the op's default is the mma kernel (``scoring="mma"``: nbits 2 and
+4), the Triton kernel's default launch (``scoring=decode``) is timed beside it and the options
+above vary that launch; ``--mma-grabs G ...`` times the mma kernel with G documents per grab.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
@@ -79,11 +81,21 @@ def scores_as_default(config, default, got, want) -> bool:
 
 
 def op_default(nbits: int, num_docs: int, element_size: int):
-    """The launch the op makes for one fp16 query of QUERY_LEN tokens on the table path: its
-    default config (byte permutes where they serve, the pair table at nbits = 1)."""
+    """The Triton kernel's launch the op makes for one fp16 query of QUERY_LEN tokens on the
+    table path (byte permutes where they serve, the pair table at nbits = 1): the op's default
+    where scoring="mma" does not apply, its twin where it does."""
     from tilemaxsim_plaid.ops.residual import default_residual_config
     return default_residual_config(1, QUERY_LEN, False, num_docs, element_size, half_table=True,
                                    nbits=nbits)
+
+
+def grab_variants(grabs):
+    """(provider, config) for the mma kernel with each number of documents per grab of
+    ``grabs`` other than the default's."""
+    from tilemaxsim_plaid.ops.residual import MMA_DEFAULT
+    return [(f"maxsim_residual validate=False scoring=mma grab={grab}",
+             dataclasses.replace(MMA_DEFAULT, docs_per_program=grab))
+            for grab in dict.fromkeys(grabs) if grab != MMA_DEFAULT.docs_per_program]
 
 
 def main(argv=None) -> int:
@@ -101,6 +113,9 @@ def main(argv=None) -> int:
                         help="decoders to time the default launch with")
     parser.add_argument("--pipeline-codes", action="store_true",
                         help="also time the default and each decoder with pipeline_codes flipped")
+    parser.add_argument("--mma-grabs", type=int, nargs="*", default=[],
+                        help="documents per grab to time the mma kernel with, where it is the "
+                             "default")
     parser.add_argument("--out", default="results/residual_scale")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -108,6 +123,7 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid import maxsim_packed, maxsim_pq, maxsim_residual
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
+    from tilemaxsim_plaid.ops import nvrtc, residual_mma
 
     device = torch.device("cuda")
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -144,17 +160,37 @@ def main(argv=None) -> int:
                 ("maxsim_residual validate=False",
                  lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], validate=False)),
                 ("maxsim_residual", lambda: maxsim_residual(*call, inv_norms=index["inv_norms"]))]
-            # The launch the op picks here: one fp16 query builds an fp16 table.
+            # The Triton launch the op picks here (one fp16 query builds an fp16 table): the
+            # default where the mma kernel does not apply, else timed beside it.
             default = op_default(nbits, args.num_docs, Q.element_size())
             want = variants[0][1]()
+
+            def with_config(c):
+                return lambda: maxsim_residual(*call, inv_norms=index["inv_norms"], config=c,
+                                               validate=False)
+
+            mma = nvrtc.available() and not residual_mma.reasons_not_to_apply(
+                Q[None], index["codes"], index["residuals"], nbits, index["inv_norms"],
+                index["centroids"])
+            if mma:
+                triton_want = with_config(default)()
+                if not torch.allclose(triton_want, want, rtol=1e-3, atol=1e-3):
+                    raise SystemExit(f"the Triton kernel does not score as the mma default at "
+                                     f"{shape}")
+                variants.append(("maxsim_residual validate=False scoring=decode",
+                                 with_config(default)))
+                for provider, config in grab_variants(args.mma_grabs):
+                    if not torch.equal(with_config(config)(), want):
+                        raise SystemExit(f"{provider} does not score as the default at {shape}")
+                    variants.append((provider, with_config(config)))
+                want = triton_want
             configs = (cap_variants(default, args.caps)
                        + decoder_variants(default, args.decoders, nbits))
             if args.pipeline_codes:
                 configs += pipelined_variants(
                     default, decoder_variants(default, args.decoders, nbits))
             for provider, config in configs:
-                fn = (lambda c=config: maxsim_residual(*call, inv_norms=index["inv_norms"],
-                                                       config=c, validate=False))
+                fn = with_config(config)
                 if not scores_as_default(config, default, fn(), want):
                     raise SystemExit(f"{provider} does not score as the default at {shape}")
                 variants.append((provider, fn))

@@ -249,6 +249,20 @@ def residual_decoders(work: Path, opts) -> list[Step]:
                                              "--out", str(work / "residual-decoders")), 360)]
 
 
+def residual_mma(work: Path, opts) -> list[Step]:
+    """The GPU tests of the residual kernels (the mma kernel's own, the op's defaults, the Triton
+    kernel's, the NaN policy), then the op's default launch (the mma kernel at nbits 2 and 4)
+    beside the Triton kernel's default launch, the mma kernel at 2 and 8 documents per grab and
+    dense scoring of the decoded documents, nbits 1, 2 and 4 at C = 2^16 and 2^18 (about 8
+    minutes)."""
+    tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/ops/test_residual.py",
+             "tests/kernels/test_maxsim_residual.py", "tests/kernels/test_nan_policy.py")
+    return [Step("residual-tests", (*PYTEST, *parallel_workers(), *tests), 200),
+            Step("residual-mma", module("experiments.bench_residual_scale", "--centroids",
+                                        "65536", "262144", "--repeats", "2", "--mma-grabs",
+                                        "2", "8", "--out", str(work / "residual-mma")), 330)]
+
+
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the sixth set), one
     query of 33-64 tokens and several queries, then the full shape grid with the peers
@@ -389,6 +403,10 @@ SUITES = {
                                "the pair and permute decoders, each with and without codes a tile "
                                "ahead, nbits 1 / 2 / 4, beside dense on the decoded documents",
                                residual_decoders),
+    "residual-mma": Suite("GPU tests of the residual kernels; the residual op's default (the mma "
+                          "kernel at nbits 2 and 4) beside the Triton kernel's default launch and "
+                          "dense on the decoded documents, C = 2^16 and 2^18, nbits 1 / 2 / 4",
+                          residual_mma),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

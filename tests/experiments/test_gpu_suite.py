@@ -104,6 +104,14 @@ EXPECTED = {
                               "--decoders", "pairs", "permute", "--pipeline-codes",
                               "--out", "W/residual-decoders"],
     },
+    "residual-mma": {
+        "residual-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual_mma.py",
+                           "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
+                           "tests/kernels/test_nan_policy.py"],
+        "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
+                         "262144", "--repeats", "2", "--mma-grabs", "2", "8",
+                         "--out", "W/residual-mma"],
+    },
     "grid": {
         "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",
                         "--out", "W/sweep-sixth"],

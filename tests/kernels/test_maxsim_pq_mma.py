@@ -18,7 +18,7 @@ from tests.kernels.test_maxsim_pq import random_pq_index, split, unit_queries
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.ops import nvrtc, pq_mma
+from tilemaxsim_plaid.ops import mma_fragments, nvrtc, pq_mma
 from tilemaxsim_plaid.ops.pq import PQConfig, maxsim_pq
 
 on_gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a GPU; the CPU replays its "
@@ -35,13 +35,10 @@ def replay_kernel(Q3, pq_codes, offsets, codebooks, query_lengths=None):
     (h, code) slot 2q + (token & 1) of mma_codebook_lines for lane (token, q), and the A
     fragments of mma_query_fragments, unpacked by the m16n8k16 register layout."""
     lines = pq_mma.mma_codebook_lines(codebooks.to(Q3.dtype))
-    fragments = pq_mma.mma_query_fragments(Q3, query_lengths)
     B = Q3.shape[0]
     # Query [B, 32, 128] in product-column order, from the fragments.
-    pairs = fragments.contiguous().view(Q3.dtype).reshape(B, pq_mma.QUERY_REGS, 32, 2)
-    rows, cols = pq_mma._fragment_index()
-    query = torch.zeros(B, pq_mma.MAX_QUERY_TOKENS, pq_mma.DIM, dtype=torch.float64)
-    query[:, rows, cols] = pairs.double()
+    query = mma_fragments.query_from_fragments(pq_mma.mma_query_fragments(Q3, query_lengths),
+                                               Q3.dtype)
     # Tokens [T, 128] in product-column order: product k-block 2h + s, column c comes from lane
     # quad q = (c % 8) // 2, register (w.x, w.y) for s = 0 or (w.z, w.w) for s = 1, pair c // 8.
     T = pq_codes.shape[0]

@@ -44,6 +44,15 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(torch, "empty", empty)
 
 
+@pytest.fixture
+def triton_default(monkeypatch):
+    """The op's default launches the Triton kernel also where the mma kernel would take the
+    call on a GPU (ops/residual_mma), as without NVRTC: for tests of that launch."""
+    from tilemaxsim_plaid.ops import residual
+
+    monkeypatch.setattr(residual.nvrtc, "available", lambda: False)
+
+
 def random_index(device, dim: int, nbits: int, lengths=DOC_LENGTHS, num_centroids=NUM_CENTROIDS,
                  centroid_dtype=torch.float16):
     """Random codes and residual bytes (every byte is a valid code) over unit centroids."""
@@ -206,7 +215,8 @@ def test_pipelined_codes_score_as_codes_per_tile(device, poisoned_outputs, nbits
 
 @pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
                                          pytest.param(torch.float32, True, id="fp32-split")])
-def test_many_document_defaults_are_exact(device, poisoned_outputs, monkeypatch, dtype, split):
+def test_many_document_defaults_are_exact(device, poisoned_outputs, monkeypatch, triton_default,
+                                          dtype, split):
     """The one-warp, several-documents-per-program default for large candidate sets, exercised
     on a small index by lowering the threshold: 7 pids over 6 documents leave the last program
     with 3 empty slots."""
@@ -325,8 +335,8 @@ def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype, nbits):
 @pytest.mark.parametrize("nbits,aligned", [pytest.param(2, False, id="nbits2-unaligned"),
                                             pytest.param(1, True, id="nbits1"),
                                             pytest.param(4, True, id="nbits4")])
-def test_default_permute_falls_back_to_pairs(device, poisoned_outputs, monkeypatch, nbits,
-                                             aligned):
+def test_default_permute_falls_back_to_pairs(device, poisoned_outputs, monkeypatch,
+                                             triton_default, nbits, aligned):
     """The many-document fp16 default decodes by byte permutes; where they cannot serve (other
     nbits, rows not word-aligned) the default scores with the pair table instead of refusing."""
     from tilemaxsim_plaid.ops import residual

@@ -8,9 +8,16 @@ import logging
 import pytest
 import torch
 
-from tests.kernels.test_maxsim_residual import (NUM_CENTROIDS, expected, norms_of,
-                                                poisoned_outputs, random_index, score,
-                                                unit_queries)
+from tests.kernels.test_maxsim_residual import (  # noqa: F401
+    NUM_CENTROIDS,
+    expected,
+    norms_of,
+    poisoned_outputs,
+    random_index,
+    score,
+    triton_default,
+    unit_queries,
+)
 from tests.tolerances import assert_close
 from tilemaxsim_plaid.codecs.residual import bucket_table, field_order_weights
 from tilemaxsim_plaid.ops import residual
@@ -213,7 +220,7 @@ def test_decode_table_of_a_strided_or_non_finite_weight_view(group):
             decode_table(weights, nbits, dtype, other)
 
 
-def test_default_decode_by_path(device, monkeypatch):
+def test_default_decode_by_path(device, monkeypatch, triton_default):
     """The default decodes by byte permutes on the table path only: without inverse norms the
     centroid rows are gathered, and in permuted column order those would be 2-byte gathers."""
     launched = []
@@ -282,7 +289,8 @@ class RecordingKernel:
                  dict(DECODE_GROUP=2, num_warps=2, maxnreg=None, PERSISTENT=False,
                       INPUT_PRECISION="tf32x3"), id="fp32-tf32x3"),
 ])
-def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_norms, many, want):
+def test_default_launch_per_input_class(device, monkeypatch, triton_default, dtype, split,
+                                        inv_norms, many, want):
     """What config=None launches for each input class (no kernel runs: the launch is recorded);
     "many" is at least MANY_DOCS documents, lowered here to keep the index small."""
     kernel = RecordingKernel()
@@ -299,7 +307,8 @@ def test_default_launch_per_input_class(device, monkeypatch, dtype, split, inv_n
 
 @pytest.mark.parametrize("nbits,decoder,maxnreg,ahead", [
     (1, "pairs", 96, False), (2, "permute", 96, True), (4, "permute", 128, True)])
-def test_default_launch_per_nbits(device, monkeypatch, nbits, decoder, maxnreg, ahead):
+def test_default_launch_per_nbits(device, monkeypatch, triton_default, nbits, decoder, maxnreg,
+                                  ahead):
     """One fp16 query over many documents on the table path: byte permutes at nbits = 2 and 4,
     under the register cap they do not spill under, with codes a tile ahead; the pair table
     with codes per tile at nbits = 1."""
@@ -329,8 +338,8 @@ def _index_at(num_centroids, device, dim=128, nbits=2):
     pytest.param(torch.float32, 1 << 18, [16, 16], True, id="fp32-table-in-two-tiles"),
     pytest.param(torch.float32, 1 << 20, [32], False, id="fp32-tiles-too-narrow-gather"),
 ])
-def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, dtype, C,
-                                             tokens_per_launch, table_path):
+def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, triton_default, dtype,
+                                             C, tokens_per_launch, table_path):
     """32 query rows at MS MARCO's C = 2**18: the fp16 table (16 MiB) fits
     MAX_CENTROID_TABLE_BYTES whole; the fp32 table (32 MiB) is split into two 16-row tables,
     still the table path, logged once at INFO. At C = 2**20 even a 16-row fp32 table (16 MiB) is
@@ -503,3 +512,26 @@ def test_tiled_table_log_line(device, monkeypatch, caplog):
     assert record.levelno == logging.INFO
     assert "2 launches of 1 x 16 query rows" in record.getMessage()
     assert_close(tiled, whole, "maxsim_residual", torch.float32)
+
+
+def test_mma_default_where_it_applies_from_many_documents(monkeypatch):
+    """config=None takes MMA_DEFAULT where scoring="mma" applies and NVRTC loads, from MANY_DOCS
+    scored documents on (here lowered to 4); the Triton kernel below that or where the mma
+    kernel does not apply (its reasons, on the CPU: the device)."""
+    from tilemaxsim_plaid.ops import residual_mma
+
+    taken = []
+    monkeypatch.setattr(residual, "MANY_DOCS", 4)
+    monkeypatch.setattr(residual.nvrtc, "available", lambda: True)
+    monkeypatch.setattr(residual_mma, "launch_residual_mma",
+                        lambda *args: taken.append(args[-1]) or torch.zeros(1, len(taken)))
+    index = random_index("cpu", 128, 2, lengths=[3] * 4)
+    Q = unit_queries(1, 32, 128, torch.float16, "cpu")
+    norms = norms_of(index, 2)
+    score(Q, index, 2, inv_norms=norms)  # on the CPU: does not apply
+    assert taken == []
+    monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: [])
+    score(Q, index, 2, inv_norms=norms)
+    assert taken == [residual.MMA_DEFAULT.docs_per_program]
+    score(Q, index, 2, pids=torch.tensor([0, 1, 2]), inv_norms=norms)  # 3 < MANY_DOCS
+    assert len(taken) == 1

@@ -185,6 +185,17 @@ def _cubin(source: Path, arch: str, defines: tuple) -> bytes:
     return cubin
 
 
+@lru_cache(maxsize=None)
+def capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+@lru_cache(maxsize=None)
+def multiprocessors(device: torch.device) -> int:
+    """The device's SM count: the CUDA kernels launch one block per SM."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def load_kernel(source: Path, name: str, device: torch.device, defines: dict,
                 dynamic_shared: int = 0) -> CudaKernel:
     """Kernel ``name`` of the CUDA file ``source`` with ``defines``, compiled for the device's

@@ -15,20 +15,15 @@ from pathlib import Path
 
 import torch
 
-from tilemaxsim_plaid.ops import nvrtc
+from tilemaxsim_plaid.ops import mma_fragments, nvrtc
+from tilemaxsim_plaid.ops.mma_fragments import DIM, K_BLOCKS, MAX_QUERY_TOKENS
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "maxsim_pq_mma.cu"
 KERNEL_NAME = "maxsim_pq16_mma"
 NUM_SUBQUANTIZERS = 16
 SUB_DIM = 8
-DIM = NUM_SUBQUANTIZERS * SUB_DIM
-MAX_QUERY_TOKENS = 32
 ELEMENT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
-# The kernel's constants (maxsim_pq_mma.cu): 8 k-blocks of 16 columns, 2 blocks of 16 query
-# rows, 4 registers per A fragment; a codebook line is 128 bytes of 8 slots.
-K_BLOCKS = DIM // 16
-QUERY_BLOCKS = MAX_QUERY_TOKENS // 16
-QUERY_REGS = K_BLOCKS * QUERY_BLOCKS * 4
+# A codebook line is 128 bytes of 8 slots (maxsim_pq_mma.cu).
 LINE_GROUPS = NUM_SUBQUANTIZERS // 4
 BOOK_BYTES = LINE_GROUPS * 256 * 8 * 16
 # 16 warps per block, one block per SM: 128 KB of codebook in shared memory serves them all, and
@@ -61,32 +56,10 @@ def mma_codebook_lines(codebooks: torch.Tensor) -> torch.Tensor:
     return grouped[:, :, :, None, :].expand(LINE_GROUPS, 256, 4, 2, SUB_DIM).reshape(-1, SUB_DIM)
 
 
-def _fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
-    """Query row and product column of each of the 2 halves of register i of lane l:
-    [QUERY_REGS, 32, 2] each. Register i = (kb * 2 + qb) * 4 + r of an m16n8k16 A fragment:
-    rows g (r even) or g + 8 (r odd), columns 2q + 8 * (r // 2) + (0, 1), g = l // 4, q = l % 4."""
-    i = torch.arange(QUERY_REGS)[:, None, None]
-    lane = torch.arange(32)[None, :, None]
-    half = torch.arange(2)[None, None, :]
-    kb, qb, r = i // 8, (i // 4) % 2, i % 4
-    rows = qb * 16 + lane // 4 + 8 * (r % 2)
-    cols = kb * 16 + 2 * (lane % 4) + 8 * (r // 2) + half
-    return rows.expand(-1, 32, 2), cols.expand(-1, -1, 2)
-
-
 def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
-    """[B, Lq <= 32, 128] fp16/bf16 -> int32 [B, QUERY_REGS, 32]: each lane's A fragments, as
-    the kernel loads them into registers (here on the CPU, for inspection and the tests).
-
-    Columns are taken in mma_column_order; rows past a query's length (and past Lq) are zero."""
-    B, Lq, _ = Q3.shape
-    padded = torch.zeros(B, MAX_QUERY_TOKENS, DIM, dtype=Q3.dtype, device=Q3.device)
-    padded[:, :Lq] = Q3[:, :, mma_column_order().to(Q3.device)]
-    if query_lengths is not None:
-        keep = torch.arange(MAX_QUERY_TOKENS, device=Q3.device)[None] < query_lengths[:, None]
-        padded *= keep[:, :, None].to(Q3.dtype)
-    rows, cols = (index.to(Q3.device) for index in _fragment_index())
-    return padded[:, rows, cols].contiguous().view(torch.int32).reshape(B, QUERY_REGS, 32)
+    """[B, Lq <= 32, 128] -> int32 [B, QUERY_REGS, 32]: each lane's A fragments as the kernel
+    loads them, columns in mma_column_order (ops/mma_fragments)."""
+    return mma_fragments.query_fragments(Q3, query_lengths, mma_column_order())
 
 
 def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: torch.Tensor,
@@ -104,7 +77,7 @@ def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: to
         reasons.append("code rows that are not 16 contiguous bytes, 16-byte aligned")
     if Q3.device.type != "cuda":
         reasons.append(f"device {Q3.device} (a CUDA GPU)")
-    elif _capability(Q3.device) < (8, 0):
+    elif nvrtc.capability(Q3.device) < (8, 0):
         reasons.append("a GPU before compute capability 8.0")
     return reasons
 
@@ -121,16 +94,6 @@ def kernel(device: torch.device, dtype: torch.dtype, book_fp32: bool = False) ->
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype],
                               "BOOK_F32": int(book_fp32)}, BOOK_BYTES)
-
-
-@lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-@lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out_docs,
@@ -157,7 +120,7 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
     launch = kernel(device, Q3.dtype, book_fp32)
-    blocks = _multiprocessors(device)
+    blocks = nvrtc.multiprocessors(device)
     counters = torch.zeros(-(-Q3.shape[1] // MAX_QUERY_TOKENS), B, dtype=torch.int32,
                            device=device)
     # Query tokens in launches of at most 32: the sum over query tokens splits exactly.

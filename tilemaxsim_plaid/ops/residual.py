@@ -13,7 +13,7 @@ from tilemaxsim_plaid.kernels.maxsim_residual import (
     _maxsim_residual_kernel,
     _query_centroid_scores_kernel,
 )
-from tilemaxsim_plaid.ops import checks
+from tilemaxsim_plaid.ops import checks, nvrtc, residual_mma
 from tilemaxsim_plaid.ops.centroid import cells_from_blocks
 from tilemaxsim_plaid.ops.launch import (
     FLAG,
@@ -38,7 +38,7 @@ from tilemaxsim_plaid.ops.launch import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "centroid_table_fits", "centroid_table_tiles", "check_config",
+__all__ = ["ResidualConfig", "MMA_DEFAULT", "centroid_table_fits", "centroid_table_tiles", "check_config",
            "decode_table", "default_residual_config", "maxsim_residual", "query_centroid_scores",
            "split_query_centroid_scores", "split_query_centroid_probe"]
 
@@ -80,6 +80,7 @@ MANY_DOCS = 16384
 # DECODE_GROUP: dimensions per lookup (0: none).
 DECODERS = {"select": 1, "pairs": 2, "permute": 0}
 PERMUTE_NBITS = (2, 4)
+SCORING = ("decode", "mma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,12 @@ class ResidualConfig:
             scored, so the tile's centroid-score rows (or centroid rows) are gathered without
             first waiting for its codes; the masked load adds instructions to every tile
             (results/sass_budget/sm90-triton3.6-620bbb1-pipeline_codes).
+        scoring: "decode" (the Triton kernel, kernels/maxsim_residual.py, which every other
+            field configures) or "mma" (kernels/maxsim_residual_mma.cu by NVRTC: each lane
+            decodes the tensor-core operand it multiplies, with one shared-memory load per
+            residual byte; d = 128, nbits 2 or 4, 16-bit queries, the table path:
+            ops/residual_mma.py). With "mma" only docs_per_program (documents a warp takes
+            per grab) and half_table apply.
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
@@ -151,6 +158,7 @@ class ResidualConfig:
     prefetch: bool = False
     half_table: bool | None = None
     pipeline_codes: bool = False
+    scoring: str = "decode"
 
 
 # The one-warp default's register cap; nbits = 4's decoders spill under it and take 128, as
@@ -177,7 +185,12 @@ CONFIG_FIELDS = {
     "prefetch": FLAG,
     "half_table": OPTIONAL_FLAG,
     "pipeline_codes": FLAG,
+    "scoring": one_of(SCORING),
 }
+
+
+# The default where scoring="mma" applies and at least MANY_DOCS documents are scored.
+MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB)
 
 
 def check_config(cfg: ResidualConfig) -> None:
@@ -484,6 +497,14 @@ def _table_entry_bytes(centroid_scores, half_table: bool) -> int:
 
 def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, config, centroid_scores=None, split_query=False):
+    if config is not None and config.scoring == "mma":
+        check_config(config)
+        residual_mma.check_applies(Q3, codes, residuals, nbits, inv_norms, centroids,
+                                   split_query, centroid_scores)
+        return residual_mma.launch_residual_mma(
+            Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
+            query_lengths, num_out_docs, centroid_scores, config.half_table,
+            config.docs_per_program)
     if Q3.shape[1] > MAX_LQ_PER_LAUNCH:
         centroid_scores = None  # each chunk of query tokens builds its own table
 
@@ -739,7 +760,9 @@ def maxsim_residual(
             products on an fp32 tile; about 3x faster. The centroid part stays exact fp32; the
             residual weights' rounding to fp16 leaves about 1e-5 per score (tf32x3: about 1e-6),
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
-        config: a fixed :class:`ResidualConfig`.
+        config: a fixed :class:`ResidualConfig`; None: ``MMA_DEFAULT`` where scoring="mma"
+            applies and at least MANY_DOCS documents are scored, else
+            :func:`default_residual_config`'s launch of the Triton kernel.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             the float inputs but Q, which is not read) with one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
@@ -802,6 +825,10 @@ def maxsim_residual(
         if centroid_scores.stride(1) != 1:
             centroid_scores = centroid_scores.contiguous()  # its rows are gathered whole
     num_out = pids.numel() if pids is not None else num_docs
+    if config is None and num_out >= MANY_DOCS and nvrtc.available() and not (
+            residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids,
+                                              split_query, centroid_scores)):
+        config = MMA_DEFAULT
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config, centroid_scores, split_query)
     batch.finish()

@@ -1,0 +1,255 @@
+"""Residual-code MaxSim on tensor cores with per-warp document streams (scoring="mma",
+kernels/maxsim_residual_mma.cu).
+
+The kernel is CUDA C++ and runs on a GPU only. On the CPU its layouts (the byte table, the
+query's fragments, the permuted centroid-score table: ops/residual_mma) are replayed with the
+kernel's indexing and the scores checked against the float64 reference; the source is compiled
+for sm_90 by NVRTC. On a GPU the kernel itself is checked against the reference, against the
+Triton kernel, and for NaN, clamped codes, strided and int64 inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import ON_GPU
+from tests.kernels.test_maxsim_residual import (  # noqa: F401
+    DOC_LENGTHS,
+    expected,
+    norms_of,
+    poisoned_outputs,
+    random_index,
+    score,
+    unit_queries,
+)
+from tests.tolerances import assert_close
+from tilemaxsim_plaid.ops import mma_fragments, nvrtc, residual_mma
+from tilemaxsim_plaid.ops.residual import ResidualConfig
+
+on_gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a GPU; the CPU replays its "
+                                                "layouts in the tests above")
+MMA = ResidualConfig(scoring="mma")
+NBITS = [pytest.param(2, id="nbits2"), pytest.param(4, id="nbits4")]
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+def test_orders_are_permutations():
+    assert sorted(residual_mma.mma_column_order().tolist()) == list(range(128))
+    assert sorted(residual_mma.table_column_of_row().tolist()) == list(range(32))
+    # Lane g's rows g + 8j sit at columns 4g + j.
+    columns = residual_mma.table_column_of_row()
+    for g in range(8):
+        assert [int(columns[g + 8 * j]) for j in range(4)] == [4 * g + j for j in range(4)]
+
+
+def decoded_tokens(residuals, bucket_weights, nbits, dtype):
+    """[T, 128] float64 in product-column order, as the lanes decode them: lane quad q takes
+    bytes q * LANE .. of a token's row, byte i of it giving registers 2i, 2i + 1 (nbits 2) or
+    register i (nbits 4) from the byte table, register j = 2 kb + r holding product columns
+    (kb, 2q + 8r + (0, 1))."""
+    table = residual_mma.byte_table(bucket_weights, nbits, dtype)  # [256, words]
+    T = residuals.shape[0]
+    lane_bytes = residuals.shape[1] // 4
+    tokens = torch.zeros(T, 128, dtype=torch.float64)
+    for q in range(4):
+        registers = table[residuals[:, q * lane_bytes:(q + 1) * lane_bytes].long()]
+        registers = registers.reshape(T, 16)  # register j of the lane, in byte order
+        pairs = registers.contiguous().view(dtype).reshape(T, 16, 2).double()
+        for j in range(16):
+            kb, r = divmod(j, 2)
+            for e in range(2):
+                tokens[:, kb * 16 + 2 * q + 8 * r + e] = pairs[:, j, e]
+    return tokens
+
+
+def replay_kernel(Q3, index, nbits, inv_norms, query_lengths=None):
+    """The kernel's arithmetic in float64 on the CPU, from what it reads: the A fragments of
+    mma_query_fragments, the lanes' decoded registers, and entries of the permuted table."""
+    dtype = Q3.dtype
+    B = Q3.shape[0]
+    query = mma_fragments.query_from_fragments(residual_mma.mma_query_fragments(Q3, query_lengths),
+                                               dtype)
+    tokens = decoded_tokens(index["residuals"], index["bucket_weights"], nbits, dtype)
+    # The permuted table of the fp32 products <q, c> (the kernel's is fp16 or fp32; a caller's
+    # given in query-row order is permuted the same way); row R of query b reads column
+    # table_column_of_row[R] of its 32.
+    C = index["centroids"].shape[0]
+    rows_first = torch.einsum("cd,bid->cbi", index["centroids"].float(), Q3.float())
+    table = residual_mma.permuted_table(Q3, None, torch.float32, given=rows_first)
+    table = table.view(C, B, 32).double()
+    centroid_part = table[index["codes"].long()][:, :, residual_mma.table_column_of_row()]
+    scores = (torch.einsum("bid,td->bit", query, tokens) + centroid_part.permute(1, 2, 0)) \
+        * inv_norms.double()
+    rows_in_query = torch.arange(32)[None] < (
+        query_lengths[:, None] if query_lengths is not None else Q3.shape[1])
+    offsets = index["offsets"]
+    out = torch.empty(B, offsets.numel() - 1, dtype=torch.float64)
+    for n in range(offsets.numel() - 1):
+        start, end = int(offsets[n]), int(offsets[n + 1])
+        best = scores[:, :, start:end].amax(-1) if end > start else torch.full(
+            (B, 32), float("-inf"), dtype=torch.float64)
+        out[:, n] = torch.where(rows_in_query, best, 0.0).sum(-1)
+    return out
+
+
+@pytest.mark.parametrize("nbits", NBITS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Lq", [32, 7])
+def test_replayed_layouts_score_like_the_reference(nbits, dtype, Lq):
+    index = random_index("cpu", 128, nbits)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(3, Lq, 128, dtype, "cpu")
+    query_lengths = torch.tensor([Lq, 1, 0])
+    got = replay_kernel(Q, index, nbits, inv_norms, query_lengths)
+    want = expected(Q, index, nbits, query_lengths=query_lengths)
+    assert torch.isneginf(got[:2, 0]).all() and got[2, 0] == 0  # DOC_LENGTHS[0] == 0
+    # The table is fp32 here; the weights are rounded to the query dtype as the kernel's are.
+    assert_close(got, want, "maxsim_residual", dtype)
+
+
+def test_byte_table_holds_the_codec_weights():
+    weights = torch.tensor([-0.03, -0.01, 0.01, 0.04])
+    table = residual_mma.byte_table(weights, 2, torch.float16)
+    assert table.shape == (256, 2) and table.dtype == torch.int32
+    # 0b00_01_10_11: fields 0, 1, 2, 3 reversed within each 2-bit field -> buckets 0, 2, 1, 3.
+    entry = table[0b00011011].contiguous().view(torch.float16).float()
+    torch.testing.assert_close(entry, weights[[0, 2, 1, 3]].half().float())
+    table4 = residual_mma.byte_table(torch.arange(16.0) / 100, 4, torch.bfloat16)
+    assert table4.shape == (256, 1)
+    # 0x1e: fields 1 and 14, bits reversed -> buckets 8 and 7.
+    entry4 = table4[0x1E].contiguous().view(torch.bfloat16).float()
+    torch.testing.assert_close(entry4, (torch.tensor([8.0, 7.0]) / 100).bfloat16().float())
+
+
+def test_kernel_source_compiles_for_sm90():
+    """NVRTC compiles every variant for the H200 without a GPU."""
+    try:
+        nvrtc.nvrtc_library()
+    except nvrtc.NvrtcError as error:
+        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
+    source = residual_mma.SOURCE.read_text()
+    for element in residual_mma.ELEMENT_NAMES.values():
+        for nbits in residual_mma.NBITS:
+            for table_f32 in (0, 1):
+                for codes_i64 in (0, 1):
+                    cubin, _ = nvrtc.compile_cubin(
+                        source, residual_mma.SOURCE.name, "sm_90",
+                        {"WARPS": residual_mma.WARPS, "ELEM": element, "NBITS": nbits,
+                         "TABLE_F32": table_f32, "CODES_I64": codes_i64})
+                    assert cubin[:4] == b"\x7fELF"
+
+
+def test_reasons_name_what_does_not_apply():
+    index = random_index("cpu", 96, 1)
+    Q = unit_queries(1, 32, 96, torch.float32, "cpu")
+    reasons = residual_mma.reasons_not_to_apply(Q, index["codes"], index["residuals"], 1, None,
+                                                index["centroids"])
+    text = "; ".join(reasons)
+    for words in ("Q dtype", "d = 96", "nbits = 1", "no inv_norms", "device cpu"):
+        assert words in text
+    with pytest.raises(ValueError, match="scoring='mma' does not cover"):
+        score(Q, index, 1, config=MMA)
+
+
+def test_scoring_is_a_checked_config_field():
+    with pytest.raises(ValueError, match="scoring"):
+        score(unit_queries(1, 4, 128, torch.float16, "cpu"), random_index("cpu", 128, 2), 2,
+              config=ResidualConfig(scoring="wgmma"))
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+def test_kernel_fits_its_registers_without_spills(device, nbits):
+    """WARPS warps of one block per SM; a spill would put the held query fragments in local
+    memory."""
+    kernel = residual_mma.kernel(device, torch.float16, nbits, False, False)
+    assert kernel.num_regs * 32 * residual_mma.WARPS <= 65536
+    assert kernel.local_bytes == 0
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("grab", [1, 3, 4])
+@pytest.mark.parametrize("half_table", [None, False])
+def test_kernel_matches_reference(device, poisoned_outputs, nbits, dtype, grab, half_table):
+    # Lengths around the 8- and 16-token halves and tiles, an empty first document.
+    lengths = list(DOC_LENGTHS) + [1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 130, 0]
+    index = random_index(device, 128, nbits, lengths=lengths)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(3, 32, 128, dtype, device)
+    query_lengths = torch.tensor([32, 5, 0], device=device)
+    config = ResidualConfig(scoring="mma", docs_per_program=grab, half_table=half_table)
+    out = score(Q, index, nbits, inv_norms=inv_norms, query_lengths=query_lengths, config=config)
+    assert_close(out, expected(Q, index, nbits, query_lengths=query_lengths), "maxsim_residual",
+                 dtype)
+    assert torch.isneginf(out[:2, 0]).all() and (out[2] == 0).all()
+    assert torch.isneginf(out[:2, -1]).all()
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+def test_kernel_pids_long_query_strides_and_int64(device, poisoned_outputs, nbits):
+    lengths = torch.randint(0, 140, (5000,)).tolist()
+    index = random_index(device, 128, nbits, lengths=lengths, num_centroids=300)
+    inv_norms = norms_of(index, nbits)
+    pids = torch.randperm(5000, device=device)[:777]
+    # Two launches of <= 32 query tokens, from a query with strided rows; int64 codes.
+    Q = unit_queries(2, 90, 128, torch.float16, device)[:, ::2]
+    index64 = dict(index, codes=index["codes"].long())
+    out = score(Q, index64, nbits, pids=pids, inv_norms=inv_norms, config=MMA)
+    want = expected(Q, index, nbits)[:, pids.cpu()]
+    assert_close(out, want, "maxsim_residual", torch.float16)
+    out2d = score(Q[0, :9], index, nbits, inv_norms=inv_norms, config=MMA)
+    assert_close(out2d, expected(Q[0, :9], index, nbits), "maxsim_residual", torch.float16)
+    # The same documents by the Triton kernel: the same rounding of every weight and entry.
+    triton_out = score(Q, index, nbits, pids=pids, inv_norms=inv_norms,
+                       config=ResidualConfig(centroid_table=True, half_table=True))
+    torch.testing.assert_close(out, triton_out, rtol=1e-4, atol=1e-4)
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.float16])
+def test_kernel_takes_a_callers_table(device, poisoned_outputs, nbits, table_dtype):
+    from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+    index = random_index(device, 128, nbits, lengths=DOC_LENGTHS * 20)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(2, 40, 128, torch.float16, device)
+    table = query_centroid_scores(Q, index["centroids"], table_dtype)
+    out = score(Q, index, nbits, inv_norms=inv_norms, centroid_scores=table, config=MMA)
+    assert_close(out, expected(Q, index, nbits), "maxsim_residual", torch.float16)
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+def test_kernel_nan_reaches_exactly_its_scores_and_codes_are_clamped(device, nbits):
+    lengths = [3, 20, 0, 9]
+    index = random_index(device, 128, nbits, lengths=lengths)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    clean = score(Q, index, nbits, inv_norms=inv_norms, config=MMA, validate=False)
+    # A NaN inverse norm in document 1 (tokens 3..22) reaches only its score.
+    poisoned = inv_norms.clone()
+    poisoned[10] = float("nan")
+    out = score(Q, index, nbits, inv_norms=poisoned, config=MMA, validate=False)
+    assert torch.isnan(out[0, 1]) and torch.equal(out[0, [0, 2, 3]], clean[0, [0, 2, 3]])
+    # A NaN bucket weight reaches every document holding that bucket: all non-empty ones here.
+    weights = index["bucket_weights"].clone()
+    weights[1] = float("nan")
+    out = score(Q, dict(index, bucket_weights=weights), nbits, inv_norms=inv_norms, config=MMA,
+                validate=False)
+    assert torch.isnan(out[0, [0, 1, 3]]).all() and torch.isneginf(out[0, 2])
+    # Codes out of range are read clamped into [0, C) (validate=True judges them after).
+    codes = index["codes"].clone()
+    codes[0], codes[1] = -5, 10**6
+    clamped = codes.clamp(0, index["centroids"].shape[0] - 1)
+    got = score(Q, dict(index, codes=codes), nbits, inv_norms=inv_norms, config=MMA,
+                validate=False)
+    want = score(Q, dict(index, codes=clamped), nbits, inv_norms=inv_norms, config=MMA,
+                 validate=False)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="codes must lie in"):
+        score(Q, dict(index, codes=codes), nbits, inv_norms=inv_norms, config=MMA)

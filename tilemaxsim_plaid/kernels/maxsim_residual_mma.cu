@@ -1,0 +1,378 @@
+// Exact MaxSim over PLAID residual codes (d = 128, nbits 2 or 4, the centroid-score table
+// path), with the decode fed straight into mma.sync and every warp walking its own documents.
+//
+//     score[b, n] = sum_i max_t (S[code_t, i] + <Q[b, i], w[bucket_t]>) * inv_norm[t]
+//
+// S = centroids @ Q^T is the per-query centroid-score table (ops/residual_mma builds it with its
+// query columns permuted, below), w the bucket weights rounded to Q's dtype.
+//
+// Why CUDA and not Triton: the Triton kernel (kernels/maxsim_residual.py) decodes each tile in
+// the layout tl.dot asks for and spends most of its instructions moving weights into it. Here a
+// lane decodes exactly the B fragment it multiplies: one shared-memory load per residual byte
+// and nothing else.
+//
+// Products: S'^T = Q R^T by m16n8k16, the query as A (2 blocks of 16 query rows) and 8
+// document tokens as B. Lane (token g = lane / 4, quad q = lane % 4) holds, of token g, product
+// columns 2q, 2q+1 (first register) and 2q+8, 2q+9 (second) of each of the 8 k-blocks: 16
+// registers of two weights. In the product column order (ops/residual_mma.mma_column_order)
+// those are dimensions 32q .. 32q+31 of the token, in order: register j = 2 kb + r holds
+// dimensions 32q + 2j, 32q + 2j + 1. So lane (g, q) decodes the q-th quarter of token g's
+// residual row (8 bytes at nbits 2, 16 at nbits 4), one vector load; the quad reads the row
+// whole. The query's A fragments are loaded in the same column order (ops/residual_mma.
+// mma_query_fragments is that layout, on the CPU), which leaves every <q, r> unchanged.
+//
+// Decode: a residual byte is 4 dimensions (nbits 2) or 2 (nbits 4) in colbert-ai's bit order.
+// A 256-entry table in shared memory maps a byte to their weights in Q's dtype, as the B
+// registers hold them (two registers at nbits 2, one at nbits 4; ops/residual_mma.byte_table).
+// Every entry is kept in COPIES copies, a lane reading copy lane % COPIES: whatever the bytes,
+// the warp's loads fall in distinct banks (one wavefront; LDS.64 in two half-warp phases).
+//
+// Centroid part: lane (g, q)'s products are query rows g + 8j (j = 0..3: row g and g + 8 of
+// both query blocks) against tokens 2q, 2q+1 of the 8. The table's query columns are stored in
+// the order 4g + j <- row g + 8j, so a lane gathers its four entries of a token with one load.
+//
+// Documents: a warp takes GRAB consecutive outputs from a per-query counter and walks each
+// document in 16-token tiles, two halves of 8 (a half wholly past the document's end is
+// skipped). The next tile's residual rows, codes and inverse norms are loaded before the
+// current tile's products, and its table entries (which wait on its codes) after them.
+//
+// Masking as everywhere: a token past its document's end is -inf, a query row past the query's
+// length adds 0 (also to an empty document's -inf); an empty document is -inf. Every max
+// propagates NaN (max_nan): a NaN in an input reaches exactly the scores it touches, as in
+// torch (docs/kernels.md, NaN and inf). Codes are clamped into [0, C) as they are read (the
+// op judges them after the launch).
+//
+// Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
+// ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
+// (1: int64 codes, else int32).
+
+#ifndef WARPS
+#define WARPS 16
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#ifndef ELEM
+#define ELEM f16
+#endif
+#ifndef NBITS
+#define NBITS 2
+#endif
+#ifndef TABLE_F32
+#define TABLE_F32 0
+#endif
+#ifndef CODES_I64
+#define CODES_I64 0
+#endif
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+#define QUERY_REGS 64                  // 8 k-blocks * 2 query blocks * 4 registers
+#define ROW_BYTES (128 * NBITS / 8)    // one token's residual row
+#define LANE_BYTES (ROW_BYTES / 4)     // a lane's quarter of it: 8 or 16
+#define ENTRY_WORDS (NBITS == 2 ? 2 : 1)
+#define COPIES (NBITS == 2 ? 16 : 32)
+#define NEG_INF __int_as_float(0xff800000)
+
+#if CODES_I64
+typedef long long code_t;
+#else
+typedef int code_t;
+#endif
+
+// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand).
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned* a, unsigned b0,
+                                          unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." STR(ELEM) "." STR(ELEM) ".f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#if NBITS == 2
+typedef uint2 lane_bytes_t;
+#else
+typedef uint4 lane_bytes_t;
+#endif
+
+// One tile's loads for this lane: its residual quarter of tokens g and 8 + g, and the codes and
+// inverse norms of tokens 2q, 2q + 1, 8 + 2q, 8 + 2q + 1 (the columns of its products). A token
+// past the document's end reads the document's last token instead (an empty document's, the
+// index's first), so no load is masked: the products of such tokens are masked after them.
+struct Tile {
+    lane_bytes_t bits[2];
+    int code[4];
+    float inv[4];
+};
+
+__device__ __forceinline__ int clamp_code(code_t c, int max_code) {
+    return c < 0 ? 0 : (c > max_code ? max_code : (int)c);
+}
+
+// ``start``: the document's first token (0 for an empty document); ``first``: the tile's first
+// token's position in it; ``last``: its last token's position (0 for an empty document).
+__device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restrict__ residuals,
+                                          const code_t* __restrict__ codes,
+                                          const float* __restrict__ inv_norms, long long start,
+                                          int first, int last, int g, int q, int max_code) {
+    const unsigned char* rows = residuals + start * ROW_BYTES + q * LANE_BYTES;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = min(first + 8 * h + g, last);
+        t.bits[h] = __ldg(reinterpret_cast<const lane_bytes_t*>(rows + i * ROW_BYTES));
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int k = min(first + 8 * h + 2 * q + e, last);
+            t.code[2 * h + e] = clamp_code(__ldg(codes + start + k), max_code);
+            t.inv[2 * h + e] = __ldg(inv_norms + start + k);
+        }
+    }
+}
+
+// The low and high fp16 halves of a word as fp32.
+__device__ __forceinline__ float2 halves(unsigned v) {
+    float lo, hi;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi) : "r"(v));
+    return make_float2(lo, hi);
+}
+
+// The four table entries of a token (query rows g, g + 8, g + 16, g + 24), as stored, at byte
+// offset code * stride_bytes from this lane's first entry (32-bit: the host checks it fits).
+#if TABLE_F32
+typedef float4 entries_t;
+#else
+typedef uint2 entries_t;
+#endif
+
+__device__ __forceinline__ entries_t load_entries(const char* __restrict__ table, int code,
+                                                  unsigned stride_bytes) {
+    return __ldg(reinterpret_cast<const entries_t*>(table + (unsigned)code * stride_bytes));
+}
+
+__device__ __forceinline__ float4 entries_f32(entries_t v) {
+#if TABLE_F32
+    return v;
+#else
+    const float2 a = halves(v.x), b = halves(v.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+#endif
+}
+
+// The shared-memory byte offset of this lane's copy of byte I of ``word``'s entries: 128 bytes
+// per byte value (COPIES copies of ENTRY_WORDS words), ``lane_bits`` the copy's offset in them.
+// One shift and one three-input logic op.
+template <int I>
+__device__ __forceinline__ unsigned entry_offset(unsigned word, unsigned lane_bits) {
+    const unsigned shifted = I == 0 ? word << 7 : word >> (8 * I - 7);
+    return (shifted & 0x7f80u) | lane_bits;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] ELEM
+                    long long stride_qb, long long stride_qt,  // in elements, even
+                    int num_query_rows,                        // Lq <= 32
+                    const int* __restrict__ query_lengths,     // [B] or null: all Lq rows
+                    int row_start,                             // query_lengths count from here
+                    const unsigned* __restrict__ byte_table,   // [256][ENTRY_WORDS]
+                    const unsigned char* __restrict__ residuals,  // [T, ROW_BYTES], 16-aligned
+                    const code_t* __restrict__ codes,          // [T]
+                    const float* __restrict__ inv_norms,       // [T]
+                    const void* __restrict__ table,            // [C, B * 32] permuted columns
+                    unsigned table_stride_bytes,               // bytes per code
+                    int max_code,                              // C - 1
+                    const long long* __restrict__ offsets,     // [N + 1]
+                    const long long* __restrict__ pids,        // [num_out] or null
+                    float* __restrict__ out,                   // [B][out_stride]
+                    long long out_stride,
+                    int* __restrict__ counters,                // [B], zero at launch
+                    int num_out, int grab) {
+    extern __shared__ unsigned shared_table[];
+    for (int e = threadIdx.x; e < 256 * COPIES; e += blockDim.x) {
+        const int byte = e / COPIES;
+#pragma unroll
+        for (int w = 0; w < ENTRY_WORDS; ++w)
+            shared_table[e * ENTRY_WORDS + w] = byte_table[byte * ENTRY_WORDS + w];
+    }
+
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int q = lane & 3;
+    const char* byte_entries = reinterpret_cast<const char*>(shared_table);
+    const unsigned lane_bits = 4 * ENTRY_WORDS * (lane % COPIES);  // this lane's copy
+    const int query = blockIdx.y;
+    const int query_rows = query_lengths
+        ? min(max(query_lengths[query] - row_start, 0), num_query_rows) : num_query_rows;
+
+    // A fragments: register r of (k-block kb, query block qb) at qf[(kb * 2 + qb) * 4 + r]
+    // holds query row qb * 16 + g + 8 (r % 2), product columns 2q + 8 (r / 2) + (0, 1), that
+    // is dimensions 32q + 4kb + 2 (r / 2) + (0, 1).
+    unsigned qf[QUERY_REGS];
+    const unsigned short* q_rows = Q + query * stride_qb;
+#pragma unroll
+    for (int i = 0; i < QUERY_REGS; ++i) {
+        const int kb = i >> 3, qb = (i >> 2) & 1, r = i & 3;
+        const int row = qb * 16 + g + 8 * (r & 1);
+        const int dim = 32 * q + 4 * kb + 2 * (r >> 1);
+        qf[i] = row < query_rows
+            ? *reinterpret_cast<const unsigned*>(q_rows + row * stride_qt + dim) : 0u;
+    }
+    const char* query_table = static_cast<const char*>(table)
+        + (query * 32 + 4 * g) * (TABLE_F32 ? 4 : 2);
+    float* out_row = out + query * out_stride;
+    bool row_in_query[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) row_in_query[j] = g + 8 * j < query_rows;
+    __syncthreads();
+
+    for (;;) {
+        int first = 0;
+        if (lane == 0) first = atomicAdd(counters + query, grab);
+        first = __shfl_sync(0xffffffffu, first, 0);
+        if (first >= num_out) break;
+        const int last = min(first + grab, num_out);
+
+        int n = first;
+        long long doc = pids ? pids[n] : n;
+        long long start = offsets[doc];
+        int left = (int)(offsets[doc + 1] - start);
+        // Loads read tokens from ``safe_start`` to ``safe_start + safe_last`` only.
+        long long safe_start = left > 0 ? start : 0;
+        int safe_last = max(left - 1, 0);
+        int position = 0;  // of the tile's first token in the document
+        Tile next;
+        load_tile(next, residuals, codes, inv_norms, safe_start, 0, safe_last, g, q, max_code);
+        // The table entries of the next tile's tokens, loaded a tile ahead like its codes.
+        entries_t next_entries[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            next_entries[k] = load_entries(query_table, next.code[k], table_stride_bytes);
+        // Running max of query rows g + 8j over this lane's tokens.
+        float best[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) best[j] = NEG_INF;
+
+        for (;;) {
+            const Tile tile = next;
+            const int tile_left = left;
+            const int n_tile = n;
+            entries_t entries[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) entries[k] = next_entries[k];
+            position += 16;
+            left -= 16;
+            const bool doc_done = left <= 0;
+            if (doc_done && ++n < last) {
+                doc = pids ? pids[n] : n;
+                start = offsets[doc];
+                left = (int)(offsets[doc + 1] - start);
+                safe_start = left > 0 ? start : 0;
+                safe_last = max(left - 1, 0);
+                position = 0;
+            }
+            if (n < last)
+                load_tile(next, residuals, codes, inv_norms, safe_start, position, safe_last, g,
+                          q, max_code);
+
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int half_left = tile_left - 8 * half;
+                if (half == 1 && half_left <= 0) break;  // the same for the whole warp
+                unsigned b[16];
+#if NBITS == 2
+                const unsigned words[2] = {tile.bits[half].x, tile.bits[half].y};
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    const unsigned offsets4[4] = {
+                        entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
+                        entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const uint2 e = *reinterpret_cast<const uint2*>(byte_entries + offsets4[i]);
+                        b[8 * w + 2 * i] = e.x;
+                        b[8 * w + 2 * i + 1] = e.y;
+                    }
+                }
+#else
+                const unsigned words[4] = {tile.bits[half].x, tile.bits[half].y,
+                                           tile.bits[half].z, tile.bits[half].w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const unsigned offsets4[4] = {
+                        entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
+                        entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        b[4 * w + i] = *reinterpret_cast<const unsigned*>(byte_entries
+                                                                          + offsets4[i]);
+                }
+#endif
+                // Two chains per query block (even and odd k-blocks) overlap the products'
+                // latency. Register 2r + e of block qb is row g + 8 (2qb + r), token 2q + e.
+                float acc[2][2][4];
+#pragma unroll
+                for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[qb][c][j] = 0.f;
+#pragma unroll
+                for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+                    for (int qb = 0; qb < 2; ++qb)
+                        mma_16816(acc[qb][kb & 1], qf + (kb * 2 + qb) * 4, b[2 * kb],
+                                  b[2 * kb + 1]);
+                // Token 2q + e of the half: (S + <q, r>) * inv_norm for rows g + 8j, j = 2qb + r.
+                // A token past the end is -inf, selected after the products (a product may be
+                // NaN or inf, and -inf + NaN would let it win the max).
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const bool in = 2 * q + e < half_left;
+                    const float inv = tile.inv[2 * half + e];
+                    const float4 s = entries_f32(entries[2 * half + e]);
+                    const float entry[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+                    for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int j = 2 * qb + r;
+                            const float dot = acc[qb][0][2 * r + e] + acc[qb][1][2 * r + e];
+                            const float v = (entry[j] + dot) * inv;
+                            best[j] = max_nan(best[j], in ? v : NEG_INF);
+                        }
+                }
+            }
+
+            if (n < last) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    next_entries[k] = load_entries(query_table, next.code[k], table_stride_bytes);
+            }
+
+            if (doc_done) {
+                // Max over the quad's tokens, then the sum over the 32 query rows.
+                float total = 0.f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    float v = best[j];
+                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                    total += row_in_query[j] ? v : 0.f;
+                    best[j] = NEG_INF;
+                }
+                total += __shfl_xor_sync(0xffffffffu, total, 4);
+                total += __shfl_xor_sync(0xffffffffu, total, 8);
+                total += __shfl_xor_sync(0xffffffffu, total, 16);
+                if (lane == 0) out_row[n_tile] = total;
+                if (n >= last) break;
+            }
+        }
+    }
+}

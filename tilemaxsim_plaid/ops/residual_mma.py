@@ -1,0 +1,196 @@
+"""Host side of kernels/maxsim_residual_mma.cu: residual-code MaxSim on tensor cores, one
+document stream per warp, each lane decoding exactly the operand it multiplies.
+
+``maxsim_residual(..., config=ResidualConfig(scoring="mma"))`` runs it, and maxsim_residual
+takes it by default where it applies: d = 128, nbits 2 or 4, fp16 or bf16 queries (longer than
+32 tokens: launches of 32, summed), inverse norms given (the centroid-score table path), residual
+rows of contiguous bytes starting 16-byte aligned, each query's table within
+MAX_CENTROID_TABLE_BYTES, a GPU of compute capability 8.0 or later; anything else raises
+ValueError when asked for. The kernel is CUDA C++ compiled once per device by NVRTC
+(ops/nvrtc.py). The host builds the centroid-score table with its query columns permuted
+(:func:`table_column_of_row`) and the byte table (:func:`byte_table`); the kernel loads the
+query's fragments itself. :func:`mma_column_order` and :func:`mma_query_fragments` write its
+layouts on the CPU, where tests/kernels/test_maxsim_residual_mma.py replays its indexing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from tilemaxsim_plaid.codecs.residual import bucket_table
+from tilemaxsim_plaid.ops import checks, mma_fragments, nvrtc
+from tilemaxsim_plaid.ops.mma_fragments import DIM, K_BLOCKS, MAX_QUERY_TOKENS
+
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "maxsim_residual_mma.cu"
+KERNEL_NAME = "maxsim_residual_mma"
+NBITS = (2, 4)
+ELEMENT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# Shared memory: 256 byte values x 128 bytes (16 copies of two words at nbits 2, 32 of one at 4).
+TABLE_BYTES = 256 * 128
+# 12 warps per block, one block per SM: the most whose registers fit without spills (16 warps
+# cap a thread at 128 registers, and nbits 4 spills there).
+WARPS = 12
+DEFAULT_GRAB = 4
+
+
+def mma_column_order() -> torch.Tensor:
+    """[128] int64: column j of the kernel's product order holds dimension order[j].
+
+    Product k-block kb, column c in [0, 16): lane quad q = (c % 8) // 2 decodes dimensions
+    32q .. 32q + 31, register 2 kb + c // 8 holding dimensions 32q + 4 kb + 2 (c // 8) + (0, 1)."""
+    kb = torch.arange(K_BLOCKS)[:, None]
+    c = torch.arange(16)[None, :]
+    return (32 * ((c % 8) // 2) + 4 * kb + 2 * (c // 8) + c % 2).reshape(-1)
+
+
+def table_column_of_row(rows: int = MAX_QUERY_TOKENS) -> torch.Tensor:
+    """[rows] int64: the centroid-score table column of query row R, 4 (R % 8) + R // 8, so
+    lane g's four rows g + 8j (j = 0..3) are four adjacent entries."""
+    R = torch.arange(rows)
+    return 4 * (R % 8) + R // 8
+
+
+def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
+    """[B, Lq <= 32, 128] -> int32 [B, QUERY_REGS, 32]: each lane's A fragments as the kernel
+    loads them, columns in mma_column_order (ops/mma_fragments)."""
+    return mma_fragments.query_fragments(Q3, query_lengths, mma_column_order())
+
+
+def byte_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype) -> torch.Tensor:
+    """int32 [256, 8 // nbits // 2]: for each residual byte value, the weights of its dimensions
+    (colbert-ai's bit order: codecs.residual.bucket_table) rounded to ``dtype`` as torch casts,
+    two to a word, the first dimension in the low half: the B-fragment registers the kernel
+    decodes the byte into."""
+    weights = bucket_weights.reshape(-1).to(dtype)
+    buckets = bucket_table(nbits, weights.device)  # [256, 8 // nbits]
+    return weights[buckets].contiguous().view(torch.int32)
+
+
+def reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids, split_query=False,
+                         centroid_scores=None) -> list[str]:
+    """What keeps scoring="mma" from this input (empty: it applies)."""
+    reasons = []
+    if Q3.dtype not in ELEMENT_NAMES:
+        reasons.append(f"Q dtype {Q3.dtype} (fp16 or bf16)")
+    if Q3.shape[-1] != DIM:
+        reasons.append(f"d = {Q3.shape[-1]} (d = {DIM})")
+    if nbits not in NBITS:
+        reasons.append(f"nbits = {nbits} (2 or 4)")
+    if inv_norms is None or split_query:
+        reasons.append("no inv_norms or split_query (the centroid-table path with 16-bit "
+                       "queries only)")
+    if codes.numel() == 0:
+        reasons.append("an index without tokens")
+    if (residuals.dim() != 2 or residuals.stride(-1) != 1
+            or residuals.stride(0) != residuals.shape[1] or residuals.data_ptr() % 16):
+        reasons.append("residual rows that are not contiguous bytes, 16-byte aligned")
+    entry = _table_dtype(Q3.dtype, centroid_scores, None).itemsize
+    if centroids.shape[0] * Q3.shape[0] * MAX_QUERY_TOKENS * entry > max_table_bytes():
+        reasons.append(f"a centroid-score table of C = {centroids.shape[0]} x B = "
+                       f"{Q3.shape[0]} x 32 entries over MAX_CENTROID_TABLE_BYTES")
+    if Q3.device.type != "cuda":
+        reasons.append(f"device {Q3.device} (a CUDA GPU)")
+    elif nvrtc.capability(Q3.device) < (8, 0):
+        reasons.append("a GPU before compute capability 8.0")
+    return reasons
+
+
+def max_table_bytes() -> int:
+    from tilemaxsim_plaid.ops.residual import MAX_CENTROID_TABLE_BYTES
+    return MAX_CENTROID_TABLE_BYTES
+
+
+def check_applies(*args, **kwargs) -> None:
+    """Raises ValueError naming what keeps scoring="mma" from this input."""
+    reasons = reasons_not_to_apply(*args, **kwargs)
+    if reasons:
+        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+
+
+def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
+    """The table's dtype: a caller's table's; else fp16 for fp16 queries (unless half_table is
+    False), fp32 otherwise."""
+    if centroid_scores is not None:
+        return centroid_scores.dtype
+    if query_dtype == torch.float16 and half_table is not False:
+        return torch.float16
+    return torch.float32
+
+
+@lru_cache(maxsize=None)
+def kernel(device: torch.device, dtype: torch.dtype, nbits: int, table_f32: bool,
+           codes_i64: bool) -> nvrtc.CudaKernel:
+    return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
+                             {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype], "NBITS": nbits,
+                              "TABLE_F32": int(table_f32), "CODES_I64": int(codes_i64)},
+                             TABLE_BYTES)
+
+
+def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.dtype,
+                   given: torch.Tensor | None = None) -> torch.Tensor:
+    """[C, B * 32] in ``dtype``: the centroid-score table of a chunk of <= 32 query rows with its
+    columns in table_column_of_row's order (rows past the chunk zero): built here from the chunk,
+    or ``given`` ([C, B, chunk rows], a caller's table) moved into that order."""
+    from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+    B, rows, dim = Q_chunk.shape
+    columns = table_column_of_row(rows).to(Q_chunk.device)
+    if given is not None:
+        C = given.shape[0]
+        table = given.new_zeros(C, B, MAX_QUERY_TOKENS)
+        table[:, :, columns] = given
+        return table.view(C, B * MAX_QUERY_TOKENS)
+    padded = Q_chunk.new_zeros(B, MAX_QUERY_TOKENS, dim)
+    padded[:, columns] = Q_chunk
+    return query_centroid_scores(padded, centroids, dtype)
+
+
+def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
+                        inv_norms, query_lengths, num_out_docs, centroid_scores=None,
+                        half_table=None, grab: int = DEFAULT_GRAB) -> torch.Tensor:
+    """fp32 [B, num_out_docs]. Inputs checked by ops/residual.maxsim_residual and check_applies.
+
+    Per call on the host, for each chunk of <= 32 query tokens: the chunk's permuted table (one
+    table kernel, or one copy of the caller's), one memset (the warps' document counters) and
+    one launch."""
+    B, Lq, _ = Q3.shape
+    device = Q3.device
+    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=device)
+    if num_out_docs == 0 or B == 0:
+        return out
+    if grab < 1:
+        raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
+    # 4-byte query loads: rows of contiguous, 4-byte aligned pairs.
+    if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
+        Q3 = Q3.contiguous()
+    table_dtype = _table_dtype(Q3.dtype, centroid_scores, half_table)
+    weights = checks.derived(bucket_weights, ("mma byte table", nbits, Q3.dtype),
+                             lambda: byte_table(bucket_weights, nbits, Q3.dtype))
+    if inv_norms.dtype != torch.float32:
+        inv_norms = checks.derived(inv_norms, "fp32", inv_norms.float)
+    lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
+    pids64 = pids.to(torch.int64) if pids is not None else None
+    launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
+                    codes.dtype == torch.int64)
+    chunks = -(-Lq // MAX_QUERY_TOKENS)
+    counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
+    given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
+    for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_TOKENS)):
+        chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
+        table = permuted_table(chunk, centroids, table_dtype,
+                               None if given is None else given[:, :, start:start + chunk.shape[1]])
+        scores = out if start == 0 else torch.empty_like(out)
+        launch((nvrtc.multiprocessors(device), B, 1), (32 * WARPS, 1, 1),
+               [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
+                ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), weights, residuals,
+                codes, inv_norms, table, ctypes.c_uint(table.stride(0) * table.element_size()),
+                ctypes.c_int(centroids.shape[0] - 1), offsets, pids64, scores,
+                ctypes.c_longlong(scores.stride(0)), counters[chunk_index],
+                ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
+        if start:
+            out += scores
+    return out
