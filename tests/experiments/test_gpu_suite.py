@@ -106,7 +106,7 @@ EXPECTED = {
     },
     "residual-mma": {
         "residual-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual_mma.py",
-                           "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
+                           "tests/kernels/test_maxsim_pq_mma.py", "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
                            "tests/kernels/test_nan_policy.py"],
         "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
                          "262144", "--repeats", "2", "--mma-grabs", "2", "8",
