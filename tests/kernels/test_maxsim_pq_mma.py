@@ -106,7 +106,8 @@ def test_kernel_source_compiles_for_sm90():
         for book_fp32 in (0, 1):
             cubin, _ = nvrtc.compile_cubin(
                 pq_mma.SOURCE.read_text(), pq_mma.SOURCE.name, "sm_90",
-                {"WARPS": pq_mma.WARPS, "ELEM": element, "BOOK_F32": book_fp32})
+                {"WARPS": pq_mma.WARPS, "ELEM": element, "BOOK_F32": book_fp32},
+                headers=nvrtc.local_headers(pq_mma.SOURCE))
             assert cubin[:4] == b"\x7fELF"
 
 

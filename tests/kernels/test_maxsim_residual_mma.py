@@ -136,7 +136,8 @@ def test_kernel_source_compiles_for_sm90():
                     cubin, _ = nvrtc.compile_cubin(
                         source, residual_mma.SOURCE.name, "sm_90",
                         {"WARPS": residual_mma.WARPS, "ELEM": element, "NBITS": nbits,
-                         "TABLE_F32": table_f32, "CODES_I64": codes_i64})
+                         "TABLE_F32": table_f32, "CODES_I64": codes_i64},
+                        headers=nvrtc.local_headers(residual_mma.SOURCE))
                     assert cubin[:4] == b"\x7fELF"
 
 

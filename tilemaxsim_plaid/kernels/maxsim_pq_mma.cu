@@ -52,27 +52,9 @@
 #ifndef BOOK_F32
 #define BOOK_F32 0
 #endif
-#define STR2(x) #x
-#define STR(x) STR2(x)
+#include "mma_common.cuh"
 
 #define QUERY_REGS 64               // 8 k-blocks * 4 column blocks * 2 registers
-#define NEG_INF __int_as_float(0xff800000)
-
-// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand): max.NaN.f32
-// (sm_80 on), the same throughput as max.f32.
-__device__ __forceinline__ float max_nan(float a, float b) {
-    float d;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-    return d;
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
-                                          unsigned a3, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." STR(ELEM) "." STR(ELEM) ".f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // A codebook entry: the 16 bytes at shared address `address` + H * 32 KB (line group H).
 template <int H>
@@ -222,8 +204,8 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
                         const unsigned* a0 = qf + ((2 * h) * 2 + qb) * 4;
                         const unsigned* a1 = qf + ((2 * h + 1) * 2 + qb) * 4;
                         float (&sum)[4] = acc[qb + 2 * (h % CHAINS)];
-                        mma_16816(sum, a0[0], a0[1], a0[2], a0[3], w[h].x, w[h].y);
-                        mma_16816(sum, a1[0], a1[1], a1[2], a1[3], w[h].z, w[h].w);
+                        mma_16816(sum, a0, w[h].x, w[h].y);
+                        mma_16816(sum, a1, w[h].z, w[h].w);
                     }
 #pragma unroll
                 for (int k = 2; k < 2 * CHAINS; ++k)
@@ -242,19 +224,7 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
             }
 
             if (doc_done) {
-                // Max over the quad's tokens, then the sum over the 32 query rows.
-                float total = 0.f;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    float v = best[i];
-                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
-                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
-                    total += row_in_query[i] ? v : 0.f;
-                    best[i] = NEG_INF;
-                }
-                total += __shfl_xor_sync(0xffffffffu, total, 4);
-                total += __shfl_xor_sync(0xffffffffu, total, 8);
-                total += __shfl_xor_sync(0xffffffffu, total, 16);
+                const float total = document_score(best, row_in_query);
                 if (lane == 0) out_row[n_tile] = total;
                 if (n >= last) break;
             }

@@ -64,36 +64,19 @@
 #ifndef CODES_I64
 #define CODES_I64 0
 #endif
-#define STR2(x) #x
-#define STR(x) STR2(x)
+#include "mma_common.cuh"
 
 #define QUERY_REGS 64                  // 8 k-blocks * 2 query blocks * 4 registers
 #define ROW_BYTES (128 * NBITS / 8)    // one token's residual row
 #define LANE_BYTES (ROW_BYTES / 4)     // a lane's quarter of it: 8 or 16
 #define ENTRY_WORDS (NBITS == 2 ? 2 : 1)
 #define COPIES (NBITS == 2 ? 16 : 32)
-#define NEG_INF __int_as_float(0xff800000)
 
 #if CODES_I64
 typedef long long code_t;
 #else
 typedef int code_t;
 #endif
-
-// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand).
-__device__ __forceinline__ float max_nan(float a, float b) {
-    float d;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-    return d;
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned* a, unsigned b0,
-                                          unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." STR(ELEM) "." STR(ELEM) ".f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 #if NBITS == 2
 typedef uint2 lane_bytes_t;
@@ -357,19 +340,7 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
             }
 
             if (doc_done) {
-                // Max over the quad's tokens, then the sum over the 32 query rows.
-                float total = 0.f;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    float v = best[j];
-                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
-                    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
-                    total += row_in_query[j] ? v : 0.f;
-                    best[j] = NEG_INF;
-                }
-                total += __shfl_xor_sync(0xffffffffu, total, 4);
-                total += __shfl_xor_sync(0xffffffffu, total, 8);
-                total += __shfl_xor_sync(0xffffffffu, total, 16);
+                const float total = document_score(best, row_in_query);
                 if (lane == 0) out_row[n_tile] = total;
                 if (n >= last) break;
             }

@@ -9,6 +9,7 @@ per device.
 import ctypes
 import glob
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -75,15 +76,20 @@ def _check_nvrtc(lib, status: int, what: str, log: str = "") -> None:
 
 
 def compile_cubin(source: str, name: str, arch: str, defines: dict | None = None,
-                  options: tuple[str, ...] = ()) -> tuple[bytes, str]:
+                  options: tuple[str, ...] = (), headers: dict[str, str] | None = None
+                  ) -> tuple[bytes, str]:
     """Compiles CUDA C++ ``source`` to a cubin for ``arch`` ("sm_90"); returns (cubin, log).
 
     ``defines`` become -D options. Raises NvrtcError with NVRTC's log when the source does not
     compile. Needs no GPU."""
     lib = nvrtc_library()
     program = ctypes.c_void_p()
+    headers = headers or {}
+    contents = (ctypes.c_char_p * len(headers))(*[text.encode() for text in headers.values()])
+    names = (ctypes.c_char_p * len(headers))(*[key.encode() for key in headers])
     _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(),
-                                             name.encode(), 0, None, None), "nvrtcCreateProgram")
+                                             name.encode(), len(headers), contents, names),
+                 "nvrtcCreateProgram")
     try:
         args = [f"--gpu-architecture={arch}", "-std=c++17", *options]
         args += [f"-D{key}={value}" for key, value in (defines or {}).items()]
@@ -179,9 +185,18 @@ class CudaKernel:
             params, None), f"cuLaunchKernel({self.name})")
 
 
+def local_headers(source: Path) -> dict[str, str]:
+    """The files a CUDA source includes by ``#include "name"``, read from its folder (NVRTC is
+    given them by name: it has no include path of ours)."""
+    text = source.read_text()
+    return {name: (source.parent / name).read_text()
+            for name in re.findall(r'^#include "([^"]+)"', text, flags=re.MULTILINE)}
+
+
 @lru_cache(maxsize=None)
 def _cubin(source: Path, arch: str, defines: tuple) -> bytes:
-    cubin, _ = compile_cubin(source.read_text(), source.name, arch, dict(defines))
+    cubin, _ = compile_cubin(source.read_text(), source.name, arch, dict(defines),
+                             headers=local_headers(source))
     return cubin
 
 

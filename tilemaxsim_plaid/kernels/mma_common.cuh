@@ -1,0 +1,47 @@
+// What the CUDA MaxSim kernels share (maxsim_pq_mma.cu, maxsim_residual_mma.cu): the query held
+// as the A operand of mma.sync.m16n8k16 (32 rows in two blocks of 16), document tokens as B, and
+// a lane (g = lane / 4, quad q = lane % 4) keeping the running max of query rows g + 8j
+// (j = 0..3) over its tokens. Included by NVRTC (ops/nvrtc.py passes the kernels' folder).
+// Needs ELEM ("f16" or "bf16") defined.
+
+#pragma once
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#define NEG_INF __int_as_float(0xff800000)
+
+// max(a, b) that propagates NaN, as torch's max (fmaxf drops a NaN operand): max.NaN.f32
+// (sm_80 on), the same throughput as max.f32.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
+// c += A B for one k-block: a[0..3] the A fragment's registers, b0 and b1 the B fragment's.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned* a, unsigned b0,
+                                          unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." STR(ELEM) "." STR(ELEM) ".f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A document's score from the warp's running maxima (best[j]: query row g + 8j over this lane's
+// tokens), in every lane: the max over the quad's tokens, then the sum over the 32 rows, a row
+// past the query's length adding 0 (also to an empty document's -inf). Resets best to -inf.
+__device__ __forceinline__ float document_score(float (&best)[4], const bool (&row_in_query)[4]) {
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float v = best[j];
+        v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        total += row_in_query[j] ? v : 0.f;
+        best[j] = NEG_INF;
+    }
+    total += __shfl_xor_sync(0xffffffffu, total, 4);
+    total += __shfl_xor_sync(0xffffffffu, total, 8);
+    total += __shfl_xor_sync(0xffffffffu, total, 16);
+    return total;
+}
