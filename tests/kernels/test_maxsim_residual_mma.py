@@ -160,11 +160,11 @@ def test_scoring_is_a_checked_config_field():
 
 
 @on_gpu
-@pytest.mark.parametrize("nbits", NBITS)
-def test_kernel_fits_its_registers_without_spills(device, nbits):
+@pytest.mark.parametrize("nbits,table_f32", [(2, False), (2, True), (4, False)])
+def test_kernel_fits_its_registers_without_spills(device, nbits, table_f32):
     """WARPS warps of one block per SM; a spill would put the held query fragments in local
-    memory."""
-    kernel = residual_mma.kernel(device, torch.float16, nbits, False, False)
+    memory (fp16 queries and tables: the default; an fp32 table at nbits 2)."""
+    kernel = residual_mma.kernel(device, torch.float16, nbits, table_f32, False)
     assert kernel.num_regs * 32 * residual_mma.WARPS <= 65536
     assert kernel.local_bytes == 0
 

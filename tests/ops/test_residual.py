@@ -514,24 +514,27 @@ def test_tiled_table_log_line(device, monkeypatch, caplog):
     assert_close(tiled, whole, "maxsim_residual", torch.float32)
 
 
-def test_mma_default_where_it_applies_from_many_documents(monkeypatch):
+def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     """config=None takes MMA_DEFAULT where scoring="mma" applies and NVRTC loads, from MANY_DOCS
     scored documents on (here lowered to 4); the Triton kernel below that or where the mma
-    kernel does not apply (its reasons, on the CPU: the device)."""
+    kernel does not apply (no kernel runs: both launches are recorded)."""
     from tilemaxsim_plaid.ops import residual_mma
 
-    taken = []
+    taken, reasons = [], ["a reason"]
+    triton = RecordingKernel()
     monkeypatch.setattr(residual, "MANY_DOCS", 4)
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", triton)
     monkeypatch.setattr(residual.nvrtc, "available", lambda: True)
-    monkeypatch.setattr(residual_mma, "launch_residual_mma",
-                        lambda *args: taken.append(args[-1]) or torch.zeros(1, len(taken)))
-    index = random_index("cpu", 128, 2, lengths=[3] * 4)
-    Q = unit_queries(1, 32, 128, torch.float16, "cpu")
+    monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: reasons)
+    monkeypatch.setattr(residual_mma, "launch_residual_mma", lambda *args: taken.append(
+        args[-1]) or torch.zeros(1, args[10], device=device))
+    index = random_index(device, 128, 2, lengths=[3] * 4)
+    Q = unit_queries(1, 32, 128, torch.float16, device)
     norms = norms_of(index, 2)
-    score(Q, index, 2, inv_norms=norms)  # on the CPU: does not apply
-    assert taken == []
-    monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: [])
     score(Q, index, 2, inv_norms=norms)
-    assert taken == [residual.MMA_DEFAULT.docs_per_program]
-    score(Q, index, 2, pids=torch.tensor([0, 1, 2]), inv_norms=norms)  # 3 < MANY_DOCS
-    assert len(taken) == 1
+    assert taken == [] and len(triton.launches) == 1
+    reasons.clear()
+    score(Q, index, 2, inv_norms=norms)
+    assert taken == [residual.MMA_DEFAULT.docs_per_program] and len(triton.launches) == 1
+    score(Q, index, 2, pids=torch.tensor([0, 1, 2], device=device), inv_norms=norms)  # 3 < 4
+    assert len(taken) == 1 and len(triton.launches) == 2

@@ -31,9 +31,9 @@
 // both query blocks) against tokens 2q, 2q+1 of the 8. The table's query columns are stored in
 // the order 4g + j <- row g + 8j, so a lane gathers its four entries of a token with one load.
 //
-// Documents: a warp takes GRAB consecutive outputs from a per-query counter and walks each
-// document in 16-token tiles, two halves of 8 (a half wholly past the document's end is
-// skipped). The next tile's residual rows, codes and inverse norms are loaded before the
+// Documents: a warp takes GRAB consecutive outputs from a per-query counter (claimed a grab
+// ahead) and walks each document in 16-token tiles, two halves of 8 (a half wholly past the
+// document's end is skipped); the next document's bounds are read while one is scored. The next tile's residual rows, codes and inverse norms are loaded before the
 // current tile's products, and its table entries (which wait on its codes) after them.
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
@@ -44,7 +44,7 @@
 //
 // Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
 // ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
-// (1: int64 codes, else int32).
+// (1: int64 codes, else int32), CHAINS.
 
 #ifndef WARPS
 #define WARPS 16
@@ -66,6 +66,12 @@
 #endif
 #include "mma_common.cuh"
 
+// Independent accumulations per query block (k-blocks kb % CHAINS): two overlap the products'
+// latency at nbits 2 beside the fp16 table; elsewhere (the longer decode at nbits 4, the fp32
+// table's entries) one keeps 16 warps within 128 registers.
+#ifndef CHAINS
+#define CHAINS (NBITS == 2 && !TABLE_F32 ? 2 : 1)
+#endif
 #define QUERY_REGS 64                  // 8 k-blocks * 2 query blocks * 4 registers
 #define ROW_BYTES (128 * NBITS / 8)    // one token's residual row
 #define LANE_BYTES (ROW_BYTES / 4)     // a lane's quarter of it: 8 or 16
@@ -116,6 +122,15 @@ __device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restri
             t.inv[2 * h + e] = __ldg(inv_norms + start + k);
         }
     }
+}
+
+// Output n's document: its first token and its length.
+__device__ __forceinline__ void document_bounds(const long long* __restrict__ offsets,
+                                                const long long* __restrict__ pids, int n,
+                                                long long& start, int& length) {
+    const long long doc = pids ? pids[n] : n;
+    start = offsets[doc];
+    length = (int)(offsets[doc + 1] - start);
 }
 
 // The low and high fp16 halves of a word as fp32.
@@ -215,17 +230,22 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
     for (int j = 0; j < 4; ++j) row_in_query[j] = g + 8 * j < query_rows;
     __syncthreads();
 
+    // Grabs are claimed one ahead (lane 0's atomic is waited for only when the grab before it is
+    // done), and each document's bounds are read while the one before it is scored.
+    int claimed = lane == 0 ? atomicAdd(counters + query, grab) : 0;
     for (;;) {
-        int first = 0;
-        if (lane == 0) first = atomicAdd(counters + query, grab);
-        first = __shfl_sync(0xffffffffu, first, 0);
+        const int first = __shfl_sync(0xffffffffu, claimed, 0);
         if (first >= num_out) break;
+        if (lane == 0) claimed = atomicAdd(counters + query, grab);
         const int last = min(first + grab, num_out);
 
         int n = first;
-        long long doc = pids ? pids[n] : n;
-        long long start = offsets[doc];
-        int left = (int)(offsets[doc + 1] - start);
+        long long start;
+        int left;
+        document_bounds(offsets, pids, n, start, left);
+        long long after_start = 0;  // document n + 1's, where it is in the grab
+        int after_left = 0;
+        if (n + 1 < last) document_bounds(offsets, pids, n + 1, after_start, after_left);
         // Loads read tokens from ``safe_start`` to ``safe_start + safe_last`` only.
         long long safe_start = left > 0 ? start : 0;
         int safe_last = max(left - 1, 0);
@@ -253,12 +273,12 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
             left -= 16;
             const bool doc_done = left <= 0;
             if (doc_done && ++n < last) {
-                doc = pids ? pids[n] : n;
-                start = offsets[doc];
-                left = (int)(offsets[doc + 1] - start);
+                start = after_start;
+                left = after_left;
                 safe_start = left > 0 ? start : 0;
                 safe_last = max(left - 1, 0);
                 position = 0;
+                if (n + 1 < last) document_bounds(offsets, pids, n + 1, after_start, after_left);
             }
             if (n < last)
                 load_tile(next, residuals, codes, inv_norms, safe_start, position, safe_last, g,
@@ -297,21 +317,27 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
                                                                           + offsets4[i]);
                 }
 #endif
-                // Two chains per query block (even and odd k-blocks) overlap the products'
+                // CHAINS chains per query block (k-blocks kb % CHAINS) overlap the products'
                 // latency. Register 2r + e of block qb is row g + 8 (2qb + r), token 2q + e.
-                float acc[2][2][4];
+                float acc[2][CHAINS][4];
 #pragma unroll
                 for (int qb = 0; qb < 2; ++qb)
 #pragma unroll
-                    for (int c = 0; c < 2; ++c)
+                    for (int c = 0; c < CHAINS; ++c)
 #pragma unroll
                         for (int j = 0; j < 4; ++j) acc[qb][c][j] = 0.f;
 #pragma unroll
                 for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
                     for (int qb = 0; qb < 2; ++qb)
-                        mma_16816(acc[qb][kb & 1], qf + (kb * 2 + qb) * 4, b[2 * kb],
+                        mma_16816(acc[qb][kb % CHAINS], qf + (kb * 2 + qb) * 4, b[2 * kb],
                                   b[2 * kb + 1]);
+#pragma unroll
+                for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+                    for (int c = 1; c < CHAINS; ++c)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[qb][0][j] += acc[qb][c][j];
                 // Token 2q + e of the half: (S + <q, r>) * inv_norm for rows g + 8j, j = 2qb + r.
                 // A token past the end is -inf, selected after the products (a product may be
                 // NaN or inf, and -inf + NaN would let it win the max).
@@ -326,8 +352,7 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int j = 2 * qb + r;
-                            const float dot = acc[qb][0][2 * r + e] + acc[qb][1][2 * r + e];
-                            const float v = (entry[j] + dot) * inv;
+                            const float v = (entry[j] + acc[qb][0][2 * r + e]) * inv;
                             best[j] = max_nan(best[j], in ? v : NEG_INF);
                         }
                 }

@@ -16,6 +16,7 @@ layouts on the CPU, where tests/kernels/test_maxsim_residual_mma.py replays its 
 from __future__ import annotations
 
 import ctypes
+import functools
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,9 +32,9 @@ NBITS = (2, 4)
 ELEMENT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # Shared memory: 256 byte values x 128 bytes (16 copies of two words at nbits 2, 32 of one at 4).
 TABLE_BYTES = 256 * 128
-# 12 warps per block, one block per SM: the most whose registers fit without spills (16 warps
-# cap a thread at 128 registers, and nbits 4 spills there).
-WARPS = 12
+# 16 warps per block, one block per SM (128 registers a thread): more warps hide more of each
+# warp's load latency (12 were measured slower: results/PERFORMANCE_LOG.md, run 141).
+WARPS = 16
 DEFAULT_GRAB = 4
 
 
@@ -66,8 +67,14 @@ def byte_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype) -> 
     two to a word, the first dimension in the low half: the B-fragment registers the kernel
     decodes the byte into."""
     weights = bucket_weights.reshape(-1).to(dtype)
-    buckets = bucket_table(nbits, weights.device)  # [256, 8 // nbits]
-    return weights[buckets].contiguous().view(torch.int32)
+    return weights[_buckets(nbits, weights.device)].contiguous().view(torch.int32)
+
+
+@functools.cache
+def _buckets(nbits: int, device: torch.device) -> torch.Tensor:
+    """codecs.residual.bucket_table on ``device``, copied there once (a call being captured in
+    a CUDA graph may rebuild the byte table, but cannot copy from the host)."""
+    return bucket_table(nbits, device)
 
 
 def reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids, split_query=False,
