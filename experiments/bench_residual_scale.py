@@ -20,7 +20,8 @@ With ``--pipeline-codes`` the default launch and each decoder's are timed a seco
 ``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
 checked the same way. Where the op's default is the mma kernel (``scoring="mma"``: nbits 2 and
 4), the Triton kernel's default launch (``scoring=decode``) is timed beside it and the options
-above vary that launch; ``--mma-grabs G ...`` times the mma kernel with G documents per grab.
+above vary that launch; the mma kernel is also timed with its L2 prefetch flipped and, with
+``--mma-grabs G ...``, with G documents per grab.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
@@ -89,13 +90,15 @@ def op_default(nbits: int, num_docs: int, element_size: int):
                                    nbits=nbits)
 
 
-def grab_variants(grabs):
+def mma_variants(grabs):
     """(provider, config) for the mma kernel with each number of documents per grab of
-    ``grabs`` other than the default's."""
+    ``grabs`` other than the default's, and the default with its L2 prefetch flipped."""
     from tilemaxsim_plaid.ops.residual import MMA_DEFAULT
     return [(f"maxsim_residual validate=False scoring=mma grab={grab}",
              dataclasses.replace(MMA_DEFAULT, docs_per_program=grab))
-            for grab in dict.fromkeys(grabs) if grab != MMA_DEFAULT.docs_per_program]
+            for grab in dict.fromkeys(grabs) if grab != MMA_DEFAULT.docs_per_program] + [
+        (f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}",
+         dataclasses.replace(MMA_DEFAULT, prefetch=not MMA_DEFAULT.prefetch))]
 
 
 def main(argv=None) -> int:
@@ -179,7 +182,7 @@ def main(argv=None) -> int:
                                      f"{shape}")
                 variants.append(("maxsim_residual validate=False scoring=decode",
                                  with_config(default)))
-                for provider, config in grab_variants(args.mma_grabs):
+                for provider, config in mma_variants(args.mma_grabs):
                     if not torch.equal(with_config(config)(), want):
                         raise SystemExit(f"{provider} does not score as the default at {shape}")
                     variants.append((provider, with_config(config)))

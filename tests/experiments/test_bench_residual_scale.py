@@ -1,6 +1,6 @@
 """The register-cap and decoder variants of bench_residual_scale (timing needs a GPU)."""
 
-from experiments.bench_residual_scale import (cap_variants, decoder_variants, grab_variants,
+from experiments.bench_residual_scale import (cap_variants, decoder_variants, mma_variants,
                                              op_default, pipelined_variants, scores_as_default)
 from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, ResidualConfig, default_residual_config
 
@@ -67,10 +67,12 @@ def test_the_same_decoder_must_score_bit_for_bit_another_within_rounding():
     assert not scores_as_default(pairs, permute, want + 0.1, want)
 
 
-def test_grab_variants_are_the_mma_default_with_other_grabs():
-    variants = grab_variants([2, MMA_DEFAULT.docs_per_program, 8, 2])
+def test_mma_variants_are_the_mma_default_with_other_grabs():
+    variants = mma_variants([2, MMA_DEFAULT.docs_per_program, 8, 2])
     assert [name for name, _ in variants] == [
         "maxsim_residual validate=False scoring=mma grab=2",
-        "maxsim_residual validate=False scoring=mma grab=8"]
+        "maxsim_residual validate=False scoring=mma grab=8",
+        f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}"]
     for (_, config), grab in zip(variants, (2, 8)):
         assert config == ResidualConfig(**{**vars(MMA_DEFAULT), "docs_per_program": grab})
+    assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": False})

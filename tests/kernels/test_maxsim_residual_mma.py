@@ -136,7 +136,7 @@ def test_kernel_source_compiles_for_sm90():
                     cubin, _ = nvrtc.compile_cubin(
                         source, residual_mma.SOURCE.name, "sm_90",
                         {"WARPS": residual_mma.WARPS, "ELEM": element, "NBITS": nbits,
-                         "TABLE_F32": table_f32, "CODES_I64": codes_i64},
+                         "TABLE_F32": table_f32, "CODES_I64": codes_i64, "PREFETCH": 1},
                         headers=nvrtc.local_headers(residual_mma.SOURCE))
                     assert cubin[:4] == b"\x7fELF"
 
@@ -174,14 +174,17 @@ def test_kernel_fits_its_registers_without_spills(device, nbits, table_f32):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("grab", [1, 3, 4])
 @pytest.mark.parametrize("half_table", [None, False])
-def test_kernel_matches_reference(device, poisoned_outputs, nbits, dtype, grab, half_table):
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_kernel_matches_reference(device, poisoned_outputs, nbits, dtype, grab, half_table,
+                                  prefetch):
     # Lengths around the 8- and 16-token halves and tiles, an empty first document.
     lengths = list(DOC_LENGTHS) + [1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 130, 0]
     index = random_index(device, 128, nbits, lengths=lengths)
     inv_norms = norms_of(index, nbits)
     Q = unit_queries(3, 32, 128, dtype, device)
     query_lengths = torch.tensor([32, 5, 0], device=device)
-    config = ResidualConfig(scoring="mma", docs_per_program=grab, half_table=half_table)
+    config = ResidualConfig(scoring="mma", docs_per_program=grab, half_table=half_table,
+                            prefetch=prefetch)
     out = score(Q, index, nbits, inv_norms=inv_norms, query_lengths=query_lengths, config=config)
     assert_close(out, expected(Q, index, nbits, query_lengths=query_lengths), "maxsim_residual",
                  dtype)

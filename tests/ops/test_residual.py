@@ -527,7 +527,7 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     monkeypatch.setattr(residual.nvrtc, "available", lambda: True)
     monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: reasons)
     monkeypatch.setattr(residual_mma, "launch_residual_mma", lambda *args: taken.append(
-        args[-1]) or torch.zeros(1, args[10], device=device))
+        args[-2:]) or torch.zeros(1, args[10], device=device))
     index = random_index(device, 128, 2, lengths=[3] * 4)
     Q = unit_queries(1, 32, 128, torch.float16, device)
     norms = norms_of(index, 2)
@@ -535,6 +535,6 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     assert taken == [] and len(triton.launches) == 1
     reasons.clear()
     score(Q, index, 2, inv_norms=norms)
-    assert taken == [residual.MMA_DEFAULT.docs_per_program] and len(triton.launches) == 1
+    assert taken == [(4, True)] and len(triton.launches) == 1  # grab and prefetch
     score(Q, index, 2, pids=torch.tensor([0, 1, 2], device=device), inv_norms=norms)  # 3 < 4
     assert len(taken) == 1 and len(triton.launches) == 2

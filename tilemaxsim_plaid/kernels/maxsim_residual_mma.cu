@@ -33,7 +33,9 @@
 //
 // Documents: a warp takes GRAB consecutive outputs from a per-query counter (claimed a grab
 // ahead) and walks each document in 16-token tiles, two halves of 8 (a half wholly past the
-// document's end is skipped); the next document's bounds are read while one is scored. The next tile's residual rows, codes and inverse norms are loaded before the
+// document's end is skipped); the next document's bounds are read while one is scored, and
+// (PREFETCH) after the scored one's first tile the next one's rows, codes and inverse norms
+// are prefetched into L2. The next tile's residual rows, codes and inverse norms are loaded before the
 // current tile's products, and its table entries (which wait on its codes) after them.
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
@@ -44,7 +46,7 @@
 //
 // Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
 // ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
-// (1: int64 codes, else int32), CHAINS.
+// (1: int64 codes, else int32), PREFETCH (1: documents into L2 a document ahead), CHAINS.
 
 #ifndef WARPS
 #define WARPS 16
@@ -63,6 +65,9 @@
 #endif
 #ifndef CODES_I64
 #define CODES_I64 0
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
 #include "mma_common.cuh"
 
@@ -131,6 +136,25 @@ __device__ __forceinline__ void document_bounds(const long long* __restrict__ of
     const long long doc = pids ? pids[n] : n;
     start = offsets[doc];
     length = (int)(offsets[doc + 1] - start);
+}
+
+// Asks L2 for the 128-byte lines of ``bytes`` bytes from ``p``, a line per lane at a time.
+__device__ __forceinline__ void prefetch_lines(const void* p, long long bytes, int lane) {
+    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
+    const unsigned long long end = at + bytes;
+    for (unsigned long long line = (at & ~127ull) + 128ull * lane; line < end; line += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+}
+
+// A document's residual rows, codes and inverse norms into L2, read a document ahead: its
+// tiles' loads then wait on L2, not on HBM.
+__device__ __forceinline__ void prefetch_document(const unsigned char* __restrict__ residuals,
+                                                  const code_t* __restrict__ codes,
+                                                  const float* __restrict__ inv_norms,
+                                                  long long start, int length, int lane) {
+    prefetch_lines(residuals + start * ROW_BYTES, (long long)length * ROW_BYTES, lane);
+    prefetch_lines(codes + start, (long long)length * sizeof(code_t), lane);
+    prefetch_lines(inv_norms + start, (long long)length * sizeof(float), lane);
 }
 
 // The low and high fp16 halves of a word as fp32.
@@ -246,6 +270,7 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
         long long after_start = 0;  // document n + 1's, where it is in the grab
         int after_left = 0;
         if (n + 1 < last) document_bounds(offsets, pids, n + 1, after_start, after_left);
+        bool after_asked = false;  // whether document n + 1 was prefetched into L2
         // Loads read tokens from ``safe_start`` to ``safe_start + safe_last`` only.
         long long safe_start = left > 0 ? start : 0;
         int safe_last = max(left - 1, 0);
@@ -279,6 +304,7 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
                 safe_last = max(left - 1, 0);
                 position = 0;
                 if (n + 1 < last) document_bounds(offsets, pids, n + 1, after_start, after_left);
+                after_asked = false;
             }
             if (n < last)
                 load_tile(next, residuals, codes, inv_norms, safe_start, position, safe_last, g,
@@ -362,6 +388,11 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
 #pragma unroll
                 for (int k = 0; k < 4; ++k)
                     next_entries[k] = load_entries(query_table, next.code[k], table_stride_bytes);
+            }
+            // After a tile's products, by when document n + 1's bounds have arrived.
+            if (PREFETCH && !after_asked && n + 1 < last) {
+                prefetch_document(residuals, codes, inv_norms, after_start, after_left, lane);
+                after_asked = true;
             }
 
             if (doc_done) {

@@ -135,7 +135,8 @@ class ResidualConfig:
             decodes the tensor-core operand it multiplies, with one shared-memory load per
             residual byte; d = 128, nbits 2 or 4, 16-bit queries, the table path:
             ops/residual_mma.py). With "mma" only docs_per_program (documents a warp takes
-            per grab) and half_table apply.
+            per grab), prefetch (each next document into L2 while one is scored) and
+            half_table apply.
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
@@ -190,7 +191,8 @@ CONFIG_FIELDS = {
 
 
 # The default where scoring="mma" applies and at least MANY_DOCS documents are scored.
-MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB)
+MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB,
+                             prefetch=True)
 
 
 def check_config(cfg: ResidualConfig) -> None:
@@ -504,7 +506,7 @@ def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pid
         return residual_mma.launch_residual_mma(
             Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, centroid_scores, config.half_table,
-            config.docs_per_program)
+            config.docs_per_program, config.prefetch)
     if Q3.shape[1] > MAX_LQ_PER_LAUNCH:
         centroid_scores = None  # each chunk of query tokens builds its own table
 

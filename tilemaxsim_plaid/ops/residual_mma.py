@@ -130,11 +130,11 @@ def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
 
 @lru_cache(maxsize=None)
 def kernel(device: torch.device, dtype: torch.dtype, nbits: int, table_f32: bool,
-           codes_i64: bool) -> nvrtc.CudaKernel:
+           codes_i64: bool, prefetch: bool = True) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype], "NBITS": nbits,
-                              "TABLE_F32": int(table_f32), "CODES_I64": int(codes_i64)},
-                             TABLE_BYTES)
+                              "TABLE_F32": int(table_f32), "CODES_I64": int(codes_i64),
+                              "PREFETCH": int(prefetch)}, TABLE_BYTES)
 
 
 def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.dtype,
@@ -158,7 +158,8 @@ def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.
 
 def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
                         inv_norms, query_lengths, num_out_docs, centroid_scores=None,
-                        half_table=None, grab: int = DEFAULT_GRAB) -> torch.Tensor:
+                        half_table=None, grab: int = DEFAULT_GRAB,
+                        prefetch: bool = True) -> torch.Tensor:
     """fp32 [B, num_out_docs]. Inputs checked by ops/residual.maxsim_residual and check_applies.
 
     Per call on the host, for each chunk of <= 32 query tokens: the chunk's permuted table (one
@@ -182,7 +183,7 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
     launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
-                    codes.dtype == torch.int64)
+                    codes.dtype == torch.int64, prefetch)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
     counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
     given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
