@@ -18,9 +18,10 @@ With ``--decoders NAME ...`` the default launch is timed the same way with each 
 default's scores (bit for bit where it decodes with the same decoder).
 With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
 ``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
-checked the same way. Where the op's default is the mma kernel (``scoring="mma"``: nbits 2 and
-4), the Triton kernel's default launch (``scoring=decode``) is timed beside it and the options
-above vary that launch; the mma kernel is also timed with its L2 prefetch flipped and, with
+checked the same way. Where the mma kernel applies (``scoring="mma"``: nbits 2 and 4) the op's
+other kernel is timed beside its default (``MMA_DEFAULT`` where the default is the Triton
+kernel's launch, that launch where it is the mma kernel's: ``MMA_NBITS``), and the options above
+vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped and, with
 ``--mma-grabs G ...``, with G documents per grab.
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
     from tilemaxsim_plaid.ops import nvrtc, residual_mma
+    from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, MMA_NBITS
 
     device = torch.device("cuda")
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -176,15 +178,19 @@ def main(argv=None) -> int:
                 Q[None], index["codes"], index["residuals"], nbits, index["inv_norms"],
                 index["centroids"])
             if mma:
+                # The op's other kernel beside its default: the Triton launch where the default
+                # is the mma kernel (MMA_NBITS), else MMA_DEFAULT; then the mma kernel's variants.
+                other = (("scoring=decode", default) if nbits in MMA_NBITS
+                         else ("scoring=mma", MMA_DEFAULT))
+                mma_want = with_config(MMA_DEFAULT)()
                 triton_want = with_config(default)()
-                if not torch.allclose(triton_want, want, rtol=1e-3, atol=1e-3):
-                    raise SystemExit(f"the Triton kernel does not score as the mma default at "
-                                     f"{shape}")
-                variants.append(("maxsim_residual validate=False scoring=decode",
-                                 with_config(default)))
+                if not torch.allclose(triton_want, mma_want, rtol=1e-3, atol=1e-3):
+                    raise SystemExit(f"the Triton and mma kernels score differently at {shape}")
+                variants.append((f"maxsim_residual validate=False {other[0]}",
+                                 with_config(other[1])))
                 for provider, config in mma_variants(args.mma_grabs):
-                    if not torch.equal(with_config(config)(), want):
-                        raise SystemExit(f"{provider} does not score as the default at {shape}")
+                    if not torch.equal(with_config(config)(), mma_want):
+                        raise SystemExit(f"{provider} does not score as MMA_DEFAULT at {shape}")
                     variants.append((provider, with_config(config)))
                 want = triton_want
             configs = (cap_variants(default, args.caps)

@@ -515,14 +515,16 @@ def test_tiled_table_log_line(device, monkeypatch, caplog):
 
 
 def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
-    """config=None takes MMA_DEFAULT where scoring="mma" applies and NVRTC loads, from MANY_DOCS
-    scored documents on (here lowered to 4); the Triton kernel below that or where the mma
-    kernel does not apply (no kernel runs: both launches are recorded)."""
+    """config=None takes MMA_DEFAULT where scoring="mma" applies at an nbits of MMA_NBITS and
+    NVRTC loads, from MANY_DOCS scored documents on (here lowered to 4); the Triton kernel below
+    that, at other nbits or where the mma kernel does not apply (no kernel runs: both launches
+    are recorded)."""
     from tilemaxsim_plaid.ops import residual_mma
 
     taken, reasons = [], ["a reason"]
     triton = RecordingKernel()
     monkeypatch.setattr(residual, "MANY_DOCS", 4)
+    monkeypatch.setattr(residual, "MMA_NBITS", (2,))
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", triton)
     monkeypatch.setattr(residual.nvrtc, "available", lambda: True)
     monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: reasons)
@@ -538,3 +540,6 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     assert taken == [(4, True)] and len(triton.launches) == 1  # grab and prefetch
     score(Q, index, 2, pids=torch.tensor([0, 1, 2], device=device), inv_norms=norms)  # 3 < 4
     assert len(taken) == 1 and len(triton.launches) == 2
+    monkeypatch.setattr(residual, "MMA_NBITS", ())
+    score(Q, index, 2, inv_norms=norms)
+    assert len(taken) == 1 and len(triton.launches) == 3

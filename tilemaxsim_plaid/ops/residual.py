@@ -38,7 +38,7 @@ from tilemaxsim_plaid.ops.launch import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "MMA_DEFAULT", "centroid_table_fits", "centroid_table_tiles", "check_config",
+__all__ = ["ResidualConfig", "MMA_DEFAULT", "MMA_NBITS", "centroid_table_fits", "centroid_table_tiles", "check_config",
            "decode_table", "default_residual_config", "maxsim_residual", "query_centroid_scores",
            "split_query_centroid_scores", "split_query_centroid_probe"]
 
@@ -190,9 +190,13 @@ CONFIG_FIELDS = {
 }
 
 
-# The default where scoring="mma" applies and at least MANY_DOCS documents are scored.
+# The mma kernel's launch where the default takes it: scoring="mma" applies, nbits is in
+# MMA_NBITS and at least MANY_DOCS documents are scored. MMA_NBITS holds the bit widths where it
+# was measured faster than the Triton kernel's default launch on the H200, side by side
+# (experiments/bench_residual_scale; none yet: results/PERFORMANCE_LOG.md, run 141).
 MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB,
                              prefetch=True)
+MMA_NBITS: tuple[int, ...] = ()
 
 
 def check_config(cfg: ResidualConfig) -> None:
@@ -763,7 +767,7 @@ def maxsim_residual(
             residual weights' rounding to fp16 leaves about 1e-5 per score (tf32x3: about 1e-6),
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
         config: a fixed :class:`ResidualConfig`; None: ``MMA_DEFAULT`` where scoring="mma"
-            applies and at least MANY_DOCS documents are scored, else
+            applies at an nbits of MMA_NBITS and at least MANY_DOCS documents are scored, else
             :func:`default_residual_config`'s launch of the Triton kernel.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             the float inputs but Q, which is not read) with one host sync per call,
@@ -827,7 +831,7 @@ def maxsim_residual(
         if centroid_scores.stride(1) != 1:
             centroid_scores = centroid_scores.contiguous()  # its rows are gathered whole
     num_out = pids.numel() if pids is not None else num_docs
-    if config is None and num_out >= MANY_DOCS and nvrtc.available() and not (
+    if config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS and nvrtc.available() and not (
             residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids,
                                               split_query, centroid_scores)):
         config = MMA_DEFAULT

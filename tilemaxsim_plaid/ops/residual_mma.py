@@ -1,11 +1,11 @@
 """Host side of kernels/maxsim_residual_mma.cu: residual-code MaxSim on tensor cores, one
 document stream per warp, each lane decoding exactly the operand it multiplies.
 
-``maxsim_residual(..., config=ResidualConfig(scoring="mma"))`` runs it, and maxsim_residual
-takes it by default where it applies: d = 128, nbits 2 or 4, fp16 or bf16 queries (longer than
-32 tokens: launches of 32, summed), inverse norms given (the centroid-score table path), residual
-rows of contiguous bytes starting 16-byte aligned, each query's table within
-MAX_CENTROID_TABLE_BYTES, a GPU of compute capability 8.0 or later; anything else raises
+``maxsim_residual(..., config=ResidualConfig(scoring="mma"))`` runs it (and config=None at the
+bit widths of ops/residual.MMA_NBITS) where it applies: d = 128, nbits 2 or 4, fp16 or bf16
+queries (longer than 32 tokens: launches of 32, summed), inverse norms given (the centroid-score
+table path), residual rows of contiguous bytes starting 16-byte aligned, each query's table
+within MAX_CENTROID_TABLE_BYTES, a GPU of compute capability 8.0 or later; anything else raises
 ValueError when asked for. The kernel is CUDA C++ compiled once per device by NVRTC
 (ops/nvrtc.py). The host builds the centroid-score table with its query columns permuted
 (:func:`table_column_of_row`) and the byte table (:func:`byte_table`); the kernel loads the
