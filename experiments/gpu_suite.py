@@ -404,9 +404,9 @@ SUITES = {
                                "the pair and permute decoders, each with and without codes a tile "
                                "ahead, nbits 1 / 2 / 4, beside dense on the decoded documents",
                                residual_decoders),
-    "residual-mma": Suite("GPU tests of the residual kernels; the residual op's default (the mma "
-                          "kernel at nbits 2 and 4) beside the Triton kernel's default launch and "
-                          "dense on the decoded documents, C = 2^16 and 2^18, nbits 1 / 2 / 4",
+    "residual-mma": Suite("GPU tests of the residual kernels; the residual op's default beside its "
+                          "other kernel (Triton launch, mma kernel) and dense on the decoded "
+                          "documents, C = 2^16 and 2^18, nbits 1 / 2 / 4",
                           residual_mma),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
