@@ -251,10 +251,10 @@ def residual_decoders(work: Path, opts) -> list[Step]:
 
 def residual_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the residual kernels (the mma kernel's own, the op's defaults, the Triton
-    kernel's, the NaN policy) and of the PQ mma kernel, then the op's default launch (the mma kernel at nbits 2 and 4)
-    beside the Triton kernel's default launch, the mma kernel at 2 and 8 documents per grab and
-    dense scoring of the decoded documents, nbits 1, 2 and 4 at C = 2^16 and 2^18 (about 8
-    minutes)."""
+    kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
+    beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
+    the mma kernel at 2 and 8 documents per grab and with its prefetch flipped, and dense scoring
+    of the decoded documents, nbits 1, 2 and 4 at C = 2^16 and 2^18 (about 8 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",
              "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
              "tests/kernels/test_nan_policy.py")
