@@ -254,14 +254,16 @@ def residual_mma(work: Path, opts) -> list[Step]:
     kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
     beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
     the mma kernel at 2 and 8 documents per grab and with its prefetch flipped, and dense scoring
-    of the decoded documents, nbits 1, 2 and 4 at C = 2^16 and 2^18 (about 8 minutes)."""
+    of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18
+    (about 6 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",
              "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
              "tests/kernels/test_nan_policy.py")
     return [Step("residual-tests", (*PYTEST, *parallel_workers(), *tests), 200),
             Step("residual-mma", module("experiments.bench_residual_scale", "--centroids",
-                                        "65536", "262144", "--repeats", "2", "--mma-grabs",
-                                        "2", "8", "--out", str(work / "residual-mma")), 330)]
+                                        "65536", "262144", "--nbits", "2", "4", "--repeats", "2",
+                                        "--mma-grabs", "2", "8",
+                                        "--out", str(work / "residual-mma")), 330)]
 
 
 def grid(work: Path, opts) -> list[Step]:
@@ -406,7 +408,7 @@ SUITES = {
                                residual_decoders),
     "residual-mma": Suite("GPU tests of the residual kernels; the residual op's default beside its "
                           "other kernel (Triton launch, mma kernel) and dense on the decoded "
-                          "documents, C = 2^16 and 2^18, nbits 1 / 2 / 4",
+                          "documents, C = 2^16 and 2^18, nbits 2 / 4",
                           residual_mma),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),

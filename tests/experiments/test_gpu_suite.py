@@ -109,8 +109,8 @@ EXPECTED = {
                            "tests/kernels/test_maxsim_pq_mma.py", "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
                            "tests/kernels/test_nan_policy.py"],
         "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
-                         "262144", "--repeats", "2", "--mma-grabs", "2", "8",
-                         "--out", "W/residual-mma"],
+                         "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "2",
+                         "8", "--out", "W/residual-mma"],
     },
     "grid": {
         "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",
