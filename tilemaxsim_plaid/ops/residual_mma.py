@@ -16,8 +16,7 @@ layouts on the CPU, where tests/kernels/test_maxsim_residual_mma.py replays its 
 from __future__ import annotations
 
 import ctypes
-import functools
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -70,7 +69,7 @@ def byte_table(bucket_weights: torch.Tensor, nbits: int, dtype: torch.dtype) -> 
     return weights[_buckets(nbits, weights.device)].contiguous().view(torch.int32)
 
 
-@functools.cache
+@cache
 def _buckets(nbits: int, device: torch.device) -> torch.Tensor:
     """codecs.residual.bucket_table on ``device``, copied there once (a call being captured in
     a CUDA graph may rebuild the byte table, but cannot copy from the host)."""
