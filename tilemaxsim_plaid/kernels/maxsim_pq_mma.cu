@@ -54,7 +54,6 @@
 #endif
 #include "mma_common.cuh"
 
-#define QUERY_REGS 64               // 8 k-blocks * 4 column blocks * 2 registers
 
 // A codebook entry: the 16 bytes at shared address `address` + H * 32 KB (line group H).
 template <int H>
@@ -120,9 +119,9 @@ maxsim_pq16_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128], rows
     const int query_rows = query_lengths
         ? min(max(query_lengths[query] - row_start, 0), num_query_rows) : num_query_rows;
 
-    // A fragments: register r of (k-block kb, query block qb) at qf[(kb * 2 + qb) * 4 + r]
-    // holds query row qb * 16 + g + 8 (r % 2), product columns 2q + 8 (r / 2) + (0, 1): in
-    // the product column order, sub-quantizer 4 (kb / 2) + q, dims 4 (kb % 2) + 2 (r / 2) + (0, 1).
+    // A fragments, as load_query_fragments (mma_common.cuh) lays them out, written out here (the
+    // compiled code was checked on the GPU in this form): in the product column order,
+    // sub-quantizer 4 (kb / 2) + q, dims 4 (kb % 2) + 2 (r / 2) + (0, 1).
     unsigned qf[QUERY_REGS];
     const unsigned short* q_rows = Q + query * stride_qb;
 #pragma unroll

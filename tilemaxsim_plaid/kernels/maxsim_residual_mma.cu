@@ -77,7 +77,6 @@
 #ifndef CHAINS
 #define CHAINS (NBITS == 2 && !TABLE_F32 ? 2 : 1)
 #endif
-#define QUERY_REGS 64                  // 8 k-blocks * 2 query blocks * 4 registers
 #define ROW_BYTES (128 * NBITS / 8)    // one token's residual row
 #define LANE_BYTES (ROW_BYTES / 4)     // a lane's quarter of it: 8 or 16
 #define ENTRY_WORDS (NBITS == 2 ? 2 : 1)
@@ -233,19 +232,11 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
     const int query_rows = query_lengths
         ? min(max(query_lengths[query] - row_start, 0), num_query_rows) : num_query_rows;
 
-    // A fragments: register r of (k-block kb, query block qb) at qf[(kb * 2 + qb) * 4 + r]
-    // holds query row qb * 16 + g + 8 (r % 2), product columns 2q + 8 (r / 2) + (0, 1), that
-    // is dimensions 32q + 4kb + 2 (r / 2) + (0, 1).
+    // The query's A fragments; in the product column order, column pair (kb, q, p) is
+    // dimensions 32q + 4kb + 2p + (0, 1).
     unsigned qf[QUERY_REGS];
-    const unsigned short* q_rows = Q + query * stride_qb;
-#pragma unroll
-    for (int i = 0; i < QUERY_REGS; ++i) {
-        const int kb = i >> 3, qb = (i >> 2) & 1, r = i & 3;
-        const int row = qb * 16 + g + 8 * (r & 1);
-        const int dim = 32 * q + 4 * kb + 2 * (r >> 1);
-        qf[i] = row < query_rows
-            ? *reinterpret_cast<const unsigned*>(q_rows + row * stride_qt + dim) : 0u;
-    }
+    load_query_fragments(qf, Q + query * stride_qb, stride_qt, query_rows, g, q,
+                         [](int kb, int q, int p) { return 32 * q + 4 * kb + 2 * p; });
     const char* query_table = static_cast<const char*>(table)
         + (query * 32 + 4 * g) * (TABLE_F32 ? 4 : 2);
     float* out_row = out + query * out_stride;

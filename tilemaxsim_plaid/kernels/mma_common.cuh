@@ -27,6 +27,26 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned* a, unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#define QUERY_REGS 64  // 8 k-blocks * 2 query blocks * 4 registers
+
+// This lane's A fragments of the query's rows at ``q_rows`` (rows past ``query_rows`` zero):
+// register r of (k-block kb, query block qb) at qf[(kb * 2 + qb) * 4 + r] holds query row
+// qb * 16 + g + 8 (r % 2), product columns 2q + 8 (r / 2) + (0, 1), which are the dimensions
+// dim_of(kb, q, r / 2) + (0, 1) of the kernel's column order.
+template <typename DimOf>
+__device__ __forceinline__ void load_query_fragments(unsigned (&qf)[QUERY_REGS],
+                                                     const unsigned short* q_rows,
+                                                     long long stride_qt, int query_rows, int g,
+                                                     int q, DimOf dim_of) {
+#pragma unroll
+    for (int i = 0; i < QUERY_REGS; ++i) {
+        const int kb = i >> 3, qb = (i >> 2) & 1, r = i & 3;
+        const int row = qb * 16 + g + 8 * (r & 1);
+        qf[i] = row < query_rows ? *reinterpret_cast<const unsigned*>(
+            q_rows + row * stride_qt + dim_of(kb, q, r >> 1)) : 0u;
+    }
+}
+
 // A document's score from the warp's running maxima (best[j]: query row g + 8j over this lane's
 // tokens), in every lane: the max over the quad's tokens, then the sum over the 32 rows, a row
 // past the query's length adding 0 (also to an empty document's -inf). Resets best to -inf.
