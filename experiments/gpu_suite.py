@@ -266,6 +266,15 @@ def residual_mma(work: Path, opts) -> list[Step]:
                                         "--out", str(work / "residual-mma")), 330)]
 
 
+def residual_ncu(work: Path, opts) -> list[Step]:
+    """Nsight Compute on the residual op's two kernels (the Triton default and the mma kernel),
+    one fp16 query over 100k documents, C = 2^16, nbits 2 and 4: which unit each saturates and
+    the SASS instructions their warps wait on, with why (profile_kernels ncu: stalls.txt)."""
+    return [Step("residual-ncu", module("experiments.profile_kernels", "ncu", "--ops", "residual",
+                                        "--only", "=residual,residual nbits4,residual mma",
+                                        "--out", str(work / "residual-ncu")), 300)]
+
+
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the sixth set), one
     query of 33-64 tokens and several queries, then the full shape grid with the peers
@@ -410,6 +419,9 @@ SUITES = {
                           "other kernel (Triton launch, mma kernel) and dense on the decoded "
                           "documents, C = 2^16 and 2^18, nbits 2 / 4",
                           residual_mma),
+    "residual-ncu": Suite("Nsight Compute on the residual op's Triton default and mma kernel, "
+                          "nbits 2 / 4: units, stall reasons, the SASS instructions warps wait on",
+                          residual_ncu),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

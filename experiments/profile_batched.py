@@ -384,22 +384,26 @@ def find_ncu() -> str | None:
     return None
 
 
-def ncu_command(ncu: str, report: Path, profile_args: list[str]) -> list[str]:
-    """ncu over ``profile`` mode: unlocked clocks (as the timed runs), the scoring kernels only,
-    one replay per metric pass of each kernel, the report kept for the GUI."""
-    sections = [a for s in NCU_SECTIONS for a in ("--section", s)]
+def ncu_command(ncu: str, report: Path, profile_args: list[str], *,
+                module: str = "experiments.profile_batched", kernels: str | None = None,
+                sections: tuple[str, ...] = NCU_SECTIONS) -> list[str]:
+    """ncu over ``module``'s ``profile`` mode: unlocked clocks (as the timed runs), the launches
+    matching ``kernels`` only (ncu's ``-k``; default: the dense scoring kernels), one replay per
+    metric pass of each kernel, the report kept for the GUI."""
+    sections = [a for s in sections for a in ("--section", s)]
     return [ncu, "--clock-control", "none", "--profile-from-start", "off",
-            "--replay-mode", "kernel", "--import-source", "no", "-k", kernel_filter(),
+            "--replay-mode", "kernel", "--import-source", "no", "-k", kernels or kernel_filter(),
             *sections, "--metrics", ",".join(NCU_METRICS), "--force-overwrite",
-            "-o", str(report), sys.executable, "-m", "experiments.profile_batched", "profile",
-            *profile_args]
+            "-o", str(report), sys.executable, "-m", module, "profile", *profile_args]
 
 
 def export_command(ncu: str, report: Path) -> list[str]:
     return [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "details"]
 
 
-def run_ncu(args, profile_args: list[str]) -> int:
+def run_ncu(args, profile_args: list[str], **command) -> int:
+    """``ncu_command`` (``command``: its keywords) into ``args.out``/ncu.ncu-rep, then the report's
+    details page as ncu.csv; the exit status of the first that failed."""
     ncu = args.ncu or find_ncu()
     if not ncu:
         raise SystemExit("no ncu on PATH nor in " + ", ".join(NCU_GLOBS) + " (--ncu PATH)")
@@ -408,7 +412,7 @@ def run_ncu(args, profile_args: list[str]) -> int:
     report = out / NCU_REPORT
     for stale in (Path(f"{report}.ncu-rep"), out / f"{NCU_REPORT}.csv"):
         stale.unlink(missing_ok=True)  # a failed run must not leave an earlier one to summarize
-    command = ncu_command(ncu, report, profile_args)
+    command = ncu_command(ncu, report, profile_args, **command)
     print("+ " + " ".join(command), flush=True)
     rc = subprocess.run(command).returncode
     if rc != 0:

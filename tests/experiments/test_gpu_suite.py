@@ -112,6 +112,10 @@ EXPECTED = {
                          "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "2",
                          "8", "--out", "W/residual-mma"],
     },
+    "residual-ncu": {
+        "residual-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "residual", "--only",
+                         "=residual,residual nbits4,residual mma", "--out", "W/residual-ncu"],
+    },
     "grid": {
         "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",
                         "--out", "W/sweep-sixth"],
