@@ -17,11 +17,11 @@ query, d = 128, C = 65,536):
    per-token tensors are tiny (no op reads them on the host with validate=False). The kernel's
    ``run`` is replaced by a recorder that stops the call; the centroid-table build the residual op
    launches first is recorded and skipped.
-2. Compiles each launch for sm_90a with the JIT's own binder and specialization
-   (``create_function_from_signature`` and ``JITFunction._pack_args``, as in triton 3.6 and 3.9, pointers and
-   ints divisible by 16 marked as on the GPU, ints equal to 1 made constants) and a faked
-   ``GPUTarget("cuda", 90, 32)``; on a machine with a GPU, ``JITFunction.warmup`` for the current
-   target instead. Registers, shared memory and local memory from ``cuobjdump -res-usage``,
+2. Compiles each launch for sm_90a by the JIT itself (``JITFunction.run(..., warmup=True)``: its
+   binder and specialization, pointers and ints divisible by 16 marked as on the GPU, ints equal
+   to 1 made constants) against a stand-in driver whose target is ``GPUTarget("cuda", 90, 32)``
+   (triton 3.2 to 3.9); on a machine with a GPU, ``JITFunction.warmup`` for the current target
+   instead. Registers, shared memory and local memory from ``cuobjdump -res-usage``,
    spills from ``ptxas -v`` on the same PTX.
 3. Counts SASS (``cuobjdump -sass``): loops are backward branches; the hot loops are the innermost
    loops holding tensor-core instructions (the token-tile loops: the residual kernel's main tiles
@@ -274,9 +274,31 @@ def _bin(tool: str) -> str:
     return found
 
 
+class _StandInDriver:
+    """What ``JITFunction.run`` asks of triton's active driver before it compiles, for a GPU that
+    is not there: device 0, stream 0 and the target. With ``warmup=True`` run then binds,
+    specializes and compiles exactly as on a GPU and returns the kernel without loading or
+    launching it (triton 3.2 to 3.9: the same cubin as the JIT's own binder gives, checked on 3.6
+    and 3.9)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
 def compile_launch(launch: Launch, capability: int = 90) -> Compiled:
     """The launch compiled as the JIT would compile it for an sm_<capability> GPU."""
-    import triton
     from triton.backends.compiler import GPUTarget
 
     kernel, kwargs = launch.kernel, dict(launch.kwargs)
@@ -286,23 +308,17 @@ def compile_launch(launch: Launch, capability: int = 90) -> Compiled:
         capability = 10 * major + minor
         target_name = f"sm_{capability} (this GPU, JITFunction.warmup)"
     else:
-        from triton.compiler import ASTSource, make_backend
-        from triton.runtime.jit import create_function_from_signature
+        from triton.runtime import driver
 
-        target = GPUTarget("cuda", capability, 32)
-        backend = make_backend(target)
-        # The options JITFunction.run adds before binding (triton 3.9).
-        kwargs["debug"] = kwargs.get("debug") or triton.knobs.runtime.debug
-        for option in ("instrumentation_mode", "fpsan_homomorphic_casts"):
-            if hasattr(triton.knobs.compilation, option):
-                kwargs[option] = getattr(triton.knobs.compilation, option)
-        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        bound, specialization, options = binder(*launch.args, **kwargs)
-        options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
-                                                                  specialization, options)
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                                  options=options.__dict__)
-        target_name = f"sm_{capability}a (faked GPUTarget, no GPU)"
+        driver.set_active(_StandInDriver(GPUTarget("cuda", capability, 32)))
+        try:
+            compiled = kernel.run(*launch.args, grid=launch.grid, warmup=True, **kwargs)
+        finally:
+            try:
+                driver.reset_active()
+            except RuntimeError:  # triton 3.4 on builds the real driver here: none without a GPU
+                pass
+        target_name = f"sm_{capability}a (a stand-in driver, no GPU)"
     cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]
     resources = _resource_usage(cubin)
     spills = _ptxas_spills(ptx, capability)
@@ -320,14 +336,19 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text)}
 
 
-def _ptxas(capability: int):
-    """The ptxas triton itself compiles with for this capability (knobs.NvidiaTool)."""
-    from triton.backends.nvidia.compiler import get_ptxas
+Tool = collections.namedtuple("Tool", "path version")
+
+
+def _ptxas(capability: int) -> Tool:
+    """The ptxas triton itself compiles with for this capability: knobs.NvidiaTool from triton
+    3.4 on, a (path, version) pair before."""
+    from triton.backends.nvidia import compiler
 
     try:
-        return get_ptxas(capability)
+        tool = compiler.get_ptxas(capability)
     except TypeError:  # triton releases whose get_ptxas takes no capability
-        return get_ptxas()
+        tool = compiler.get_ptxas()
+    return Tool(tool.path, tool.version) if hasattr(tool, "path") else Tool(*tool)
 
 
 def ptxas_available() -> bool:

@@ -57,12 +57,12 @@ def _import(name: str, module: str):
     except ImportError as error:
         if (error.name or "").partition(".")[0] != "triton":
             raise
-        # Where triton has no wheel (it publishes Linux wheels only) the package and the
-        # plugin's exact torch path work; only the kernels need it.
+        # Where triton has no wheel (it publishes Linux wheels only) or is older than the
+        # kernels need, the package and the plugin's exact torch path work; only the kernels
+        # need it (triton_support).
         raise ImportError(
-            f"{__name__}.{name} needs triton, which cannot be imported here ({error}); Triton "
-            f"publishes wheels for Linux only. The colbert-ai plugin still serves with its "
-            f"exact torch path.",
+            f"{__name__}.{name} needs triton, which cannot be used here ({error}). The "
+            f"colbert-ai plugin still serves with its exact torch path.",
             name="triton",
         ) from error
 

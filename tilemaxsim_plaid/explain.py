@@ -128,10 +128,11 @@ def _triton_runs(device: torch.device) -> tuple[bool, str]:
     """(the Triton kernels run on ``device``, why)."""
     from tilemaxsim_plaid.ops.launch import interpreting
 
-    try:
-        import triton  # noqa: F401
-    except ImportError as error:
-        return False, f"triton cannot be imported ({error}): pip install triton"
+    from tilemaxsim_plaid.triton_support import triton_problem
+
+    problem = triton_problem()
+    if problem is not None:
+        return False, f"{problem}: pip install 'triton>=3.3' (Linux)"
     if device.type == "cuda":
         return True, "Triton kernels compiled for this GPU"
     if interpreting():

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.util
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -51,6 +50,7 @@ import torch
 
 from tilemaxsim_plaid.plaid import counters, registry
 from tilemaxsim_plaid.plaid.registry import SUPPORTED_PYLATE_VERSIONS
+from tilemaxsim_plaid.triton_support import triton_problem
 
 __all__ = [
     "SUPPORTED_PYLATE_VERSIONS",
@@ -85,7 +85,7 @@ _DTYPE = "a dtype other than fp16/bf16/fp32, or differing between queries and do
 # An empty document has no max (PyLate raises), an empty batch nothing to launch.
 _EMPTY = "empty inputs or a document of no tokens"
 _MASK = "a mask not of the embeddings' [batch, tokens] shape"
-_NO_TRITON = "triton is not installed"
+_NO_TRITON = "no triton the kernels build with (tilemaxsim_plaid.triton_support)"
 
 
 # Tests only: take the kernel path for CPU tensors too (the kernels then run under
@@ -142,14 +142,15 @@ def tensor_refusal(tensors: list[Any]) -> str | None:
     if device.type != "cuda" and not on_cpu:
         return _NOT_CUDA
     if not _triton_installed():
-        # Where triton has no wheel (Windows) PyLate's path serves, as it did before the patch.
+        # Where triton has no wheel (Windows) or is older than the kernels need, PyLate's path
+        # serves, as it did before the patch.
         return _NO_TRITON
     return None
 
 
-@functools.cache
 def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    """A triton the kernels build with is installed (triton_support)."""
+    return triton_problem() is None
 
 
 def _embedding_refusal(Q: torch.Tensor, D: torch.Tensor, q_dims: int, d_dims: int,

@@ -229,11 +229,12 @@ def test_default_config_by_number_of_documents():
     assert default_pq_config(2, 32, MANY_DOCS).docs_per_program == 4
 
 
-def test_codebook_word_width_and_held_query_follow_the_shape():
+def test_codebook_word_width_and_held_query_follow_the_shape(monkeypatch):
     """Word gathers where 16-bit queries meet an even power-of-two d/M in whole chunks of a
     multiple of 4 sub-quantizers; the widest codebook word that divides d/M and the codebook's
     alignment allows, 16 bytes only with the query held; the query held in one-warp programs
-    of 16-bit queries."""
+    of 16-bit queries (with a triton that compiles it: tests/test_triton_support.py)."""
+    monkeypatch.setattr(pq_ops, "triton_version", lambda: pq_ops.HOLD_QUERY_MIN_TRITON)
     assert pq_ops._hold_query(1, torch.float16, 32, 128)
     assert pq_ops._hold_query(1, torch.bfloat16, 16, 64)
     assert not pq_ops._hold_query(2, torch.float16, 32, 128)
@@ -264,7 +265,9 @@ def test_codebook_word_width_and_held_query_follow_the_shape():
 @pytest.mark.parametrize("residual_mode", [False, True])
 def test_default_launches_per_input_class(recorded, monkeypatch, residual_mode):
     """What maxsim_pq launches with config=None, per input class (as on a GPU without the mma
-    kernel; the mma kernel's own choice is the next test)."""
+    kernel, with a triton that compiles the held query; the mma kernel's own choice is the next
+    test)."""
+    monkeypatch.setattr(pq_ops, "triton_version", lambda: pq_ops.HOLD_QUERY_MIN_TRITON)
     # One query, many documents, d = 128 as M = 16: one-warp persistent programs, the query
     # held, 16-byte codebook words, code words a tile ahead, tiles reduced as they come, 128
     # registers.

@@ -77,23 +77,20 @@ def _load_query_pq_tile(p_q, offs_b, offs_i, mask_r, kd, stride_qb, stride_qt, s
                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
 
 
-@triton.constexpr_function
-def _paired_gather_order(cols, gather_bytes, hold_query):
-    """Whether a decoded chunk of cols columns takes the 16-byte words' column order: 16-byte
-    words, or 8-byte ones gathered in pairs that cover the same 8 dimensions (whole 32-column
-    groups) in one-warp programs with the query held (with more warps triton 3.6 fails to
-    compile the pairs' split: "Illegal shared layout" in TritonGPUOptimizeDotOperands)."""
-    return gather_bytes == 16 or (gather_bytes == 8 and hold_query and cols % 32 == 0)
-
-
 @triton.jit
 def _to_gather16_order(b_q, ROWS: tl.constexpr, COLS: tl.constexpr, GATHER_BYTES: tl.constexpr,
                        HOLD_QUERY: tl.constexpr):
     """[ROWS, COLS] query columns in dimension order -> the column order of a tile decoded from
     16-byte codebook words, or 8-byte ones in pairs (_decode_pq_words): with G = COLS / 32
     groups, dimension 8 (G t + g) + 4a + 2h + b goes to column 32g + 16h + 4t + 2a + b. A
-    register permutation; other gather widths: unchanged."""
-    if _paired_gather_order(COLS, GATHER_BYTES, HOLD_QUERY):
+    register permutation; other gather widths: unchanged.
+
+    That order is taken by 16-byte words, and by 8-byte ones gathered in pairs that cover the
+    same 8 dimensions (whole 32-column groups) in one-warp programs with the query held (with
+    more warps triton 3.6 fails to compile the pairs' split: "Illegal shared layout" in
+    TritonGPUOptimizeDotOperands); _decode_pq_words tests the same condition (written out in
+    both: triton before 3.4 calls no host function from kernel code)."""
+    if (GATHER_BYTES == 16) or ((GATHER_BYTES == 8 and HOLD_QUERY) and COLS % 32 == 0):
         b_q = tl.reshape(b_q, [ROWS, 4, COLS // 32, 2, 2, 2])  # [row, t, g, a, h, b]
         b_q = tl.reshape(tl.permute(b_q, (0, 2, 4, 1, 3, 5)), [ROWS, COLS])
     return b_q
@@ -221,7 +218,9 @@ def _decode_pq_words(kd, words, p_book_words, dot_dtype: tl.constexpr, BLOCK_T: 
     base = sub * (CODEBOOK_SIZE * BOOK_WORDS) + offs_k[None, :] % BOOK_WORDS
     # [BLOCK_T, M_BLOCK * BOOK_WORDS] codebook word indices: the whole codebook is L1-resident.
     idx = tl.reshape(code * BOOK_WORDS + base[None, :, :], [BLOCK_T, M_BLOCK * BOOK_WORDS])
-    if _paired_gather_order(M_BLOCK * DSUB, GATHER_BYTES, HOLD_QUERY):
+    COLS: tl.constexpr = M_BLOCK * DSUB
+    if (GATHER_BYTES == 16) or ((GATHER_BYTES == 8 and HOLD_QUERY) and COLS % 32 == 0):
+        # The 16-byte words' column order (_to_gather16_order).
         # Eight weights per gather (16-byte words) or per two gathers of adjacent 8-byte words,
         # as 32-bit parts p0 .. p3 (dimensions 2j, 2j + 1 of the eight in pj).
         if GATHER_BYTES == 16:

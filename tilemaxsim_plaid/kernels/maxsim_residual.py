@@ -471,7 +471,7 @@ def _first_finite_field(p_table, w0, w1, w2, w3, dot_dtype: tl.constexpr, NBITS:
         field = tl.where(_finite(w0), 0, tl.where(_finite(w1), 1, tl.where(
             _finite(w2), 2, tl.where(_finite(w3), 3, 0))))
     else:
-        field = tl.where(_finite(w0) | ~_finite(w1), 0, 1)
+        field = tl.where(_finite(w0), 0, tl.where(_finite(w1), 1, 0))
     return field
 
 
@@ -619,14 +619,20 @@ def _residual_tile_scores(
 
 
 @triton.jit
+def _element_bytes(p):
+    """Bytes per element of the pointer p's type, a constexpr. (The bit width first as a
+    constexpr: triton before 3.4 cannot divide a Python int by a constexpr.)"""
+    return tl.constexpr(p.dtype.element_ty.primitive_bitwidth) // 8
+
+
+@triton.jit
 def _prefetch_document(p_codes, p_units, p_inv_norms, first, last, stride_ut,
                        UNIT_BYTES: tl.constexpr, PRECOMPUTED_NORMS: tl.constexpr):
     """L2 prefetch of tokens first .. last: residual rows, codes and inverse norms."""
     prefetch_rows_l2(p_units, first, last, stride_ut * UNIT_BYTES, 32)
-    prefetch_rows_l2(p_codes, first, last, p_codes.dtype.element_ty.primitive_bitwidth // 8, 32)
+    prefetch_rows_l2(p_codes, first, last, _element_bytes(p_codes), 32)
     if PRECOMPUTED_NORMS:
-        prefetch_rows_l2(p_inv_norms, first, last,
-                         p_inv_norms.dtype.element_ty.primitive_bitwidth // 8, 32)
+        prefetch_rows_l2(p_inv_norms, first, last, _element_bytes(p_inv_norms), 32)
 
 
 @triton.jit

@@ -28,12 +28,12 @@ import torch
 from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
 from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
 from tilemaxsim_plaid.ops import checks, nvrtc, pq_lut_shared, pq_mma
-from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least, cdiv,
-                                         check_config_fields, document_grid, dot_precision,
-                                         interpreter_upcast, interpreting,
-                                         launch_in_query_chunks, one_of, optional_range,
-                                         pow2, power_of_two)
+from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least,
+                                         cdiv, check_config_fields, document_grid, dot_precision,
+                                         interpreter_upcast, interpreting, launch_in_query_chunks,
+                                         one_of, optional_range, pow2, power_of_two)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
+from tilemaxsim_plaid.triton_support import triton_version
 
 __all__ = ["PQConfig", "MMA_DEFAULT", "check_config", "default_pq_config", "maxsim_pq"]
 
@@ -195,13 +195,19 @@ def subquantizer_blocking(num_subquantizers: int, sub_dim: int) -> tuple[int, in
     return m_block, cdiv(num_subquantizers, m_block), dsub_pad
 
 
+# The held query (_hold_query) from this triton release on: triton 3.3 fails to compile it
+# (TritonGPURemoveLayoutConversions), and then the query is loaded per tile instead.
+HOLD_QUERY_MIN_TRITON = (3, 4)
+
+
 def _hold_query(num_warps: int, dtype: torch.dtype, block_q: int, chunk_cols: int) -> bool:
     """Whether the query chunks are held in the first operand's registers
     (kernels/maxsim_pq._hold_as_first_operand). One warp: with more, the products' layouts split
     rows over warps differently from the identity product's, and at 4 warps (wgmma) triton
     3.6 fails to compile it."""
     return (num_warps == 1 and dtype in (torch.float16, torch.bfloat16)
-            and block_q % MIN_DOT_DIM == 0 and chunk_cols % MIN_DOT_DIM == 0)
+            and block_q % MIN_DOT_DIM == 0 and chunk_cols % MIN_DOT_DIM == 0
+            and triton_version() >= HOLD_QUERY_MIN_TRITON)
 
 
 def _word_gather(Q3, pq_codes, codebooks, num_subquantizers, sub_dim, m_block,

@@ -11,9 +11,10 @@ This module imports nothing but the standard library: the registry reads it at i
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
+
+from tilemaxsim_plaid.triton_support import triton_problem
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ def backend_for(device) -> str:
             f"Unset {BACKEND_ENV_VAR} or set it to 'torch'."
         )
     if choice == "triton" and not _triton_installed():
-        raise ValueError(f"{BACKEND_ENV_VAR}=triton needs the triton package, which is not installed: "
-                         f"install it (Linux) or unset {BACKEND_ENV_VAR} to serve with the torch path")
+        raise ValueError(f"{BACKEND_ENV_VAR}=triton needs triton: {triton_problem()}; install one "
+                         f"or unset {BACKEND_ENV_VAR} to serve with the torch path")
     if choice:
         return choice
     if device.type != "cuda":
@@ -111,8 +112,8 @@ def backend_for(device) -> str:
     if not _triton_installed():
         if not _said_no_triton:
             _said_no_triton.append(True)
-            logger.info("triton is not installed: the plugin scores CUDA tensors with its exact "
-                        "torch path")
+            logger.info("%s: the plugin scores CUDA tensors with its exact torch path",
+                        triton_problem())
         return "torch"
     return "triton"
 
@@ -120,14 +121,9 @@ def backend_for(device) -> str:
 _said_no_triton: list[bool] = []
 
 
-@functools.cache
 def _triton_installed() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except ValueError:  # sys.modules["triton"] is None: made unimportable
-        return False
+    """A triton the kernels build with is installed (triton_support)."""
+    return triton_problem() is None
 
 
 def stage_4_products() -> str:
