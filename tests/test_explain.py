@@ -72,12 +72,25 @@ def test_interpreter_runs_the_ops_on_the_cpu(clean_env):
 
 
 def test_without_triton_every_op_says_so(clean_env):
+    from tilemaxsim_plaid import triton_support
+
     clean_env.setitem(sys.modules, "triton", None)  # what `import triton` meets when it is absent
+    clean_env.setattr(triton_support, "triton_version", lambda: None)  # read once, then cached
     report = explain.explain(device="cpu")
     for op in report["ops"].values():
-        assert op["path"] == "unavailable" and "triton cannot be imported" in op["why"], op
+        assert op["path"] == "unavailable" and "triton is not installed" in op["why"], op
     assert report["machine"]["device"] == "cpu"
     assert report["plaid"]["backend"] == "torch"
+
+def test_an_older_triton_is_named(clean_env):
+    from tilemaxsim_plaid import triton_support
+
+    clean_env.setattr(triton_support, "triton_version", lambda: (3, 2))
+    report = explain.explain(device="cpu")
+    for op in report["ops"].values():
+        assert op["path"] == "unavailable" and "triton 3.2 is installed" in op["why"], op
+    assert report["plaid"]["backend"] == "torch"
+
 
 
 def test_default_configs_come_from_the_ops(clean_env):

@@ -132,7 +132,7 @@ def _triton_runs(device: torch.device) -> tuple[bool, str]:
 
     problem = triton_problem()
     if problem is not None:
-        return False, f"{problem}: pip install 'triton>=3.3' (Linux)"
+        return False, problem
     if device.type == "cuda":
         return True, "Triton kernels compiled for this GPU"
     if interpreting():
