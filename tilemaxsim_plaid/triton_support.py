@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
+import sys
 
 MIN_TRITON = (3, 3)
 
@@ -51,3 +53,12 @@ def triton_problem() -> str | None:
         return (f"triton {version[0]}.{version[1]} is installed and the kernels need triton >= "
                 f"{MIN_TRITON[0]}.{MIN_TRITON[1]} (torch >= 2.7 ships it)")
     return None
+
+
+def interpreting() -> bool:
+    """Whether triton runs kernels in its CPU interpreter: TRITON_INTERPRET as the installed
+    triton reads it (triton.knobs from 3.4 on: 1, true, on or yes; before: 1)."""
+    knobs = getattr(sys.modules.get("triton"), "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET") == "1"

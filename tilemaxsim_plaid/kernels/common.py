@@ -1,13 +1,9 @@
 """Small @triton.jit pieces shared by the MaxSim kernels."""
 
-import os
-
 import triton
 import triton.language as tl
 
-# Whether the kernels run in the CPU interpreter: TRITON_INTERPRET=1 when this module is imported,
-# as triton reads it (triton.knobs from triton 3.4 reads the same variable).
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+from tilemaxsim_plaid.triton_support import interpreting
 
 
 @triton.jit
@@ -50,7 +46,7 @@ def max_nan_flagged(x, axis: tl.constexpr):
 
 # The kernels' NaN-propagating reduction: the reduction tree compiled (GPU), the flagged form
 # under TRITON_INTERPRET (the CPU); tests/kernels/test_nan_policy.py holds both to torch.amax.
-max_nan = max_nan_flagged if INTERPRET else max_nan_tree
+max_nan = max_nan_flagged if interpreting() else max_nan_tree
 
 
 @triton.jit

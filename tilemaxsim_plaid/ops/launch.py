@@ -3,10 +3,11 @@ configuration's fields obey, and the outer layer every MaxSim host function shar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+
+from tilemaxsim_plaid.triton_support import interpreting
 
 try:
     from triton.runtime.errors import OutOfResources
@@ -39,9 +40,6 @@ def pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-def interpreting() -> bool:
-    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def interpreter_upcast(dtype: torch.dtype) -> bool:
