@@ -275,6 +275,15 @@ def residual_ncu(work: Path, opts) -> list[Step]:
                                         "--out", str(work / "residual-ncu")), 300)]
 
 
+def dense_ncu(work: Path, opts) -> list[Step]:
+    """Nsight Compute on the dense op's default launches where the grid is below its targets
+    beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
+    headline one query of 32 and flash-maxsim's packed kernel on it (profile_kernels ncu)."""
+    return [Step("dense-ncu", module("experiments.profile_kernels", "ncu", "--ops", "dense,wide",
+                                     "--only", "=packed,=flash_maxsim_packed,=packed B1 Lq64,"
+                                     "=packed B4 Lq32", "--out", str(work / "dense-ncu")), 300)]
+
+
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the sixth set), one
     query of 33-64 tokens and several queries, then the full shape grid with the peers
@@ -422,6 +431,9 @@ SUITES = {
     "residual-ncu": Suite("Nsight Compute on the residual op's Triton default and mma kernel, "
                           "nbits 2 / 4: units, stall reasons, the SASS instructions warps wait on",
                           residual_ncu),
+    "dense-ncu": Suite("Nsight Compute on the dense default at one query of 32 and 64 tokens "
+                       "and 4 queries, beside flash-maxsim: units, stall reasons, SASS waits",
+                       dense_ncu),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

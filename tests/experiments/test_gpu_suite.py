@@ -112,6 +112,11 @@ EXPECTED = {
                          "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "2",
                          "8", "--out", "W/residual-mma"],
     },
+    "dense-ncu": {
+        "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",
+                      "=packed,=flash_maxsim_packed,=packed B1 Lq64,=packed B4 Lq32",
+                      "--out", "W/dense-ncu"],
+    },
     "residual-ncu": {
         "residual-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "residual", "--only",
                          "=residual,residual nbits4,residual mma", "--out", "W/residual-ncu"],
