@@ -257,3 +257,18 @@ def test_kernel_nan_reaches_exactly_its_scores_and_codes_are_clamped(device, nbi
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="codes must lie in"):
         score(Q, dict(index, codes=codes), nbits, inv_norms=inv_norms, config=MMA)
+
+
+def test_launch_start_gives_the_scores_and_a_query_of_aligned_pairs():
+    """Both CUDA kernels' host functions start here: fp32 scores [B, N], and Q3 as the kernels
+    load it (rows of contiguous 4-byte pairs): kept when it is, copied when a view is not."""
+    Q3 = torch.randn(2, 9, 128, dtype=torch.float16)
+    out, same = mma_fragments.launch_start(Q3, 5, grab=4)
+    assert out.shape == (2, 5) and out.dtype == torch.float32 and same is Q3
+    odd = torch.randn(2, 9, 129, dtype=torch.float16)[:, :, 1:]  # rows start at odd elements
+    out, copied = mma_fragments.launch_start(odd, 0, grab=1)
+    assert out.shape == (2, 0) and copied.is_contiguous() and torch.equal(copied, odd)
+    strided = torch.randn(2, 128, 9, dtype=torch.float16).transpose(1, 2)
+    assert mma_fragments.launch_start(strided, 3, grab=1)[1].stride(2) == 1
+    with pytest.raises(ValueError, match="documents per grab"):
+        mma_fragments.launch_start(Q3, 5, grab=0)

@@ -1,6 +1,7 @@
 """The query as the CUDA MaxSim kernels hold it (kernels/maxsim_pq_mma.cu,
 kernels/maxsim_residual_mma.cu): the A operand of mma.sync.m16n8k16, 32 query rows of 128 product
-columns in 64 registers per lane, written here on the CPU for inspection and the tests."""
+columns in 64 registers per lane, written here on the CPU for inspection and the tests; and what
+both kernels' host functions do first (:func:`launch_start`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,16 @@ def query_from_fragments(fragments: torch.Tensor, dtype: torch.dtype) -> torch.T
     query = torch.zeros(B, MAX_QUERY_TOKENS, DIM, dtype=torch.float64)
     query[:, rows, cols] = pairs.double()
     return query
+
+
+def launch_start(Q3: torch.Tensor, num_out_docs: int,
+                 grab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, Q3 as the kernels load it): fp32 [B, num_out_docs] scores to fill, and Q3 with rows
+    of contiguous, 4-byte aligned pairs (each lane loads its fragments as 4-byte words; a copy
+    where they are not). Raises ValueError for fewer than one document per grab."""
+    if grab < 1:
+        raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
+    out = torch.empty(Q3.shape[0], num_out_docs, dtype=torch.float32, device=Q3.device)
+    if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
+        Q3 = Q3.contiguous()
+    return out, Q3

@@ -105,18 +105,13 @@ def launch_pq_mma(Q3, pq_codes, offsets, codebooks, pids, query_lengths, num_out
     loads its query fragments itself."""
     B = Q3.shape[0]
     device = Q3.device
-    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=device)
-    if num_out_docs == 0 or B == 0:
+    out, Q3 = mma_fragments.launch_start(Q3, num_out_docs, grab)
+    if out.numel() == 0:
         return out
-    if grab < 1:
-        raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
     book_fp32 = codebooks.dtype == torch.float32
     if not book_fp32:
         codebooks = codebooks.to(Q3.dtype)
     codebooks = codebooks.contiguous()
-    # 4-byte query loads: rows of contiguous, 4-byte aligned pairs.
-    if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
-        Q3 = Q3.contiguous()
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
     launch = kernel(device, Q3.dtype, book_fp32)

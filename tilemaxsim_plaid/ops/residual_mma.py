@@ -166,14 +166,9 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
     one launch."""
     B, Lq, _ = Q3.shape
     device = Q3.device
-    out = torch.empty(B, num_out_docs, dtype=torch.float32, device=device)
-    if num_out_docs == 0 or B == 0:
+    out, Q3 = mma_fragments.launch_start(Q3, num_out_docs, grab)
+    if out.numel() == 0:
         return out
-    if grab < 1:
-        raise ValueError(f"config.docs_per_program (documents per grab) must be >= 1, got {grab}")
-    # 4-byte query loads: rows of contiguous, 4-byte aligned pairs.
-    if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
-        Q3 = Q3.contiguous()
     table_dtype = _table_dtype(Q3.dtype, centroid_scores, half_table)
     weights = checks.derived(bucket_weights, ("mma byte table", nbits, Q3.dtype),
                              lambda: byte_table(bucket_weights, nbits, Q3.dtype))
