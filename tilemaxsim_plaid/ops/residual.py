@@ -38,9 +38,10 @@ from tilemaxsim_plaid.ops.launch import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "MMA_DEFAULT", "MMA_NBITS", "centroid_table_fits", "centroid_table_tiles", "check_config",
-           "decode_table", "default_residual_config", "maxsim_residual", "query_centroid_scores",
-           "split_query_centroid_scores", "split_query_centroid_probe"]
+__all__ = ["ResidualConfig", "MMA_DEFAULT", "MMA_NBITS", "centroid_table_fits",
+           "centroid_table_tiles", "check_config", "decode_table", "default_residual_config",
+           "maxsim_residual", "query_centroid_scores", "split_query_centroid_scores",
+           "split_query_centroid_probe"]
 
 # A [BLOCK_Q, BLOCK_T] fp32 block of scores per tile: 128 query rows is what registers hold
 # comfortably; longer queries are scored in chunks and the chunk scores summed.
@@ -831,9 +832,9 @@ def maxsim_residual(
         if centroid_scores.stride(1) != 1:
             centroid_scores = centroid_scores.contiguous()  # its rows are gathered whole
     num_out = pids.numel() if pids is not None else num_docs
-    if config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS and nvrtc.available() and not (
-            residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids,
-                                              split_query, centroid_scores)):
+    if (config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS and nvrtc.available()
+            and not residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms,
+                                                      centroids, split_query, centroid_scores)):
         config = MMA_DEFAULT
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config, centroid_scores, split_query)
