@@ -35,8 +35,9 @@
 // ahead) and walks each document in 16-token tiles, two halves of 8 (a half wholly past the
 // document's end is skipped); the next document's bounds are read while one is scored, and
 // (PREFETCH) after the scored one's first tile the next one's rows, codes and inverse norms
-// are prefetched into L2. The next tile's residual rows, codes and inverse norms are loaded before the
-// current tile's products, and its table entries (which wait on its codes) after them.
+// are prefetched into L2. The next tile's residual rows, codes and inverse norms are loaded
+// before the current tile's products, and its table entries (which wait on its codes) after
+// them.
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
 // length adds 0 (also to an empty document's -inf); an empty document is -inf. Every max
