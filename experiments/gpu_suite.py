@@ -203,8 +203,12 @@ def variants(work: Path, opts) -> list[Step]:
     """The dense default beside its row-offset variants and the peers in alternated rounds, then
     residual codes at C = 2^16 and 2^18, nbits 1, 2 and 4, beside dense on the decoded documents
     (about 3 minutes)."""
-    return [Step("dense-variants", module("experiments.bench_dense_variants",
-                                          "--out", str(work / "dense-variants")), 240),
+    from experiments.bench_dense_variants import ROW_OFFSET_CELLS
+
+    return [Step("dense-variants", module("experiments.bench_dense_variants", "--cells",
+                                          *ROW_OFFSET_CELLS, "--variants", "int64 rows",
+                                          "int32 rows", "--out", str(work / "dense-variants")),
+                 240),
             Step("residual-scale", module("experiments.bench_residual_scale",
                                           "--out", str(work / "residual-scale")), 240)]
 
@@ -273,6 +277,21 @@ def residual_ncu(work: Path, opts) -> list[Step]:
     return [Step("residual-ncu", module("experiments.profile_kernels", "ncu", "--ops", "residual",
                                         "--only", "=residual,residual nbits4,residual mma",
                                         "--out", str(work / "residual-ncu")), 300)]
+
+
+def dense_rows(work: Path, opts) -> list[Step]:
+    """The GPU tests of the dense kernels and the NaN policy (rows past a document's end repeated
+    and masked bit for bit among them), then the dense default beside the same launches with
+    those rows masked and repeated, and the peers, on the several-query cells, one query of 64
+    tokens and the headline, 3 alternated rounds (about 5 minutes)."""
+    from experiments.bench_dense_variants import REPEAT_CELLS
+
+    tests = ("tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
+             "tests/ops/test_dense.py")
+    return [Step("dense-tests", (*PYTEST, *parallel_workers(), *tests), 150),
+            Step("dense-rows", module("experiments.bench_dense_variants", "--cells",
+                                      *REPEAT_CELLS, "--variants", "masked rows", "repeated rows",
+                                      "--rounds", "3", "--out", str(work / "dense-rows")), 300)]
 
 
 def dense_ncu(work: Path, opts) -> list[Step]:
@@ -434,6 +453,9 @@ SUITES = {
     "dense-ncu": Suite("Nsight Compute on the dense default at one query of 32 and 64 tokens "
                        "and 4 queries, beside flash-maxsim: units, stall reasons, SASS waits",
                        dense_ncu),
+    "dense-rows": Suite("GPU tests of the dense kernels; the dense default beside the same "
+                        "launches with rows past a document's end masked and repeated, "
+                        "several-query cells, alternated", dense_rows),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

@@ -1,5 +1,6 @@
 """bench_dense_variants on the CPU interpreter: every variant is the default's launch with only
-the row-offset width changed, and scores as the default (timing needs a GPU)."""
+the row-offset width or the rows past a document's end changed, and scores as the default
+(timing needs a GPU)."""
 
 import torch
 
@@ -19,6 +20,15 @@ def test_variants_switch_the_row_offsets_and_restore_the_rule():
     assert dense._tokens_i32 is rule
 
 
+def test_variants_switch_repeated_rows_and_restore_the_rule():
+    rule = dense._repeat_rows
+    with dv.VARIANTS["repeated rows"]():
+        assert dense._repeat_rows(1, dense.MaxSimConfig())
+    with dv.VARIANTS["masked rows"]():
+        assert not dense._repeat_rows(4, dense.MaxSimConfig())
+    assert dense._repeat_rows is rule
+
+
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     full = {c.key: c for c in bg.build_cells("full")}
     sizing = bg.Sizing(max_docs=3)
@@ -31,3 +41,8 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     assert [r["variant"] for r in rows] == [*dv.VARIANTS, "validate=False"]
     assert all(r["ms"] > 0 and r["shape"] == cell.name for r in rows)
     assert rows[0]["ratio_to_default"] == 1.0
+    cell = dv.make_cell("B4-Lq33", sizing)
+    rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
+                       ("masked rows", "repeated rows"))
+    assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
+                                            "validate=False"]

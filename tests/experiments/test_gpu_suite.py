@@ -80,7 +80,11 @@ EXPECTED = {
                            "--out", "W/profile-search"],
     },
     "variants": {
-        "dense-variants": ["-m", "experiments.bench_dense_variants", "--out", "W/dense-variants"],
+        "dense-variants": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
+                           "d192-lognormal-30", "d64-lognormal-30", "d128-lognormal-30",
+                           "d256-lognormal-30", "d256-lognormal-70", "d256-heavy-512",
+                           "d384-lognormal-70", "d512-Lq31", "d512-lognormal-150", "d768-Lq31",
+                           "--variants", "int64 rows", "int32 rows", "--out", "W/dense-variants"],
         "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
     },
     "validate": {
@@ -111,6 +115,14 @@ EXPECTED = {
         "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
                          "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "2",
                          "8", "--out", "W/residual-mma"],
+    },
+    "dense-rows": {
+        "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
+                        "tests/kernels/test_nan_policy.py", "tests/ops/test_dense.py"],
+        "dense-rows": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "Lq64",
+                       "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded",
+                       "--variants", "masked rows", "repeated rows", "--rounds", "3",
+                       "--out", "W/dense-rows"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

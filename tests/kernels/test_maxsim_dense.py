@@ -180,6 +180,64 @@ def test_every_config_path_is_exact(config, d, device):
     assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.values[0].running_max])
+def test_repeated_rows_score_as_masked_ones(config, device, monkeypatch):
+    """Rows past a document's end re-read as its last row (REPEAT_ROWS) or masked to -inf score
+    alike: packed with pids (empty documents, one of a single token) and padded documents whose
+    padding holds NaN, which neither way reads. Bit for bit on a GPU, where every product of a
+    tile is summed alike; the interpreter's numpy products may round a repeated row's copies
+    apart in the last bit, so there both are held to the reference."""
+    lengths = [3, 0, 50, 1, 17, 64, 2]
+    D, offsets = _packed_from_lengths(lengths, 96, torch.float16, device)
+    Q = _rand(3, 19, 96, dtype=torch.float16, device=device)
+    pids = torch.tensor([6, 1, 3, 1, 0], device=device)
+    Dp = torch.full((4, 40, 96), float("nan"), dtype=torch.float16, device=device)
+    doc_lengths = torch.tensor([40, 0, 1, 23], device=device)
+    for n, length in enumerate(doc_lengths.tolist()):
+        Dp[n, :length] = _rand(length, 96, dtype=torch.float16, device=device)
+    cfg = config
+    padded_cfg = cfg if not cfg.slots else None
+    scores = {}
+    for repeat in (True, False):
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        scores[repeat] = (maxsim_packed(Q, D, offsets, pids, config=cfg),
+                          maxsim_padded(Q, Dp, doc_lengths, config=padded_cfg,
+                                        validate=False))  # validate refuses any NaN in D
+    refs = (reference.maxsim_packed(Q, D, offsets, pids),
+            reference.maxsim_padded(Q, Dp, doc_lengths))
+    for repeated, masked, ref in zip(scores[True], scores[False], refs):
+        if repeated.is_cuda:
+            assert torch.equal(repeated, masked)
+        for out in (repeated, masked):
+            assert_close(out, ref, "maxsim_dense", torch.float16)
+
+
+def test_slots_with_64_bit_lengths_score_as_32_bit_ones(device, monkeypatch):
+    """The slots kernel's token positions in 64 bits (TOKENS_I32 off, for a packed tensor past
+    2^31 rows) score as the 32-bit ones, rows repeated and masked."""
+    assert dense._lengths_fit_int32(2**31 - 1) and not dense._lengths_fit_int32(2**31)
+    D, offsets = _packed_from_lengths([3, 0, 40, 1, 17], 64, torch.float16, device)
+    Q = _rand(4, 8, 64, dtype=torch.float16, device=device)
+    config = MaxSimConfig(block_t=16, queries_per_block=4, docs_per_program=2, slots=True)
+    ref = reference.maxsim_packed(Q, D, offsets)
+    for repeat in (True, False):
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        narrow = maxsim_packed(Q, D, offsets, config=config)
+        monkeypatch.setattr(dense, "_lengths_fit_int32", lambda num_rows: False)
+        wide = maxsim_packed(Q, D, offsets, config=config)
+        monkeypatch.undo()
+        assert torch.equal(narrow, wide)
+        assert_close(wide, ref, "maxsim_dense", torch.float16)
+
+
+def test_rows_repeat_for_several_queries_only():
+    """One query is bound by the read (masked rows are never fetched); several by the
+    products' selects. A running max masks only its last tile and keeps its own way."""
+    assert dense._repeat_rows(4, MaxSimConfig())
+    assert not dense._repeat_rows(1, MaxSimConfig(hold_query=True))
+    assert not dense._repeat_rows(4, MaxSimConfig(running_max=True))
+
+
 # What default_config chooses for each input class (tests/ops/test_dense.py), run on small inputs:
 # (B, Lq, d, packed, documents the rule is asked about).
 DEFAULT_SHAPES = [

@@ -58,9 +58,13 @@ def _load_query_tile(p_q, offs_b, offs_i, mask_r, d0, dim, stride_qb, stride_qt,
 @triton.jit
 def _load_doc_tile(p_doc, t0, doc_len, d0, dim, stride_dt, stride_dd,
                    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                   FULL: tl.constexpr = False):
-    """[BLOCK_T, BLOCK_D] rows t0.. of a document; FULL: every row is within the document."""
+                   FULL: tl.constexpr = False, REPEAT_ROWS: tl.constexpr = False):
+    """[BLOCK_T, BLOCK_D] rows t0.. of a document; FULL: every row is within the document.
+    REPEAT_ROWS: rows past the document's end are its last row again (an empty document's are
+    masked), so no product needs a mask; with FULL the document is not empty."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
+    if REPEAT_ROWS:
+        offs_t = tl.minimum(offs_t, tl.maximum(doc_len - 1, 0))
     offs_d = d0 + tl.arange(0, BLOCK_D)
     p = p_doc + offs_t[:, None] * stride_dt + offs_d[None, :] * stride_dd
     # Masked rows are never fetched, so short documents cost only their bytes.
@@ -78,15 +82,17 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
               stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
               ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
               NUM_D_TILES: tl.constexpr, HOLD_QUERY: tl.constexpr, EVEN_D: tl.constexpr,
-              FULL: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+              FULL: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+              REPEAT_ROWS: tl.constexpr = False):
     """[ROWS, BLOCK_T] fp32 products of the query block with document rows t0 .. t0 + BLOCK_T
-    (rows past the document are 0 here; the caller masks them). FULL: all rows are in it."""
+    (rows past the document are 0 here, and the caller masks them, or with REPEAT_ROWS the last
+    row's products again). FULL: all rows are in it."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
     if HOLD_QUERY:
         # The held chunks are a tuple: indexed by a compile-time k.
         for k in tl.static_range(NUM_D_TILES):
             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                    BLOCK_T, BLOCK_D, EVEN_D, FULL)
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS)
             sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
     else:
         # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines the loads of the
@@ -95,7 +101,7 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
             q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
                                       stride_qb, stride_qt, stride_qd, BLOCK_D)
             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                    BLOCK_T, BLOCK_D, EVEN_D, FULL)
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS)
             # [ROWS, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [ROWS, BLOCK_T]
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
     return sim
@@ -105,14 +111,15 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
 def _tile_sim_with_tail(q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
                         ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr, EVEN_D: tl.constexpr,
-                        INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                        INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                        REPEAT_ROWS: tl.constexpr = False):
     """_tile_sim of a held query block and of a held block of the same queries' tail tokens,
     from one read of the document tile: ([ROWS, BLOCK_T], [TAIL_ROWS, BLOCK_T])."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
     sim_tail = tl.zeros([TAIL_ROWS, BLOCK_T], tl.float32)
     for k in tl.static_range(NUM_D_TILES):
         d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                BLOCK_T, BLOCK_D, EVEN_D)
+                                BLOCK_T, BLOCK_D, EVEN_D, REPEAT_ROWS, REPEAT_ROWS)
         sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
         sim_tail += tile_dot(q_tail[k], d_tile, INPUT_PRECISION, UPCAST)
     return sim, sim_tail
@@ -157,6 +164,7 @@ def _maxsim_dense_kernel(
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
+    REPEAT_ROWS: tl.constexpr = False,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -172,7 +180,11 @@ def _maxsim_dense_kernel(
     shuffles per tile). TAIL_LQ (HOLD_QUERY without RUNNING_MAX): the query block covers tokens
     0 .. LQ - 1 of its queries, and a second held block of TAIL_LQ rows per query their tokens
     LQ .. LQ + TAIL_LQ - 1 (Lq is the whole length), multiplied by the same document tiles, so
-    a query a little longer than a power of two is scored in one read of the documents."""
+    a query a little longer than a power of two is scored in one read of the documents.
+    REPEAT_ROWS (SINGLE_TILE, or the tiled path without RUNNING_MAX): a tile's rows past the
+    document's end load its last row again, which cannot change a max, instead of being masked
+    to -inf in every product: a select per product saved, at the cost of re-reading that row
+    (an empty document is -inf by one select per query row)."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -226,7 +238,7 @@ def _maxsim_dense_kernel(
         if SINGLE_TILE:
             # [BLOCK_T, BLOCK_D]: read from HBM once, reused by every query block below.
             d_tile = _load_doc_tile(p_doc, 0, doc_len, 0, dim, stride_dt, stride_dd, BLOCK_T, BLOCK_D,
-                                    EVEN_D)
+                                    EVEN_D, REPEAT_ROWS=REPEAT_ROWS)
             mask_t = tl.arange(0, BLOCK_T) < doc_len
             for qb in tl.static_range(Q_BLOCKS_PER_PROGRAM):
                 pid_qblock = pid_qgroup * Q_BLOCKS_PER_PROGRAM + qb
@@ -236,8 +248,10 @@ def _maxsim_dense_kernel(
                                           stride_qb, stride_qt, stride_qd, BLOCK_D)
                 # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [BLOCK_Q, BLOCK_T]
                 sim = tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-                sim = tl.where(mask_t[None, :], sim, float("-inf"))
-                row_max = max_nan(sim, 1)
+                if REPEAT_ROWS:
+                    row_max = tl.where(doc_len > 0, max_nan(sim, 1), float("-inf"))
+                else:
+                    row_max = max_nan(tl.where(mask_t[None, :], sim, float("-inf")), 1)
                 _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries,
                                     valid_doc, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
         else:
@@ -271,22 +285,25 @@ def _maxsim_dense_kernel(
                     if TAIL_LQ > 0:
                         tail_max = tl.full([QUERIES_PER_BLOCK * TAIL_LQ], float("-inf"),
                                            tl.float32)
+                    # With REPEAT_ROWS every tile is whole: an empty document runs none.
                     for t0 in range(0, doc_len, BLOCK_T):
                         mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
                         if TAIL_LQ > 0:
                             sim, sim_tail = _tile_sim_with_tail(
                                 q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
-                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST)
-                            sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
+                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+                            if not REPEAT_ROWS:
+                                sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
                             tail_max = maximum_nan(tail_max, max_nan(sim_tail, 1))
                         else:
                             sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0,
                                             doc_len, dim, stride_qb, stride_qt, stride_qd,
                                             stride_dt, stride_dd, ROWS, BLOCK_T, BLOCK_D,
-                                            NUM_D_TILES, HOLD_QUERY, EVEN_D, False,
-                                            INPUT_PRECISION, UPCAST)
-                        sim = tl.where(mask_t[None, :], sim, float("-inf"))
+                                            NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
+                                            INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+                        if not REPEAT_ROWS:
+                            sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
                 if TAIL_LQ > 0:
                     per_query = (_query_sums(row_max, mask_r, LQ, QUERIES_PER_BLOCK)
@@ -310,13 +327,17 @@ def _maxsim_packed_slots_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     SLOT_T: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
     BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REPEAT_ROWS: tl.constexpr = False,
+    TOKENS_I32: tl.constexpr = False,
 ):
     """Packed documents side by side: one tile holds DOCS_PER_TILE documents, SLOT_T tokens of
     each ([DOCS_PER_TILE * SLOT_T, BLOCK_D] rows gathered from their own offsets), so one
     tensor-core product scores several short documents, the query block is loaded once for all
     of them, and the loop over token chunks is a plain software-pipelined stream. Rows past a
-    document's length are masked (never fetched) and are -inf in the max.
+    document's length are masked (never fetched) and are -inf in the max; with REPEAT_ROWS they
+    load the document's last row again instead (no select per product; _maxsim_dense_kernel).
+    TOKENS_I32: every document's length fits int32 (token positions in 32-bit compares; rows
+    are still addressed from 64-bit starts).
 
     Shapes as _maxsim_dense_kernel (packed, optional pids); out: fp32 [B, M]."""
     pid = tl.program_id(0)
@@ -332,6 +353,8 @@ def _maxsim_packed_slots_kernel(
         docs = offs_g
     starts = tl.load(p_offsets + docs, mask=mask_g, other=0)
     lengths = tl.load(p_offsets + docs + 1, mask=mask_g, other=0) - starts  # [DOCS_PER_TILE]
+    if TOKENS_I32:
+        lengths = lengths.to(tl.int32)
     max_len = tl.max(lengths, axis=0)
 
     # Row r of a tile is token (r % SLOT_T) of the tile's document r // SLOT_T.
@@ -345,6 +368,8 @@ def _maxsim_packed_slots_kernel(
     best = tl.full([QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE], float("-inf"), tl.float32)
     for t0 in range(0, max_len, SLOT_T):
         tok = t0 + row_tok
+        if REPEAT_ROWS:
+            tok = tl.minimum(tok, tl.maximum(row_len - 1, 0))  # masked: empty documents only
         mask_row = tok < row_len
         sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_R], tl.float32)
         for k in range(NUM_D_TILES):
@@ -356,10 +381,13 @@ def _maxsim_packed_slots_kernel(
             d_tile = tl.load(p_tile, mask=mask_row[:, None] & (offs_d[None, :] < dim), other=0.0)
             # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_R] -> [BLOCK_Q, BLOCK_R]
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-        sim = tl.where(mask_row[None, :], sim, float("-inf"))
+        if not REPEAT_ROWS:
+            sim = tl.where(mask_row[None, :], sim, float("-inf"))
         # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
         chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), 2)
         best = maximum_nan(best, chunk_max)
+    if REPEAT_ROWS:
+        best = tl.where(lengths[None, :] > 0, best, float("-inf"))
 
     # where(), not a multiply: 0 * -inf is NaN for an empty document.
     contrib = tl.where(mask_q[:, None], best, 0.0)

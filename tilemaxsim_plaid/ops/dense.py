@@ -250,6 +250,21 @@ def _tokens_i32(rows: int, num_d_tiles: int, block_d: int, stride_dt: int, strid
     return num_d_tiles == 1 and _row_offsets_fit_int32(rows, block_d, stride_dt, stride_dd)
 
 
+def _lengths_fit_int32(num_rows: int) -> bool:
+    """The slots kernel's TOKENS_I32: no document of a packed tensor of ``num_rows`` rows is
+    longer than int32 holds."""
+    return num_rows < 2**31
+
+
+def _repeat_rows(num_queries: int, cfg: MaxSimConfig) -> bool:
+    """The kernels' REPEAT_ROWS: a tile's rows past a document's end re-read its last row
+    instead of masking every product to -inf. Several queries: their products' selects and
+    reductions take the SM's integer/compare pipe, which binds there (results/profile/
+    h200-8ad62da-batched), and a re-read row comes from L2. One query is bound by the read:
+    its masked rows are never fetched."""
+    return num_queries > 1 and not cfg.running_max
+
+
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
 # queries' tail tokens, a power of two each): 64-row tails beat a second launch at B = 4-32,
 # smaller ones lost to it (results/dense_variants/h200-10976ef-tail).
@@ -361,6 +376,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             QUERIES_PER_BLOCK=queries_per_block,
             SLOT_T=max(1, cfg.block_t),
             DOCS_PER_TILE=cfg.docs_per_program,
+            REPEAT_ROWS=_repeat_rows(B, cfg),
+            TOKENS_I32=_lengths_fit_int32(D.shape[0]),
             **common,
         )
         return out
@@ -396,6 +413,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
+        REPEAT_ROWS=_repeat_rows(B, cfg),
         **common,
     )
     return out
