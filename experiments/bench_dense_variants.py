@@ -37,7 +37,7 @@ from tilemaxsim_plaid.ops import dense
 
 SUITE = "dense_variants"
 # Cells where the grid moved most between runs (d = 192-768 at short and long documents), the
-# headline, and the lowest several-query cells and one query of 64 tokens (where REPEAT_ROWS
+# headline, and the lowest several-query cells and one query of 48-64 tokens (where REPEAT_ROWS
 # matters), as changes from bench_grid's HEADLINE.
 CELLS = {
     "headline": {},
@@ -52,6 +52,8 @@ CELLS = {
     "d512-lognormal-150": {"d": 512, "dist": "lognormal-150"},
     "d768-Lq31": {"d": 768, "Lq": 31},
     "Lq64": {"Lq": 64},
+    "d64-Lq64": {"d": 64, "Lq": 64},
+    "d144-Lq48": {"d": 144, "Lq": 48},
     "B4": {"B": 4},
     "B4-Lq33": {"B": 4, "Lq": 33},
     "B16-Lq16": {"B": 16, "Lq": 16},
@@ -60,9 +62,11 @@ CELLS = {
     "B4-padded": {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites).
-ROW_OFFSET_CELLS = tuple(list(CELLS)[:11])
-REPEAT_CELLS = ("headline", "Lq64", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33",
-                "B4-padded")
+ROW_OFFSET_CELLS = ("headline", "d192-lognormal-30", "d64-lognormal-30", "d128-lognormal-30",
+                    "d256-lognormal-30", "d256-lognormal-70", "d256-heavy-512",
+                    "d384-lognormal-70", "d512-Lq31", "d512-lognormal-150", "d768-Lq31")
+REPEAT_CELLS = ("headline", "Lq64", "d64-Lq64", "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16",
+                "B32-Lq8", "B32-Lq33", "B4-padded")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 

@@ -282,7 +282,7 @@ def residual_ncu(work: Path, opts) -> list[Step]:
 def dense_rows(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense kernels and the NaN policy (rows past a document's end repeated
     and masked bit for bit among them), then the dense default beside the same launches with
-    those rows masked and repeated, and the peers, on the several-query cells, one query of 64
+    those rows masked and repeated, and the peers, on the several-query cells, one query of 48-64
     tokens and the headline, 3 alternated rounds (about 5 minutes)."""
     from experiments.bench_dense_variants import REPEAT_CELLS
 
