@@ -20,7 +20,8 @@ _COMPILE = textwrap.dedent("""
     import json, sys
     import torch
     from experiments import sass_budget as sb
-    from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel
+    from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel,
+                                                       _maxsim_packed_slots_kernel)
     from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
     from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
@@ -46,6 +47,17 @@ _COMPILE = textwrap.dedent("""
     qb2 = MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=2)
     calls["dense B=4 q_blocks_per_program=2"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
         Q4, D, offsets, max_doc_len=max_len, config=qb2, validate=False), ())
+    # Several queries' defaults, rows past a document's end repeated: the held 128-row block,
+    # documents side by side (slots) and single tiles of padded documents.
+    calls["dense B=4 held"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
+        Q4[:, :32], D, offsets, max_doc_len=max_len, validate=False), ())
+    Q16 = torch.randn(16, 16, 128, generator=g).half()
+    calls["dense B=16 slots"] = (_maxsim_packed_slots_kernel, lambda: maxsim_packed(
+        Q16, D, offsets, validate=False), ())
+    Q8 = torch.randn(8, 32, 128, generator=g).half()  # two query blocks share each tile
+    calls["dense B=8 padded single tile"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
+        Q8, torch.zeros(8, 64, 128, dtype=torch.float16), torch.full((8,), 40),
+        validate=False), ())
     padded = torch.zeros(1, 64, 128, dtype=torch.float16)
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
@@ -124,6 +136,8 @@ _COMPILE = textwrap.dedent("""
                      "decode_group": launch.constexprs.get("DECODE_GROUP"),
                      "centroid_table": launch.constexprs.get("CENTROID_TABLE"),
                      "running_max": launch.constexprs.get("RUNNING_MAX"),
+                     "repeat_rows": launch.constexprs.get("REPEAT_ROWS"),
+                     "single_tile": launch.constexprs.get("SINGLE_TILE"),
                      "pipeline_codes": launch.constexprs.get("PIPELINE_CODES")}
     json.dump(out, open(sys.argv[1], "w"))
 """)
@@ -140,14 +154,21 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # residual: 8 decoder choices x table / gather, 3 pipelined; last: value range (2 dtypes x
-    # clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 4 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
+    # dense: 4, and 3 several-query defaults; pq: 4; residual: 8 decoder choices x table /
+    # gather, 3 pipelined; last: value range (2 dtypes x clamp), offsets stats (clamp), the two
+    # in one launch
+    assert len(compiled) == 4 + 3 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
     # The short padded documents' default is the held query over a running max.
     assert compiled["dense padded 64 held"]["running_max"] is True
+    # Several queries repeat the rows past a document's end, on every path; one query masks.
+    for name in ("dense B=4 held", "dense B=16 slots", "dense B=8 padded single tile",
+                 "dense B=4 q_blocks_per_program=2"):
+        assert compiled[name]["repeat_rows"] is True, name
+    assert compiled["dense B=8 padded single tile"]["single_tile"] is True
+    assert compiled["dense d=128"]["repeat_rows"] is False
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):
