@@ -50,7 +50,7 @@ import torch
 
 from tilemaxsim_plaid.plaid import counters, registry
 from tilemaxsim_plaid.plaid.registry import SUPPORTED_PYLATE_VERSIONS
-from tilemaxsim_plaid.triton_support import triton_problem
+from tilemaxsim_plaid.triton_support import interpreting, triton_problem
 
 __all__ = [
     "SUPPORTED_PYLATE_VERSIONS",
@@ -138,7 +138,7 @@ def tensor_refusal(tensors: list[Any]) -> str | None:
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         return _DEVICES
-    on_cpu = device.type == "cpu" and _KERNELS_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"
+    on_cpu = device.type == "cpu" and _KERNELS_ON_CPU and interpreting()
     if device.type != "cuda" and not on_cpu:
         return _NOT_CUDA
     if not _triton_installed():

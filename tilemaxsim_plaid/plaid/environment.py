@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from tilemaxsim_plaid.triton_support import triton_problem
+from tilemaxsim_plaid.triton_support import interpreting, triton_problem
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,6 @@ def plugin_disabled() -> bool:
     return _flag(DISABLE_ENV_VAR, False)
 
 
-def _triton_interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def backend_for(device) -> str:
     """``"triton"`` or ``"torch"`` for tensors on ``device`` (a ``torch.device``).
 
@@ -96,7 +92,7 @@ def backend_for(device) -> str:
     if choice and choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS} (or unset), "
                          f"got {os.environ[BACKEND_ENV_VAR]!r}")
-    if choice == "triton" and device.type != "cuda" and not _triton_interpreted():
+    if choice == "triton" and device.type != "cuda" and not interpreting():
         raise ValueError(
             f"{BACKEND_ENV_VAR}=triton needs the index on a CUDA device, but it is on {device}: "
             f"Triton kernels run on a GPU (on the CPU only under TRITON_INTERPRET=1, for tests). "
