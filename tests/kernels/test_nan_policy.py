@@ -135,6 +135,24 @@ def test_packed(device, config, where, value, dtype):
     assert_same_pattern(out, ref, "maxsim_dense", dtype, value)
 
 
+@pytest.mark.parametrize("repeat", [pytest.param(True, id="repeated"),
+                                    pytest.param(False, id="masked")])
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("config", DENSE_CONFIGS)
+def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
+    """The rows a tile re-reads past a document's end (ops.dense._repeat_rows) poisoned: the
+    only row of a one-token document and the last of a 17-token one reach exactly their own
+    documents' scores, rows repeated or masked."""
+    monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c: repeat)
+    Q, D, offsets = _dense_inputs(torch.float16, device)
+    D = _poisoned(D, (int(offsets[1]), 7), value)
+    D = _poisoned(D, (int(offsets[POISONED_DOC + 1]) - 1, 5), value)
+    out = dense.maxsim_packed(Q, D, offsets, config=config, max_doc_len=max(LENGTHS),
+                              validate=False)
+    ref = reference.maxsim_packed(Q, D, offsets)
+    assert_same_pattern(out, ref, "maxsim_dense", torch.float16, value)
+
+
 @pytest.mark.parametrize("value", VALUES)
 @pytest.mark.parametrize("where", ["Q head", "Q tail", "D_packed"])
 def test_packed_tail_joined_to_the_head(device, where, value, monkeypatch):
