@@ -19,7 +19,8 @@ The default's row also carries ``graph_ms``, its call replayed from a CUDA graph
 alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
 
 Every variant's scores are checked equal to the default's up to fp32 rounding (the switches
-change addressing, not arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed in the same rounds.
+change addressing, not arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed
+in the same rounds.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
     ours = bg.provider_ours(cell, x)
     want = ours()
     calls = {}
-    for variant in ("default", *(v for v in variants if v != "default")):
+    for variant in dict.fromkeys(("default", *variants)):
         switch = VARIANTS[variant]
         with switch():
             got = ours()  # compiles the variant's specialisation outside the timed rounds
