@@ -13,6 +13,10 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``masked rows`` / ``repeated rows``: the same launch with a tile's rows past a document's end
   masked to -inf in every product, or re-read as its last row (the kernels' ``REPEAT_ROWS``; the
   default repeats them for several queries);
+* ``flat documents``: the default launch, where it holds the query over packed documents, with
+  the tiles of a program's documents walked as one loop (``_maxsim_packed_flat_kernel``: the
+  pipeline runs across document boundaries) instead of a loop per document, rows repeated (its
+  baseline is ``repeated rows``);
 * ``validate=False``: the default launch without the checks' host work.
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -38,8 +42,8 @@ from tilemaxsim_plaid.ops import dense
 
 SUITE = "dense_variants"
 # Cells where the grid moved most between runs (d = 192-768 at short and long documents), the
-# headline, and the lowest several-query cells and one query of 48-64 tokens (where REPEAT_ROWS
-# matters), as changes from bench_grid's HEADLINE.
+# headline, the lowest several-query cells and one query of 48-64 tokens, as changes from
+# bench_grid's HEADLINE.
 CELLS = {
     "headline": {},
     "d192-lognormal-30": {"d": 192, "dist": "lognormal-30"},
@@ -62,12 +66,14 @@ CELLS = {
     "B32-Lq33": {"B": 32, "Lq": 33},
     "B4-padded": {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
 }
-# The cells each switch was added for (gpu_suite's variants and dense-rows suites).
+# The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
+# rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
+# short documents).
 ROW_OFFSET_CELLS = ("headline", "d192-lognormal-30", "d64-lognormal-30", "d128-lognormal-30",
                     "d256-lognormal-30", "d256-lognormal-70", "d256-heavy-512",
                     "d384-lognormal-70", "d512-Lq31", "d512-lognormal-150", "d768-Lq31")
-REPEAT_CELLS = ("headline", "Lq64", "d64-Lq64", "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16",
-                "B32-Lq8", "B32-Lq33", "B4-padded")
+TILE_WALK_CELLS = ("headline", "d128-lognormal-30", "d64-lognormal-30", "Lq64", "d64-Lq64",
+                   "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -95,11 +101,23 @@ def _repeat_switch(repeat: bool):
         dense._repeat_rows = saved
 
 
+@contextlib.contextmanager
+def _flat_switch():
+    saved = dense._flat_documents
+    dense._flat_documents = dense._flat_applies
+    try:
+        with _repeat_switch(True):
+            yield
+    finally:
+        dense._flat_documents = saved
+
+
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
             "masked rows": lambda: _repeat_switch(False),
-            "repeated rows": lambda: _repeat_switch(True)}
+            "repeated rows": lambda: _repeat_switch(True),
+            "flat documents": _flat_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

@@ -282,16 +282,18 @@ def residual_ncu(work: Path, opts) -> list[Step]:
 def dense_rows(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense kernels and the NaN policy (rows past a document's end repeated
     and masked bit for bit among them), then the dense default beside the same launches with
-    those rows masked and repeated, and the peers, on the several-query cells, one query of 48-64
-    tokens and the headline, 3 alternated rounds (about 5 minutes)."""
-    from experiments.bench_dense_variants import REPEAT_CELLS
+    those rows masked and repeated and with documents walked as one loop, and the peers, on the
+    several-query cells, one query of 48-64 tokens, short documents and the headline, 3
+    alternated rounds (about 6 minutes)."""
+    from experiments.bench_dense_variants import TILE_WALK_CELLS
 
     tests = ("tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
              "tests/ops/test_dense.py")
     return [Step("dense-tests", (*PYTEST, *parallel_workers(), *tests), 150),
             Step("dense-rows", module("experiments.bench_dense_variants", "--cells",
-                                      *REPEAT_CELLS, "--variants", "masked rows", "repeated rows",
-                                      "--rounds", "3", "--out", str(work / "dense-rows")), 300)]
+                                      *TILE_WALK_CELLS, "--variants", "masked rows",
+                                      "repeated rows", "flat documents", "--rounds", "3",
+                                      "--out", str(work / "dense-rows")), 400)]
 
 
 def dense_ncu(work: Path, opts) -> list[Step]:
@@ -454,8 +456,8 @@ SUITES = {
                        "and 4 queries, beside flash-maxsim: units, stall reasons, SASS waits",
                        dense_ncu),
     "dense-rows": Suite("GPU tests of the dense kernels; the dense default beside the same "
-                        "launches with rows past a document's end masked and repeated, "
-                        "several-query cells, alternated", dense_rows),
+                        "launches with rows past a document's end masked and repeated and with "
+                        "documents walked as one loop, alternated", dense_rows),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

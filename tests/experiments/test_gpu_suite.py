@@ -119,11 +119,11 @@ EXPECTED = {
     "dense-rows": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
                         "tests/kernels/test_nan_policy.py", "tests/ops/test_dense.py"],
-        "dense-rows": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "Lq64",
-                       "d64-Lq64", "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8",
-                       "B32-Lq33", "B4-padded",
-                       "--variants", "masked rows", "repeated rows", "--rounds", "3",
-                       "--out", "W/dense-rows"],
+        "dense-rows": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
+                       "d128-lognormal-30", "d64-lognormal-30", "Lq64", "d64-Lq64", "d144-Lq48",
+                       "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded",
+                       "--variants", "masked rows", "repeated rows", "flat documents",
+                       "--rounds", "3", "--out", "W/dense-rows"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

@@ -21,7 +21,9 @@ _COMPILE = textwrap.dedent("""
     import torch
     from experiments import sass_budget as sb
     from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel,
+                                                       _maxsim_packed_flat_kernel,
                                                        _maxsim_packed_slots_kernel)
+    from tilemaxsim_plaid.ops import dense
     from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
     from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
@@ -58,6 +60,15 @@ _COMPILE = textwrap.dedent("""
     calls["dense B=8 padded single tile"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
         Q8, torch.zeros(8, 64, 128, dtype=torch.float16), torch.full((8,), 40),
         validate=False), ())
+    # The held query's documents walked as one loop (not a default yet), one query and four.
+    def flat(Qf):
+        saved, dense._flat_documents = dense._flat_documents, dense._flat_applies
+        try:
+            return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, validate=False)
+        finally:
+            dense._flat_documents = saved
+    for name, Qf in (("dense flat documents", Q), ("dense B=4 flat documents", Q4[:, :32])):
+        calls[name] = (_maxsim_packed_flat_kernel, lambda Qf=Qf: flat(Qf), ())
     padded = torch.zeros(1, 64, 128, dtype=torch.float16)
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
@@ -154,10 +165,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 4, and 3 several-query defaults; pq: 4; residual: 8 decoder choices x table /
-    # gather, 3 pipelined; last: value range (2 dtypes x clamp), offsets stats (clamp), the two
-    # in one launch
-    assert len(compiled) == 4 + 3 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
+    # dense: 4, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
+    # table / gather, 3 pipelined; last: value range (2 dtypes x clamp), offsets stats (clamp),
+    # the two in one launch
+    assert len(compiled) == 4 + 3 + 2 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

@@ -230,6 +230,56 @@ def test_slots_with_64_bit_lengths_score_as_32_bit_ones(device, monkeypatch):
         assert_close(wide, ref, "maxsim_dense", torch.float16)
 
 
+FLAT_CONFIGS = [
+    pytest.param(1, 32, 128, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
+                                          num_warps=1), id="one-warp-32-rows"),
+    pytest.param(1, 64, 64, MaxSimConfig(block_t=32, docs_per_program=8, hold_query=True),
+                 id="64-rows"),
+    pytest.param(4, 32, 128, MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8,
+                                          hold_query=True), id="4-queries"),
+    pytest.param(3, 19, 96, MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2,
+                                         hold_query=True, block_d=32), id="held-chunks"),
+    pytest.param(2, 9, 64, MaxSimConfig(block_t=16, docs_per_program=1, hold_query=True),
+                 id="one-document-a-program"),
+]
+
+
+@pytest.mark.parametrize("B,Lq,d,config", FLAT_CONFIGS)
+def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, monkeypatch):
+    """The held query's documents walked as one loop (_maxsim_packed_flat_kernel) score as the
+    loop per document: empty documents (first, last, in a row), one-token ones, a last program
+    with fewer documents, pids, query lengths, strided views, rows masked and repeated."""
+    assert dense._flat_applies(config, True, 0) and not dense._flat_documents(config, True, 0)
+    lengths = [0, 3, 0, 0, 50, 1, 17, 64, 2, 33, 5, 0]
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    pids = torch.tensor([11, 4, 0, 2, 6, 6, 9], device=device)
+    q_lengths = torch.tensor([Lq, 0, 5, 1][:B], device=device)
+    calls = [((Q, D, offsets), {}), ((Q, D, offsets, pids), {"query_lengths": q_lengths}),
+             ((_strided(Q), _strided(D), _strided(offsets), _strided(pids)), {})]
+    for repeat in (True, False):
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        for args, kwargs in calls:
+            monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
+            flat = maxsim_packed(*args, config=config, **kwargs)
+            monkeypatch.setattr(dense, "_flat_documents", lambda *a: False)
+            per_document = maxsim_packed(*args, config=config, **kwargs)
+            if flat.is_cuda:
+                assert torch.equal(flat, per_document)
+            ref = reference.maxsim_packed(Q, D, offsets, *args[3:], **kwargs)
+            assert_close(flat, ref, "maxsim_dense", torch.float16)
+
+
+def test_flat_documents_cover_the_held_query_over_packed_documents():
+    held = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
+    assert dense._flat_applies(held, True, 0)
+    assert not dense._flat_applies(held, False, 0)  # padded
+    assert not dense._flat_applies(held, True, 1)  # a tail block
+    assert not dense._flat_applies(MaxSimConfig(docs_per_program=4), True, 0)
+    assert not dense._flat_applies(MaxSimConfig(hold_query=True, running_max=True), True, 0)
+    assert not dense._flat_applies(MaxSimConfig(hold_query=True, docs_per_program=3), True, 0)
+
+
 def test_rows_repeat_for_several_queries_only():
     """One query is bound by the read (masked rows are never fetched); several by the
     products' selects. A running max masks only its last tile and keeps its own way."""

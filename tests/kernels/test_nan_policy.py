@@ -154,6 +154,26 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
 
 
 @pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q", "D_packed", "last rows"])
+def test_packed_flat_documents(device, where, value, monkeypatch):
+    """The held query's documents walked as one loop (ops.dense._flat_documents): a poison in
+    the query, inside a document or in its last rows reaches the same scores as in torch."""
+    monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
+    config = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
+    Q, D, offsets = _dense_inputs(torch.float16, device)
+    if where == "Q":
+        Q = _poisoned(Q, (1, 2, 9), value)
+    elif where == "D_packed":
+        D = _poisoned(D, (int(offsets[POISONED_DOC]) + 4, 5), value)
+    else:
+        D = _poisoned(D, (int(offsets[1]), 7), value)
+        D = _poisoned(D, (int(offsets[POISONED_DOC + 1]) - 1, 5), value)
+    out = dense.maxsim_packed(Q, D, offsets, config=config, validate=False)
+    ref = reference.maxsim_packed(Q, D, offsets)
+    assert_same_pattern(out, ref, "maxsim_dense", torch.float16, value)
+
+
+@pytest.mark.parametrize("value", VALUES)
 @pytest.mark.parametrize("where", ["Q head", "Q tail", "D_packed"])
 def test_packed_tail_joined_to_the_head(device, where, value, monkeypatch):
     """A split query's tail scored in the head's launch (dense.tail_joins_head): a poison in a

@@ -316,6 +316,81 @@ def _maxsim_dense_kernel(
 
 
 @triton.jit
+def _maxsim_packed_flat_kernel(
+    p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
+    num_out_docs, num_queries, Lq, dim,
+    stride_qb, stride_qt, stride_qd,
+    stride_dt, stride_dd,
+    stride_ob, stride_on,
+    num_qgroups,
+    HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
+    LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
+    DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, REPEAT_ROWS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """_maxsim_dense_kernel's held query over packed documents, the tiles of a program's
+    DOCS_PER_PROGRAM documents walked as one loop instead of a loop per document, so the
+    software pipeline loads the next document's first tiles while this one's last are
+    multiplied instead of draining at every document. The current document's bounds and the
+    next one's are loop scalars, the one after read when a document ends. A document is scored
+    at its last tile; an empty one takes one tile of masked rows (nothing read).
+    DOCS_PER_PROGRAM is a power of two. Shapes as _maxsim_dense_kernel (packed)."""
+    pid = tl.program_id(0)
+    pid_qgroup = pid % num_qgroups
+    first_doc = (pid // num_qgroups).to(tl.int64) * DOCS_PER_PROGRAM
+    ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
+    offs_b, offs_i, mask_r = _query_rows(pid_qgroup, Lq, p_query_lengths, num_queries,
+                                         HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
+    q_held = ()
+    for k in tl.static_range(NUM_D_TILES):
+        q_held = q_held + (_load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
+                                            stride_qb, stride_qt, stride_qd, BLOCK_D),)
+
+    # Tiles of the program's documents (an empty one takes one): the loop's length.
+    out_idx = first_doc + tl.arange(0, DOCS_PER_PROGRAM)
+    valid, starts, ends = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
+    lengths = (ends - starts).to(tl.int32)
+    num_tiles = tl.sum(tl.where(valid, tl.maximum((lengths + BLOCK_T - 1) // BLOCK_T, 1), 0), 0)
+
+    _, start, end = packed_doc_bounds(p_pids, p_offsets, first_doc, num_out_docs, HAS_PIDS)
+    doc_len = (end - start).to(tl.int32)
+    _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, first_doc + 1,
+                                                num_out_docs, HAS_PIDS)
+    next_len = (next_end - next_start).to(tl.int32)
+    slot = 0
+    t0 = 0
+    row_max = tl.full([ROWS], float("-inf"), tl.float32)
+    for _step in range(0, num_tiles):
+        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_d + start * stride_dt, t0,
+                        doc_len, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
+                        ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES, True, EVEN_D, False,
+                        INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+        if not REPEAT_ROWS:
+            mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
+            sim = tl.where(mask_t[None, :], sim, float("-inf"))
+        row_max = maximum_nan(row_max, max_nan(sim, 1))
+        done = t0 + BLOCK_T >= doc_len
+        if done:
+            if REPEAT_ROWS:
+                row_max = tl.where(doc_len > 0, row_max, float("-inf"))
+            _store_query_scores(p_out, row_max, mask_r, pid_qgroup, first_doc + slot,
+                                num_queries, True, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
+            row_max = tl.full([ROWS], float("-inf"), tl.float32)
+        # The next tile's document: this one again, or the next, whose successor is read now.
+        ahead = first_doc + slot + 2
+        _after_valid, after_start, after_end = packed_doc_bounds(
+            p_pids, p_offsets, ahead,
+            tl.where(done & (slot + 2 < DOCS_PER_PROGRAM), num_out_docs, 0), HAS_PIDS)
+        start = tl.where(done, next_start, start)
+        doc_len = tl.where(done, next_len, doc_len)
+        next_start = tl.where(done, after_start, next_start)
+        next_len = tl.where(done, (after_end - after_start).to(tl.int32), next_len)
+        slot = slot + done.to(tl.int32)
+        t0 = tl.where(done, 0, t0 + BLOCK_T)
+
+
+@triton.jit
 def _maxsim_packed_slots_kernel(
     p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
     num_out_docs, num_queries, Lq, dim,

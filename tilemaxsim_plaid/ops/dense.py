@@ -6,7 +6,8 @@ import dataclasses
 
 import torch
 
-from tilemaxsim_plaid.kernels.maxsim_dense import _maxsim_dense_kernel, _maxsim_packed_slots_kernel
+from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim_packed_flat_kernel,
+                                                   _maxsim_packed_slots_kernel)
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
                                          launch_in_query_chunks, pow2)
@@ -265,6 +266,20 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig) -> bool:
     return num_queries > 1 and not cfg.running_max
 
 
+def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
+    """What _maxsim_packed_flat_kernel covers: the held query over packed documents, no running
+    max, no tail block, a power of two of documents a program."""
+    return (packed and cfg.hold_query and not cfg.running_max and not tail_tokens
+            and cfg.docs_per_program & (cfg.docs_per_program - 1) == 0)
+
+
+def _flat_documents(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
+    """Whether the launch walks its documents' tiles as one loop (_maxsim_packed_flat_kernel,
+    where _flat_applies) instead of a loop per document: not yet, until it is timed faster on
+    the GPU (experiments/bench_dense_variants, ``flat documents``)."""
+    return False
+
+
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
 # queries' tail tokens, a power of two each): 64-row tails beat a second launch at B = 4-32,
 # smaller ones lost to it (results/dense_variants/h200-10976ef-tail).
@@ -359,27 +374,25 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     common = dict(BLOCK_D=block_d, NUM_D_TILES=num_d_tiles, INPUT_PRECISION=dot_precision(Q3.dtype),
                   UPCAST=interpreter_upcast(Q3.dtype), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
+    if cfg.slots and not packed:
+        raise ValueError("config.slots is for the packed layout (maxsim_packed)")
+    # The arguments of the two packed-only kernels (documents side by side; the flat walk).
+    packed_args = (Q3, D, offsets, pids if pids is not None else dummy,
+                   query_lengths if query_lengths is not None else dummy, out,
+                   num_out_docs, B, Lq, dim, *Q3.stride(), D.stride(0), D.stride(1),
+                   *out.stride(), num_qgroups)
+    packed_kwargs = dict(HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
+                         LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
+                         REPEAT_ROWS=_repeat_rows(B, cfg), **common)
     if cfg.slots:
-        if not packed:
-            raise ValueError("config.slots is for the packed layout (maxsim_packed)")
         _maxsim_packed_slots_kernel[(num_doc_programs * num_qgroups,)](
-            Q3, D, offsets, pids if pids is not None else dummy,
-            query_lengths if query_lengths is not None else dummy, out,
-            num_out_docs, B, Lq, dim,
-            Q3.stride(0), Q3.stride(1), Q3.stride(2),
-            D.stride(0), D.stride(1),
-            out.stride(0), out.stride(1),
-            num_qgroups,
-            HAS_PIDS=pids is not None,
-            HAS_QUERY_LENGTHS=query_lengths is not None,
-            LQ=lq,
-            QUERIES_PER_BLOCK=queries_per_block,
-            SLOT_T=max(1, cfg.block_t),
-            DOCS_PER_TILE=cfg.docs_per_program,
-            REPEAT_ROWS=_repeat_rows(B, cfg),
-            TOKENS_I32=_lengths_fit_int32(D.shape[0]),
-            **common,
-        )
+            *packed_args, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
+            TOKENS_I32=_lengths_fit_int32(D.shape[0]), **packed_kwargs)
+        return out
+    if _flat_documents(cfg, packed, tail_tokens):
+        _maxsim_packed_flat_kernel[(num_doc_programs * num_qgroups,)](
+            *packed_args, BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
+            DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0, **packed_kwargs)
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
