@@ -248,7 +248,8 @@ FLAT_CONFIGS = [
 def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, monkeypatch):
     """The held query's documents walked as one loop (_maxsim_packed_flat_kernel) score as the
     loop per document: empty documents (first, last, in a row), one-token ones, a last program
-    with fewer documents, pids, query lengths, strided views, rows masked and repeated."""
+    with fewer documents, pids, query lengths, strided views, rows masked and repeated, token
+    positions in 32 and 64 bits."""
     assert dense._flat_applies(config, True, 0) and not dense._flat_documents(config, True, 0)
     lengths = [0, 3, 0, 0, 50, 1, 17, 64, 2, 33, 5, 0]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
@@ -257,8 +258,11 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     q_lengths = torch.tensor([Lq, 0, 5, 1][:B], device=device)
     calls = [((Q, D, offsets), {}), ((Q, D, offsets, pids), {"query_lengths": q_lengths}),
              ((_strided(Q), _strided(D), _strided(offsets), _strided(pids)), {})]
-    for repeat in (True, False):
+    fits = dense._row_offsets_fit_int32
+    for repeat, wide in ((True, False), (False, False), (True, True)):
         monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        monkeypatch.setattr(dense, "_row_offsets_fit_int32",
+                            (lambda *a: False) if wide else fits)
         for args, kwargs in calls:
             monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
             flat = maxsim_packed(*args, config=config, **kwargs)

@@ -327,7 +327,7 @@ def _maxsim_packed_flat_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, REPEAT_ROWS: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    TOKENS_I32: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """_maxsim_dense_kernel's held query over packed documents, the tiles of a program's
     DOCS_PER_PROGRAM documents walked as one loop instead of a loop per document, so the
@@ -335,7 +335,9 @@ def _maxsim_packed_flat_kernel(
     multiplied instead of draining at every document. The current document's bounds and the
     next one's are loop scalars, the one after read when a document ends. A document is scored
     at its last tile; an empty one takes one tile of masked rows (nothing read).
-    DOCS_PER_PROGRAM is a power of two. Shapes as _maxsim_dense_kernel (packed)."""
+    DOCS_PER_PROGRAM is a power of two; TOKENS_I32 as _maxsim_dense_kernel's. Shapes as
+    _maxsim_dense_kernel (packed)."""
+    TOKENS: tl.constexpr = tl.int32 if TOKENS_I32 else tl.int64
     pid = tl.program_id(0)
     pid_qgroup = pid % num_qgroups
     first_doc = (pid // num_qgroups).to(tl.int64) * DOCS_PER_PROGRAM
@@ -350,16 +352,16 @@ def _maxsim_packed_flat_kernel(
     # Tiles of the program's documents (an empty one takes one): the loop's length.
     out_idx = first_doc + tl.arange(0, DOCS_PER_PROGRAM)
     valid, starts, ends = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
-    lengths = (ends - starts).to(tl.int32)
+    lengths = (ends - starts).to(TOKENS)
     num_tiles = tl.sum(tl.where(valid, tl.maximum((lengths + BLOCK_T - 1) // BLOCK_T, 1), 0), 0)
 
     _, start, end = packed_doc_bounds(p_pids, p_offsets, first_doc, num_out_docs, HAS_PIDS)
-    doc_len = (end - start).to(tl.int32)
+    doc_len = (end - start).to(TOKENS)
     _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, first_doc + 1,
                                                 num_out_docs, HAS_PIDS)
-    next_len = (next_end - next_start).to(tl.int32)
+    next_len = (next_end - next_start).to(TOKENS)
     slot = 0
-    t0 = 0
+    t0 = tl.zeros([], TOKENS)
     row_max = tl.full([ROWS], float("-inf"), tl.float32)
     for _step in range(0, num_tiles):
         sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_d + start * stride_dt, t0,
@@ -385,7 +387,7 @@ def _maxsim_packed_flat_kernel(
         start = tl.where(done, next_start, start)
         doc_len = tl.where(done, next_len, doc_len)
         next_start = tl.where(done, after_start, next_start)
-        next_len = tl.where(done, (after_end - after_start).to(tl.int32), next_len)
+        next_len = tl.where(done, (after_end - after_start).to(TOKENS), next_len)
         slot = slot + done.to(tl.int32)
         t0 = tl.where(done, 0, t0 + BLOCK_T)
 

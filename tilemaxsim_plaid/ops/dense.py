@@ -390,9 +390,14 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             TOKENS_I32=_lengths_fit_int32(D.shape[0]), **packed_kwargs)
         return out
     if _flat_documents(cfg, packed, tail_tokens):
+        block_t = max(MIN_DOT_DIM, cfg.block_t)
         _maxsim_packed_flat_kernel[(num_doc_programs * num_qgroups,)](
-            *packed_args, BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
-            DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0, **packed_kwargs)
+            *packed_args, BLOCK_T=block_t, DOCS_PER_PROGRAM=cfg.docs_per_program,
+            EVEN_D=dim % block_d == 0,
+            TOKENS_I32=_row_offsets_fit_int32(
+                (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
+                num_d_tiles * block_d, D.stride(0), D.stride(1)),
+            **packed_kwargs)
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
