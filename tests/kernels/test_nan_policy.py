@@ -135,6 +135,12 @@ def test_packed(device, config, where, value, dtype):
     assert_same_pattern(out, ref, "maxsim_dense", dtype, value)
 
 
+def _poisoned_last_rows(D, offsets, value):
+    """The only row of the one-token document and the last row of the poisoned one."""
+    D = _poisoned(D, (int(offsets[1]), 7), value)
+    return _poisoned(D, (int(offsets[POISONED_DOC + 1]) - 1, 5), value)
+
+
 @pytest.mark.parametrize("repeat", [pytest.param(True, id="repeated"),
                                     pytest.param(False, id="masked")])
 @pytest.mark.parametrize("value", VALUES)
@@ -145,8 +151,7 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
     documents' scores, rows repeated or masked."""
     monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c: repeat)
     Q, D, offsets = _dense_inputs(torch.float16, device)
-    D = _poisoned(D, (int(offsets[1]), 7), value)
-    D = _poisoned(D, (int(offsets[POISONED_DOC + 1]) - 1, 5), value)
+    D = _poisoned_last_rows(D, offsets, value)
     out = dense.maxsim_packed(Q, D, offsets, config=config, max_doc_len=max(LENGTHS),
                               validate=False)
     ref = reference.maxsim_packed(Q, D, offsets)
@@ -166,8 +171,7 @@ def test_packed_flat_documents(device, where, value, monkeypatch):
     elif where == "D_packed":
         D = _poisoned(D, (int(offsets[POISONED_DOC]) + 4, 5), value)
     else:
-        D = _poisoned(D, (int(offsets[1]), 7), value)
-        D = _poisoned(D, (int(offsets[POISONED_DOC + 1]) - 1, 5), value)
+        D = _poisoned_last_rows(D, offsets, value)
     out = dense.maxsim_packed(Q, D, offsets, config=config, validate=False)
     ref = reference.maxsim_packed(Q, D, offsets)
     assert_same_pattern(out, ref, "maxsim_dense", torch.float16, value)
