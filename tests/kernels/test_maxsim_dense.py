@@ -246,10 +246,11 @@ FLAT_CONFIGS = [
 
 @pytest.mark.parametrize("B,Lq,d,config", FLAT_CONFIGS)
 def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, monkeypatch):
-    """The held query's documents walked as one loop (_maxsim_packed_flat_kernel) score as the
-    loop per document: empty documents (first, last, in a row), one-token ones, a last program
-    with fewer documents, pids, query lengths, strided views, rows masked and repeated, token
-    positions in 32 and 64 bits."""
+    """The held query's documents walked as one loop (_maxsim_packed_flat_kernel, rows past a
+    document's end repeated) score as the loop per document with rows masked or repeated: empty
+    documents (first, last, in a row), one-token ones, a last program with fewer documents,
+    pids, query lengths, strided views, token positions in 32 and 64 bits; a packed tensor of
+    no rows takes the loop per document."""
     assert dense._flat_applies(config, True, 0) and not dense._flat_documents(config, True, 0)
     lengths = [0, 3, 0, 0, 50, 1, 17, 64, 2, 33, 5, 0]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
@@ -272,6 +273,10 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
                 assert torch.equal(flat, per_document)
             ref = reference.maxsim_packed(Q, D, offsets, *args[3:], **kwargs)
             assert_close(flat, ref, "maxsim_dense", torch.float16)
+    monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
+    none = maxsim_packed(Q, D[:0], torch.zeros(4, dtype=torch.int64, device=device),
+                         config=config)
+    assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
 def test_flat_documents_cover_the_held_query_over_packed_documents():

@@ -318,7 +318,7 @@ def _maxsim_dense_kernel(
 @triton.jit
 def _maxsim_packed_flat_kernel(
     p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
-    num_out_docs, num_queries, Lq, dim,
+    num_out_docs, num_queries, Lq, dim, num_rows,
     stride_qb, stride_qt, stride_qd,
     stride_dt, stride_dd,
     stride_ob, stride_on,
@@ -326,15 +326,17 @@ def _maxsim_packed_flat_kernel(
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
-    DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, REPEAT_ROWS: tl.constexpr,
-    TOKENS_I32: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """_maxsim_dense_kernel's held query over packed documents, the tiles of a program's
     DOCS_PER_PROGRAM documents walked as one loop instead of a loop per document, so the
     software pipeline loads the next document's first tiles while this one's last are
     multiplied instead of draining at every document. The current document's bounds and the
     next one's are loop scalars, the one after read when a document ends. A document is scored
-    at its last tile; an empty one takes one tile of masked rows (nothing read).
+    at its last tile. Rows past a document's end repeat its last row (REPEAT_ROWS of
+    _maxsim_dense_kernel), so no load or product is masked; an empty document takes one tile of
+    a row at or before num_rows - 1 (D has at least one row) and scores -inf.
     DOCS_PER_PROGRAM is a power of two; TOKENS_I32 as _maxsim_dense_kernel's. Shapes as
     _maxsim_dense_kernel (packed)."""
     TOKENS: tl.constexpr = tl.int32 if TOKENS_I32 else tl.int64
@@ -364,18 +366,15 @@ def _maxsim_packed_flat_kernel(
     t0 = tl.zeros([], TOKENS)
     row_max = tl.full([ROWS], float("-inf"), tl.float32)
     for _step in range(0, num_tiles):
-        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_d + start * stride_dt, t0,
-                        doc_len, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                        ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES, True, EVEN_D, False,
-                        INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-        if not REPEAT_ROWS:
-            mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
-            sim = tl.where(mask_t[None, :], sim, float("-inf"))
+        # An empty document's start may be num_rows (the last document's end).
+        p_doc = p_d + tl.minimum(start, num_rows - 1) * stride_dt
+        sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
+                        stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS, BLOCK_T,
+                        BLOCK_D, NUM_D_TILES, True, EVEN_D, True, INPUT_PRECISION, UPCAST, True)
         row_max = maximum_nan(row_max, max_nan(sim, 1))
         done = t0 + BLOCK_T >= doc_len
         if done:
-            if REPEAT_ROWS:
-                row_max = tl.where(doc_len > 0, row_max, float("-inf"))
+            row_max = tl.where(doc_len > 0, row_max, float("-inf"))
             _store_query_scores(p_out, row_max, mask_r, pid_qgroup, first_doc + slot,
                                 num_queries, True, stride_ob, stride_on, LQ, QUERIES_PER_BLOCK)
             row_max = tl.full([ROWS], float("-inf"), tl.float32)

@@ -275,8 +275,9 @@ def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
 
 def _flat_documents(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
     """Whether the launch walks its documents' tiles as one loop (_maxsim_packed_flat_kernel,
-    where _flat_applies) instead of a loop per document: not yet, until it is timed faster on
-    the GPU (experiments/bench_dense_variants, ``flat documents``)."""
+    where _flat_applies; rows past a document's end repeated) instead of a loop per document:
+    not yet, until it is timed faster on the GPU (experiments/bench_dense_variants,
+    ``flat documents``)."""
     return False
 
 
@@ -379,21 +380,21 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     # The arguments of the two packed-only kernels (documents side by side; the flat walk).
     packed_args = (Q3, D, offsets, pids if pids is not None else dummy,
                    query_lengths if query_lengths is not None else dummy, out,
-                   num_out_docs, B, Lq, dim, *Q3.stride(), D.stride(0), D.stride(1),
-                   *out.stride(), num_qgroups)
+                   num_out_docs, B, Lq, dim)
+    packed_strides = (*Q3.stride(), D.stride(0), D.stride(1), *out.stride(), num_qgroups)
     packed_kwargs = dict(HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
-                         LQ=lq, QUERIES_PER_BLOCK=queries_per_block,
-                         REPEAT_ROWS=_repeat_rows(B, cfg), **common)
+                         LQ=lq, QUERIES_PER_BLOCK=queries_per_block, **common)
     if cfg.slots:
         _maxsim_packed_slots_kernel[(num_doc_programs * num_qgroups,)](
-            *packed_args, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
+            *packed_args, *packed_strides, SLOT_T=max(1, cfg.block_t),
+            DOCS_PER_TILE=cfg.docs_per_program, REPEAT_ROWS=_repeat_rows(B, cfg),
             TOKENS_I32=_lengths_fit_int32(D.shape[0]), **packed_kwargs)
         return out
-    if _flat_documents(cfg, packed, tail_tokens):
+    if D.shape[0] and _flat_documents(cfg, packed, tail_tokens):
         block_t = max(MIN_DOT_DIM, cfg.block_t)
         _maxsim_packed_flat_kernel[(num_doc_programs * num_qgroups,)](
-            *packed_args, BLOCK_T=block_t, DOCS_PER_PROGRAM=cfg.docs_per_program,
-            EVEN_D=dim % block_d == 0,
+            *packed_args, D.shape[0], *packed_strides, BLOCK_T=block_t,
+            DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0,
             TOKENS_I32=_row_offsets_fit_int32(
                 (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
                 num_d_tiles * block_d, D.stride(0), D.stride(1)),
