@@ -259,10 +259,10 @@ def _lengths_fit_int32(num_rows: int) -> bool:
 
 def _repeat_rows(num_queries: int, cfg: MaxSimConfig) -> bool:
     """The kernels' REPEAT_ROWS: a tile's rows past a document's end re-read its last row
-    instead of masking every product to -inf. Several queries: their products' selects and
-    reductions take the SM's integer/compare pipe, which binds there (results/profile/
-    h200-8ad62da-batched), and a re-read row comes from L2. One query is bound by the read:
-    its masked rows are never fetched."""
+    instead of masking every product to -inf. Several queries: the selects and reductions of
+    their products keep the SM's compare/select pipe busier than its tensor pipe
+    (results/profile/h200-8ad62da-batched), and a re-read row comes from L2. One query is bound
+    by the read: its masked rows are never fetched."""
     return num_queries > 1 and not cfg.running_max
 
 
@@ -377,28 +377,29 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                   num_stages=cfg.num_stages)
     if cfg.slots and not packed:
         raise ValueError("config.slots is for the packed layout (maxsim_packed)")
-    # The arguments of the two packed-only kernels (documents side by side; the flat walk).
-    packed_args = (Q3, D, offsets, pids if pids is not None else dummy,
-                   query_lengths if query_lengths is not None else dummy, out,
-                   num_out_docs, B, Lq, dim)
-    packed_strides = (*Q3.stride(), D.stride(0), D.stride(1), *out.stride(), num_qgroups)
-    packed_kwargs = dict(HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
-                         LQ=lq, QUERIES_PER_BLOCK=queries_per_block, **common)
-    if cfg.slots:
-        _maxsim_packed_slots_kernel[(num_doc_programs * num_qgroups,)](
-            *packed_args, *packed_strides, SLOT_T=max(1, cfg.block_t),
-            DOCS_PER_TILE=cfg.docs_per_program, REPEAT_ROWS=_repeat_rows(B, cfg),
-            TOKENS_I32=_lengths_fit_int32(D.shape[0]), **packed_kwargs)
-        return out
-    if D.shape[0] and _flat_documents(cfg, packed, tail_tokens):
-        block_t = max(MIN_DOT_DIM, cfg.block_t)
-        _maxsim_packed_flat_kernel[(num_doc_programs * num_qgroups,)](
-            *packed_args, D.shape[0], *packed_strides, BLOCK_T=block_t,
-            DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0,
-            TOKENS_I32=_row_offsets_fit_int32(
-                (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
-                num_d_tiles * block_d, D.stride(0), D.stride(1)),
-            **packed_kwargs)
+    if cfg.slots or (D.shape[0] and _flat_documents(cfg, packed, tail_tokens)):
+        # The packed-only kernels: documents side by side, or the flat walk.
+        args = (Q3, D, offsets, pids if pids is not None else dummy,
+                query_lengths if query_lengths is not None else dummy, out,
+                num_out_docs, B, Lq, dim)
+        strides = (*Q3.stride(), D.stride(0), D.stride(1), *out.stride(), num_qgroups)
+        kwargs = dict(HAS_PIDS=pids is not None, HAS_QUERY_LENGTHS=query_lengths is not None,
+                      LQ=lq, QUERIES_PER_BLOCK=queries_per_block, **common)
+        grid = (num_doc_programs * num_qgroups,)
+        if cfg.slots:
+            _maxsim_packed_slots_kernel[grid](
+                *args, *strides, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
+                REPEAT_ROWS=_repeat_rows(B, cfg), TOKENS_I32=_lengths_fit_int32(D.shape[0]),
+                **kwargs)
+        else:
+            block_t = max(MIN_DOT_DIM, cfg.block_t)
+            _maxsim_packed_flat_kernel[grid](
+                *args, D.shape[0], *strides, BLOCK_T=block_t,
+                DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0,
+                TOKENS_I32=_row_offsets_fit_int32(
+                    (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
+                    num_d_tiles * block_d, D.stride(0), D.stride(1)),
+                **kwargs)
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
