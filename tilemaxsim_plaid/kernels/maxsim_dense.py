@@ -7,7 +7,7 @@ A query block stacks QUERIES_PER_BLOCK queries, each padded (in registers only) 
 one tensor-core product scores a document tile against several queries at once. The running
 maximum of every query row stays in registers; no similarity matrix is written to memory.
 
-Two ways to walk a document:
+Ways to walk a document:
 * SINGLE_TILE (every document fits one [BLOCK_T, BLOCK_D] tile): the tile is loaded from HBM
   once and then reused from registers/shared memory by every query block of the program
   (cross-query tiling).
@@ -16,10 +16,13 @@ Two ways to walk a document:
   config chooses), so d is never padded in memory.
 * _maxsim_packed_slots_kernel (packed only): several short documents side by side in one tile,
   so one tensor-core product scores them all against a block of several queries.
+* _maxsim_packed_flat_kernel (packed, held query): the tiles of a program's documents as one
+  loop, so the software pipeline runs across document boundaries.
 
-Masking: a document token at or past the document's length is -inf, so it never wins a max; a
-query row past its query's length contributes 0 to the sum. A document of length 0 therefore
-scores -inf, and a query of length 0 scores 0.
+Masking: a document token at or past the document's length never wins a max: its products are
+-inf, or with REPEAT_ROWS its row is the document's last row again; a query row past its
+query's length contributes 0 to the sum. A document of length 0 therefore scores -inf, and a
+query of length 0 scores 0.
 """
 
 import triton
