@@ -290,7 +290,8 @@ def _maxsim_dense_kernel(
                                            tl.float32)
                     # With REPEAT_ROWS every tile is whole: an empty document runs none.
                     for t0 in range(0, doc_len, BLOCK_T):
-                        mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
+                        if not REPEAT_ROWS:
+                            mask_t = (t0 + tl.arange(0, BLOCK_T)) < doc_len
                         if TAIL_LQ > 0:
                             sim, sim_tail = _tile_sim_with_tail(
                                 q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
