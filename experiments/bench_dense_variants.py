@@ -65,15 +65,25 @@ CELLS = {
     "B32-Lq8": {"B": 32, "Lq": 8},
     "B32-Lq33": {"B": 32, "Lq": 33},
     "B4-padded": {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
+    "d64": {"d": 64},
+    "d64-Lq16": {"d": 64, "Lq": 16},
+    "d64-Lq24": {"d": 64, "Lq": 24},
+    "d64-lognormal-150": {"d": 64, "dist": "lognormal-150"},
+    "d64-heavy-512": {"d": 64, "dist": "heavy-512"},
+    "d64-uniform": {"d": 64, "dist": "uniform-1-300"},
+    "d80": {"d": 80},
+    "d96-lognormal-30": {"d": 96, "dist": "lognormal-30"},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
-# short documents).
+# short documents); one query's rows past a document's end at d = 64 beside d = 80 and 96.
 ROW_OFFSET_CELLS = ("headline", "d192-lognormal-30", "d64-lognormal-30", "d128-lognormal-30",
                     "d256-lognormal-30", "d256-lognormal-70", "d256-heavy-512",
                     "d384-lognormal-70", "d512-Lq31", "d512-lognormal-150", "d768-Lq31")
 TILE_WALK_CELLS = ("headline", "d128-lognormal-30", "d64-lognormal-30", "Lq64", "d64-Lq64",
                    "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded")
+NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-heavy-512",
+                    "d64-uniform", "d80", "d96-lognormal-30")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -94,7 +104,7 @@ def _int32_wherever_they_fit(rows, num_d_tiles, block_d, stride_dt, stride_dd):
 @contextlib.contextmanager
 def _repeat_switch(repeat: bool):
     saved = dense._repeat_rows
-    dense._repeat_rows = lambda num_queries, config: repeat
+    dense._repeat_rows = lambda num_queries, config, dim: repeat
     try:
         yield
     finally:

@@ -283,16 +283,17 @@ def dense_rows(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense kernels and the NaN policy (rows past a document's end repeated
     and masked bit for bit among them), then the dense default beside the same launches with
     those rows masked and repeated and with documents walked as one loop, and the peers, on the
-    several-query cells, one query of 48-64 tokens, short documents and the headline, 3
-    alternated rounds (about 6 minutes)."""
-    from experiments.bench_dense_variants import TILE_WALK_CELLS
+    several-query cells, one query of 48-64 tokens, short documents, d = 64-96 and the headline,
+    3 alternated rounds (about 5 minutes)."""
+    from experiments.bench_dense_variants import NARROW_ROW_CELLS, TILE_WALK_CELLS
 
     tests = ("tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py",
              "tests/ops/test_dense.py")
     return [Step("dense-tests", (*PYTEST, *parallel_workers(), *tests), 150),
             Step("dense-rows", module("experiments.bench_dense_variants", "--cells",
-                                      *TILE_WALK_CELLS, "--variants", "masked rows",
-                                      "repeated rows", "flat documents", "--rounds", "3",
+                                      *TILE_WALK_CELLS, *NARROW_ROW_CELLS, "--variants",
+                                      "masked rows", "repeated rows", "flat documents",
+                                      "--rounds", "3",
                                       "--out", str(work / "dense-rows")), 400)]
 
 

@@ -23,9 +23,9 @@ def test_variants_switch_the_row_offsets_and_restore_the_rule():
 def test_variants_switch_repeated_rows_and_restore_the_rule():
     rule = dense._repeat_rows
     with dv.VARIANTS["repeated rows"]():
-        assert dense._repeat_rows(1, dense.MaxSimConfig())
+        assert dense._repeat_rows(1, dense.MaxSimConfig(), 128)
     with dv.VARIANTS["masked rows"]():
-        assert not dense._repeat_rows(4, dense.MaxSimConfig())
+        assert not dense._repeat_rows(4, dense.MaxSimConfig(), 128)
     assert dense._repeat_rows is rule
 
 
@@ -37,7 +37,7 @@ def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     with dv.VARIANTS["flat documents"]():
         assert dense._flat_documents(held, True, 0)
         assert not dense._flat_documents(held, False, 0)
-        assert dense._repeat_rows(1, held)  # one query's rows repeated too
+        assert dense._repeat_rows(1, held, 128)  # one query's rows repeated too
     assert dense._flat_documents is rule and dense._repeat_rows is repeat
 
 

@@ -199,7 +199,7 @@ def test_repeated_rows_score_as_masked_ones(config, device, monkeypatch):
     padded_cfg = cfg if not cfg.slots else None
     scores = {}
     for repeat in (True, False):
-        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim, repeat=repeat: repeat)
         scores[repeat] = (maxsim_packed(Q, D, offsets, pids, config=cfg),
                           maxsim_padded(Q, Dp, doc_lengths, config=padded_cfg,
                                         validate=False))  # validate refuses any NaN in D
@@ -221,7 +221,7 @@ def test_slots_with_64_bit_lengths_score_as_32_bit_ones(device, monkeypatch):
     config = MaxSimConfig(block_t=16, queries_per_block=4, docs_per_program=2, slots=True)
     ref = reference.maxsim_packed(Q, D, offsets)
     for repeat in (True, False):
-        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim, repeat=repeat: repeat)
         narrow = maxsim_packed(Q, D, offsets, config=config)
         monkeypatch.setattr(dense, "_lengths_fit_int32", lambda num_rows: False)
         wide = maxsim_packed(Q, D, offsets, config=config)
@@ -261,7 +261,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
              ((_strided(Q), _strided(D), _strided(offsets), _strided(pids)), {})]
     fits = dense._row_offsets_fit_int32
     for repeat, wide in ((True, False), (False, False), (True, True)):
-        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, repeat=repeat: repeat)
+        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim, repeat=repeat: repeat)
         monkeypatch.setattr(dense, "_row_offsets_fit_int32",
                             (lambda *a: False) if wide else fits)
         for args, kwargs in calls:
@@ -289,12 +289,17 @@ def test_flat_documents_cover_the_held_query_over_packed_documents():
     assert not dense._flat_applies(MaxSimConfig(hold_query=True, docs_per_program=3), True, 0)
 
 
-def test_rows_repeat_for_several_queries_only():
-    """One query is bound by the read (masked rows are never fetched); several by the
-    products' selects. A running max masks only its last tile and keeps its own way."""
-    assert dense._repeat_rows(4, MaxSimConfig())
-    assert not dense._repeat_rows(1, MaxSimConfig(hold_query=True))
-    assert not dense._repeat_rows(4, MaxSimConfig(running_max=True))
+def test_rows_repeat_for_several_queries_or_narrow_rows():
+    """One query is bound by the read (masked rows are never fetched) except where rows are
+    narrow; several queries by the products' selects. A running max masks only its last tile
+    and keeps its own way."""
+    assert dense._repeat_rows(4, MaxSimConfig(), 128)
+    assert not dense._repeat_rows(1, MaxSimConfig(hold_query=True), 128)
+    assert not dense._repeat_rows(1, MaxSimConfig(hold_query=True), dense.REPEAT_ROWS_MAX_DIM + 16)
+    assert dense._repeat_rows(1, MaxSimConfig(hold_query=True), dense.REPEAT_ROWS_MAX_DIM)
+    assert dense._repeat_rows(1, MaxSimConfig(), 48)
+    assert not dense._repeat_rows(4, MaxSimConfig(running_max=True), 128)
+    assert not dense._repeat_rows(1, MaxSimConfig(running_max=True), 64)
 
 
 # What default_config chooses for each input class (tests/ops/test_dense.py), run on small inputs:

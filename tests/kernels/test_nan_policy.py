@@ -149,7 +149,7 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
     """The rows a tile re-reads past a document's end (ops.dense._repeat_rows) poisoned: the
     only row of a one-token document and the last of a 17-token one reach exactly their own
     documents' scores, rows repeated or masked."""
-    monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c: repeat)
+    monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim: repeat)
     Q, D, offsets = _dense_inputs(torch.float16, device)
     D = _poisoned_last_rows(D, offsets, value)
     out = dense.maxsim_packed(Q, D, offsets, config=config, max_doc_len=max(LENGTHS),

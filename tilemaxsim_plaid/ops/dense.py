@@ -79,6 +79,8 @@ MAX_HELD_CHUNKS = 16
 # tokens is also held at d = 256 in 64-column chunks, in one warp (127 registers, no spill;
 # results/sweep_configs/h200-34d0588-third). Wider d keeps the streamed chunks.
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
+# One query repeats the rows past a document's end (_repeat_rows) up to this d.
+REPEAT_ROWS_MAX_DIM = 64
 
 
 
@@ -257,13 +259,15 @@ def _lengths_fit_int32(num_rows: int) -> bool:
     return num_rows < 2**31
 
 
-def _repeat_rows(num_queries: int, cfg: MaxSimConfig) -> bool:
+def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     """The kernels' REPEAT_ROWS: a tile's rows past a document's end re-read its last row
     instead of masking every product to -inf. Several queries: the selects and reductions of
     their products keep the SM's compare/select pipe busier than its tensor pipe
     (results/profile/h200-8ad62da-batched), and a re-read row comes from L2. One query is bound
-    by the read: its masked rows are never fetched."""
-    return num_queries > 1 and not cfg.running_max
+    by the read, where its masked rows are never fetched, except at d <= REPEAT_ROWS_MAX_DIM:
+    rows of at most 128 bytes give the tile's selects as much time as its bytes
+    (results/dense_variants/h200-b16d859-rows)."""
+    return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
 
 
 def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
@@ -389,7 +393,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         if cfg.slots:
             _maxsim_packed_slots_kernel[grid](
                 *args, *strides, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
-                REPEAT_ROWS=_repeat_rows(B, cfg), TOKENS_I32=_lengths_fit_int32(D.shape[0]),
+                REPEAT_ROWS=_repeat_rows(B, cfg, dim),
+                TOKENS_I32=_lengths_fit_int32(D.shape[0]),
                 **kwargs)
         else:
             block_t = max(MIN_DOT_DIM, cfg.block_t)
@@ -433,7 +438,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
-        REPEAT_ROWS=_repeat_rows(B, cfg),
+        REPEAT_ROWS=_repeat_rows(B, cfg, dim),
         **common,
     )
     return out
