@@ -264,9 +264,9 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     instead of masking every product to -inf. Several queries: the selects and reductions of
     their products keep the SM's compare/select pipe busier than its tensor pipe
     (results/profile/h200-8ad62da-batched), and a re-read row comes from L2. One query is bound
-    by the read, where its masked rows are never fetched, except at d <= REPEAT_ROWS_MAX_DIM:
-    rows of at most 128 bytes give the tile's selects as much time as its bytes
-    (results/dense_variants/h200-b16d859-rows)."""
+    by the read, where its masked rows are never fetched, except at d <= REPEAT_ROWS_MAX_DIM
+    (rows of at most 128 bytes: as many selects for half the read;
+    results/dense_variants/h200-b16d859-rows)."""
     return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
 
 
