@@ -38,7 +38,9 @@ _COMPILE = textwrap.dedent("""
     max_len = int(lengths.max())
     Q = torch.randn(32, 128, generator=g).half()
     calls = {}
-    for d in (128, 256):  # the held query in one chunk and in 64-column chunks
+    # The held query in one chunk (rows past a document's end repeated at d = 64, masked at 128)
+    # and in 64-column chunks.
+    for d in (64, 128, 256):
         Qd, D = torch.randn(32, d, generator=g).half(), torch.zeros(T, d, dtype=torch.float16)
         calls[f"dense d={d}"] = (_maxsim_dense_kernel, lambda Qd=Qd, D=D: maxsim_packed(
             Qd, D, offsets, max_doc_len=max_len, validate=False), ())
@@ -165,10 +167,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 4, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
+    # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
     # table / gather, 3 pipelined; last: value range (2 dtypes x clamp), offsets stats (clamp),
     # the two in one launch
-    assert len(compiled) == 4 + 3 + 2 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
