@@ -229,6 +229,29 @@ def test_kernel_takes_a_callers_table(device, poisoned_outputs, nbits, table_dty
 
 @on_gpu
 @pytest.mark.parametrize("nbits", NBITS)
+def test_kernel_replays_from_a_cuda_graph(device, nbits):
+    """A call captured in a CUDA graph (as the plugin and the benchmarks replay calls) copies
+    nothing from pageable host memory and replays the eager call's scores, both query chunks."""
+    index = random_index(device, 128, nbits, lengths=DOC_LENGTHS * 20)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(2, 40, 128, torch.float16, device)
+    eager = score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
 def test_kernel_nan_reaches_exactly_its_scores_and_codes_are_clamped(device, nbits):
     lengths = [3, 20, 0, 9]
     index = random_index(device, 128, nbits, lengths=lengths)

@@ -54,6 +54,13 @@ def table_column_of_row(rows: int = MAX_QUERY_TOKENS) -> torch.Tensor:
     return 4 * (R % 8) + R // 8
 
 
+@cache
+def _table_columns(rows: int, device: torch.device) -> torch.Tensor:
+    """table_column_of_row(rows) on ``device``, copied there once: a call captured in a CUDA
+    graph may not copy from pageable host memory."""
+    return table_column_of_row(rows).to(device)
+
+
 def mma_query_fragments(Q3: torch.Tensor, query_lengths: torch.Tensor | None) -> torch.Tensor:
     """[B, Lq <= 32, 128] -> int32 [B, QUERY_REGS, 32]: each lane's A fragments as the kernel
     loads them, columns in mma_column_order (ops/mma_fragments)."""
@@ -144,7 +151,7 @@ def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.
     from tilemaxsim_plaid.ops.residual import query_centroid_scores
 
     B, rows, dim = Q_chunk.shape
-    columns = table_column_of_row(rows).to(Q_chunk.device)
+    columns = _table_columns(rows, Q_chunk.device)
     if given is not None:
         C = given.shape[0]
         table = given.new_zeros(C, B, MAX_QUERY_TOKENS)
