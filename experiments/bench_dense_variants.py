@@ -12,11 +12,11 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   document (the kernel's ``TOKENS_I32``; the default takes 32-bit ones where d is one chunk);
 * ``masked rows`` / ``repeated rows``: the same launch with a tile's rows past a document's end
   masked to -inf in every product, or re-read as its last row (the kernels' ``REPEAT_ROWS``; the
-  default repeats them for several queries);
-* ``flat documents``: the default launch, where it holds the query over packed documents, with
-  the tiles of a program's documents walked as one loop (``_maxsim_packed_flat_kernel``: the
-  pipeline runs across document boundaries) instead of a loop per document, rows repeated (its
-  baseline is ``repeated rows``);
+  default repeats them for several queries and for one query at d <= 64);
+* ``flat documents`` / ``loop per document``: the default launch, where it holds the query over
+  packed documents, with the tiles of a program's documents walked as one loop
+  (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
+  per document (the default walks one query's short documents as one loop);
 * ``validate=False``: the default launch without the checks' host work.
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -73,6 +73,7 @@ CELLS = {
     "d64-uniform": {"d": 64, "dist": "uniform-1-300"},
     "d80": {"d": 80},
     "d96-lognormal-30": {"d": 96, "dist": "lognormal-30"},
+    "d144-lognormal-30": {"d": 144, "dist": "lognormal-30"},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
@@ -84,6 +85,9 @@ TILE_WALK_CELLS = ("headline", "d128-lognormal-30", "d64-lognormal-30", "Lq64", 
                    "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded")
 NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-heavy-512",
                     "d64-uniform", "d80", "d96-lognormal-30")
+# One query's short documents, where the default walks them as one loop (flat documents).
+SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
+                   "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -112,12 +116,12 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
-def _flat_switch():
+def _flat_switch(flat: bool):
     saved = dense._flat_documents
-    dense._flat_documents = dense._flat_applies
+    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
+                             flat and dense._flat_applies(config, packed, tail_tokens))
     try:
-        with _repeat_switch(True):
-            yield
+        yield
     finally:
         dense._flat_documents = saved
 
@@ -127,7 +131,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
             "masked rows": lambda: _repeat_switch(False),
             "repeated rows": lambda: _repeat_switch(True),
-            "flat documents": _flat_switch}
+            "flat documents": lambda: _flat_switch(True),
+            "loop per document": lambda: _flat_switch(False)}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

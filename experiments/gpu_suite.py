@@ -293,8 +293,23 @@ def dense_rows(work: Path, opts) -> list[Step]:
             Step("dense-rows", module("experiments.bench_dense_variants", "--cells",
                                       *TILE_WALK_CELLS, *NARROW_ROW_CELLS, "--variants",
                                       "masked rows", "repeated rows", "flat documents",
-                                      "--rounds", "3",
+                                      "loop per document", "--rounds", "3",
                                       "--out", str(work / "dense-rows")), 400)]
+
+
+def dense_flat(work: Path, opts) -> list[Step]:
+    """The GPU tests of the flat walk (one loop over a program's documents), then the dense
+    default beside the same launches with documents walked as one loop and a loop per
+    document, on one query's short documents (lognormal-30, d = 64-256), the headline and d = 64
+    at lognormal-70 and heavy-512, 5 alternated rounds (about 2 minutes)."""
+    from experiments.bench_dense_variants import SHORT_DOC_CELLS
+
+    tests = ("tests/kernels/test_maxsim_dense.py", "tests/kernels/test_nan_policy.py")
+    return [Step("flat-tests", (*PYTEST, *parallel_workers(), "-k", "flat", *tests), 100),
+            Step("dense-flat", module("experiments.bench_dense_variants", "--cells",
+                                      *SHORT_DOC_CELLS, "headline", "d64", "d64-heavy-512",
+                                      "--variants", "flat documents", "loop per document",
+                                      "--rounds", "5", "--out", str(work / "dense-flat")), 300)]
 
 
 def dense_ncu(work: Path, opts) -> list[Step]:
@@ -459,6 +474,8 @@ SUITES = {
     "dense-rows": Suite("GPU tests of the dense kernels; the dense default beside the same "
                         "launches with rows past a document's end masked and repeated and with "
                         "documents walked as one loop, alternated", dense_rows),
+    "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
+                        "as one loop and a loop per document, short documents", dense_flat),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

@@ -31,14 +31,15 @@ def test_variants_switch_repeated_rows_and_restore_the_rule():
 
 def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     rule = dense._flat_documents
-    held = dense.MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
-    assert not rule(held, True, 0)
-    repeat = dense._repeat_rows
+    held = dense.MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1)
+    assert rule(1, held, True, 0, 30.0) and not rule(1, held, True, 0, 70.0)
     with dv.VARIANTS["flat documents"]():
-        assert dense._flat_documents(held, True, 0)
-        assert not dense._flat_documents(held, False, 0)
-        assert dense._repeat_rows(1, held, 128)  # one query's rows repeated too
-    assert dense._flat_documents is rule and dense._repeat_rows is repeat
+        assert dense._flat_documents(1, held, True, 0, 70.0)
+        assert dense._flat_documents(4, held, True, 0, 30.0)
+        assert not dense._flat_documents(1, held, False, 0, 30.0)
+    with dv.VARIANTS["loop per document"]():
+        assert not dense._flat_documents(1, held, True, 0, 30.0)
+    assert dense._flat_documents is rule
 
 
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
@@ -55,6 +56,7 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     assert rows[0]["ratio_to_default"] == 1.0
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
-                       ("masked rows", "repeated rows", "flat documents"))
+                       ("masked rows", "repeated rows", "flat documents", "loop per document"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
-                                            "flat documents", "validate=False"]
+                                            "flat documents", "loop per document",
+                                            "validate=False"]

@@ -125,7 +125,17 @@ EXPECTED = {
                        "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-heavy-512",
                        "d64-uniform", "d80", "d96-lognormal-30",
                        "--variants", "masked rows", "repeated rows", "flat documents",
+                       "loop per document",
                        "--rounds", "3", "--out", "W/dense-rows"],
+    },
+    "dense-flat": {
+        "flat-tests": [*PYTEST, *XDIST, "-k", "flat", "tests/kernels/test_maxsim_dense.py",
+                       "tests/kernels/test_nan_policy.py"],
+        "dense-flat": ["-m", "experiments.bench_dense_variants", "--cells", "d64-lognormal-30",
+                       "d96-lognormal-30", "d128-lognormal-30", "d144-lognormal-30",
+                       "d192-lognormal-30", "d256-lognormal-30", "headline", "d64",
+                       "d64-heavy-512", "--variants", "flat documents", "loop per document",
+                       "--rounds", "5", "--out", "W/dense-flat"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

@@ -62,9 +62,12 @@ _COMPILE = textwrap.dedent("""
     calls["dense B=8 padded single tile"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
         Q8, torch.zeros(8, 64, 128, dtype=torch.float16), torch.full((8,), 40),
         validate=False), ())
-    # The held query's documents walked as one loop (not a default yet), one query and four.
+    # The held query's documents walked as one loop (the default for one query's short
+    # documents), one query and four.
     def flat(Qf):
-        saved, dense._flat_documents = dense._flat_documents, dense._flat_applies
+        saved = dense._flat_documents
+        dense._flat_documents = lambda q, cfg, packed, tail, mean: dense._flat_applies(
+            cfg, packed, tail)
         try:
             return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, validate=False)
         finally:

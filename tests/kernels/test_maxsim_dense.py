@@ -244,6 +244,10 @@ FLAT_CONFIGS = [
 ]
 
 
+def _flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens):
+    return dense._flat_applies(config, packed, tail_tokens)
+
+
 @pytest.mark.parametrize("B,Lq,d,config", FLAT_CONFIGS)
 def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, monkeypatch):
     """The held query's documents walked as one loop (_maxsim_packed_flat_kernel, rows past a
@@ -251,7 +255,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     documents (first, last, in a row), one-token ones, a last program with fewer documents,
     pids, query lengths, strided views, token positions in 32 and 64 bits; a packed tensor of
     no rows takes the loop per document."""
-    assert dense._flat_applies(config, True, 0) and not dense._flat_documents(config, True, 0)
+    assert dense._flat_applies(config, True, 0)
     lengths = [0, 3, 0, 0, 50, 1, 17, 64, 2, 33, 5, 0]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
     Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
@@ -265,7 +269,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
         monkeypatch.setattr(dense, "_row_offsets_fit_int32",
                             (lambda *a: False) if wide else fits)
         for args, kwargs in calls:
-            monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
+            monkeypatch.setattr(dense, "_flat_documents", _flat_where_it_applies)
             flat = maxsim_packed(*args, config=config, **kwargs)
             monkeypatch.setattr(dense, "_flat_documents", lambda *a: False)
             per_document = maxsim_packed(*args, config=config, **kwargs)
@@ -273,7 +277,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
                 assert torch.equal(flat, per_document)
             ref = reference.maxsim_packed(Q, D, offsets, *args[3:], **kwargs)
             assert_close(flat, ref, "maxsim_dense", torch.float16)
-    monkeypatch.setattr(dense, "_flat_documents", dense._flat_applies)
+    monkeypatch.setattr(dense, "_flat_documents", _flat_where_it_applies)
     none = maxsim_packed(Q, D[:0], torch.zeros(4, dtype=torch.int64, device=device),
                          config=config)
     assert torch.equal(none, torch.full_like(none, float("-inf")))
@@ -287,6 +291,20 @@ def test_flat_documents_cover_the_held_query_over_packed_documents():
     assert not dense._flat_applies(MaxSimConfig(docs_per_program=4), True, 0)
     assert not dense._flat_applies(MaxSimConfig(hold_query=True, running_max=True), True, 0)
     assert not dense._flat_applies(MaxSimConfig(hold_query=True, docs_per_program=3), True, 0)
+
+
+def test_flat_documents_for_one_query_held_by_one_warp_over_short_documents():
+    one_warp = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1)
+    short = dense.FLAT_MAX_MEAN_TOKENS
+    assert dense._flat_documents(1, one_warp, True, 0, short)
+    assert not dense._flat_documents(1, one_warp, True, 0, short + 1)
+    assert not dense._flat_documents(2, one_warp, True, 0, short)
+    assert not dense._flat_documents(1, dataclasses.replace(one_warp, num_warps=4), True, 0, 30)
+    assert not dense._flat_documents(1, one_warp, False, 0, 30)
+    # The default at lognormal-30-like lengths takes it, the headline's lengths do not.
+    config = dense.default_config(1, 32, None, 128, True, dense.MANY_DOCS)
+    assert dense._flat_documents(1, config, True, 0, 30.0)
+    assert not dense._flat_documents(1, config, True, 0, 70.0)
 
 
 def test_rows_repeat_for_several_queries_or_narrow_rows():

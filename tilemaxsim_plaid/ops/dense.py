@@ -81,6 +81,10 @@ MAX_HELD_CHUNKS = 16
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
 # One query repeats the rows past a document's end (_repeat_rows) up to this d.
 REPEAT_ROWS_MAX_DIM = 64
+# One query's documents walked as one loop (_flat_documents) where they average at most this
+# many tokens: 1.09-1.12x at lognormal-30 (mean 30) for d = 64 / 96 / 128, even at mean 70
+# (results/dense_variants/h200-e0a5934-rows).
+FLAT_MAX_MEAN_TOKENS = 48
 
 
 
@@ -277,12 +281,15 @@ def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
             and cfg.docs_per_program & (cfg.docs_per_program - 1) == 0)
 
 
-def _flat_documents(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
+def _flat_documents(num_queries: int, cfg: MaxSimConfig, packed: bool, tail_tokens: int,
+                    mean_tokens: float) -> bool:
     """Whether the launch walks its documents' tiles as one loop (_maxsim_packed_flat_kernel,
-    where _flat_applies; rows past a document's end repeated) instead of a loop per document:
-    not yet, until it is timed faster on the GPU (experiments/bench_dense_variants,
-    ``flat documents``)."""
-    return False
+    rows past a document's end repeated) instead of a loop per document: where _flat_applies,
+    for one query held by one warp over documents of at most FLAT_MAX_MEAN_TOKENS tokens on
+    average (``mean_tokens``: the packed tensor's rows per document). There the loop per
+    document drains its software pipeline every two or three tiles."""
+    return (num_queries == 1 and cfg.num_warps == 1 and mean_tokens <= FLAT_MAX_MEAN_TOKENS
+            and _flat_applies(cfg, packed, tail_tokens))
 
 
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
@@ -381,7 +388,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                   num_stages=cfg.num_stages)
     if cfg.slots and not packed:
         raise ValueError("config.slots is for the packed layout (maxsim_packed)")
-    if cfg.slots or (D.shape[0] and _flat_documents(cfg, packed, tail_tokens)):
+    mean_tokens = D.shape[0] / max(1, offsets.shape[0] - 1) if packed else 0.0
+    if cfg.slots or (D.shape[0] and _flat_documents(B, cfg, packed, tail_tokens, mean_tokens)):
         # The packed-only kernels: documents side by side, or the flat walk.
         args = (Q3, D, offsets, pids if pids is not None else dummy,
                 query_lengths if query_lengths is not None else dummy, out,
