@@ -41,13 +41,13 @@ _COMPILE = textwrap.dedent("""
     # The held query in one chunk (rows past a document's end repeated at d = 64, masked at 128)
     # and in 64-column chunks.
     for d in (64, 128, 256):
-        Qd, D = torch.randn(32, d, generator=g).half(), torch.zeros(T, d, dtype=torch.float16)
+        Qd, D = torch.randn(32, d, generator=g).half(), sb.packed_rows(offsets, d)
         calls[f"dense d={d}"] = (_maxsim_dense_kernel, lambda Qd=Qd, D=D: maxsim_packed(
             Qd, D, offsets, max_doc_len=max_len, validate=False), ())
     # Several query blocks a program on per-document tiles (a constexpr assigned in their loop
     # fails only when compiled), and short padded documents' default: the held query over a
     # running max.
-    Q4, D = torch.randn(4, 64, 128, generator=g).half(), torch.zeros(T, 128, dtype=torch.float16)
+    Q4, D = torch.randn(4, 64, 128, generator=g).half(), sb.packed_rows(offsets, 128)
     qb2 = MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=2)
     calls["dense B=4 q_blocks_per_program=2"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
         Q4, D, offsets, max_doc_len=max_len, config=qb2, validate=False), ())
