@@ -118,7 +118,7 @@ def _repeat_switch(repeat: bool):
 @contextlib.contextmanager
 def _flat_switch(flat: bool):
     saved = dense._flat_documents
-    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
+    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens, dim:
                              flat and dense._flat_applies(config, packed, tail_tokens))
     try:
         yield

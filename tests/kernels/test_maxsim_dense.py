@@ -244,7 +244,7 @@ FLAT_CONFIGS = [
 ]
 
 
-def _flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens):
+def _flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens, dim):
     return dense._flat_applies(config, packed, tail_tokens)
 
 
@@ -296,15 +296,20 @@ def test_flat_documents_cover_the_held_query_over_packed_documents():
 def test_flat_documents_for_one_query_held_by_one_warp_over_short_documents():
     one_warp = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1)
     short = dense.FLAT_MAX_MEAN_TOKENS
-    assert dense._flat_documents(1, one_warp, True, 0, short)
-    assert not dense._flat_documents(1, one_warp, True, 0, short + 1)
-    assert not dense._flat_documents(2, one_warp, True, 0, short)
-    assert not dense._flat_documents(1, dataclasses.replace(one_warp, num_warps=4), True, 0, 30)
-    assert not dense._flat_documents(1, one_warp, False, 0, 30)
-    # The default at lognormal-30-like lengths takes it, the headline's lengths do not.
-    config = dense.default_config(1, 32, None, 128, True, dense.MANY_DOCS)
-    assert dense._flat_documents(1, config, True, 0, 30.0)
-    assert not dense._flat_documents(1, config, True, 0, 70.0)
+    assert dense._flat_documents(1, one_warp, True, 0, short, 128)
+    assert dense._flat_documents(1, one_warp, True, 0, short, 64)
+    assert not dense._flat_documents(1, one_warp, True, 0, short + 1, 128)
+    assert not dense._flat_documents(2, one_warp, True, 0, short, 128)
+    assert not dense._flat_documents(1, one_warp, True, 0, short, 192)
+    assert not dense._flat_documents(1, dataclasses.replace(one_warp, num_warps=4), True, 0, 30,
+                                     128)
+    assert not dense._flat_documents(1, one_warp, False, 0, 30, 128)
+    # The default at lognormal-30-like lengths takes it (d = 96 in 32-column chunks too), the
+    # headline's lengths do not.
+    for d in (64, 96, 128):
+        config = dense.default_config(1, 32, None, d, True, dense.MANY_DOCS)
+        assert dense._flat_documents(1, config, True, 0, 30.0, d)
+        assert not dense._flat_documents(1, config, True, 0, 70.0, d)
 
 
 def test_rows_repeat_for_several_queries_or_narrow_rows():

@@ -163,8 +163,8 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
 def test_packed_flat_documents(device, where, value, monkeypatch):
     """The held query's documents walked as one loop (ops.dense._flat_documents): a poison in
     the query, inside a document or in its last rows reaches the same scores as in torch."""
-    monkeypatch.setattr(dense, "_flat_documents",
-                        lambda q, cfg, packed, tail, mean: dense._flat_applies(cfg, packed, tail))
+    monkeypatch.setattr(dense, "_flat_documents", lambda q, cfg, packed, tail, mean, dim:
+                        dense._flat_applies(cfg, packed, tail))
     config = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
     Q, D, offsets = _dense_inputs(torch.float16, device)
     if where == "Q":
