@@ -244,7 +244,8 @@ FLAT_CONFIGS = [
 ]
 
 
-def _flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens, dim):
+def flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens, dim):
+    """ops.dense._flat_documents forced on wherever the flat kernel applies."""
     return dense._flat_applies(config, packed, tail_tokens)
 
 
@@ -269,7 +270,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
         monkeypatch.setattr(dense, "_row_offsets_fit_int32",
                             (lambda *a: False) if wide else fits)
         for args, kwargs in calls:
-            monkeypatch.setattr(dense, "_flat_documents", _flat_where_it_applies)
+            monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
             flat = maxsim_packed(*args, config=config, **kwargs)
             monkeypatch.setattr(dense, "_flat_documents", lambda *a: False)
             per_document = maxsim_packed(*args, config=config, **kwargs)
@@ -277,7 +278,7 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
                 assert torch.equal(flat, per_document)
             ref = reference.maxsim_packed(Q, D, offsets, *args[3:], **kwargs)
             assert_close(flat, ref, "maxsim_dense", torch.float16)
-    monkeypatch.setattr(dense, "_flat_documents", _flat_where_it_applies)
+    monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
     none = maxsim_packed(Q, D[:0], torch.zeros(4, dtype=torch.int64, device=device),
                          config=config)
     assert torch.equal(none, torch.full_like(none, float("-inf")))

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from tests.conftest import ON_GPU
+from tests.kernels.test_maxsim_dense import flat_where_it_applies
 from tests.kernels.test_maxsim_pq import random_pq_index
 from tests.kernels.test_maxsim_residual import norms_of, random_index
 from tests.tolerances import TOLERANCES
@@ -163,8 +164,7 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
 def test_packed_flat_documents(device, where, value, monkeypatch):
     """The held query's documents walked as one loop (ops.dense._flat_documents): a poison in
     the query, inside a document or in its last rows reaches the same scores as in torch."""
-    monkeypatch.setattr(dense, "_flat_documents", lambda q, cfg, packed, tail, mean, dim:
-                        dense._flat_applies(cfg, packed, tail))
+    monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
     config = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
     Q, D, offsets = _dense_inputs(torch.float16, device)
     if where == "Q":
