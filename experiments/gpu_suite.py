@@ -257,7 +257,7 @@ def residual_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the residual kernels (the mma kernel's own, the op's defaults, the Triton
     kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
     beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
-    the mma kernel at 2 and 8 documents per grab and with its prefetch flipped, and dense scoring
+    the mma kernel at 4 and 8 documents per grab and with its prefetch flipped, and dense scoring
     of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18
     (about 6 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",
@@ -266,7 +266,7 @@ def residual_mma(work: Path, opts) -> list[Step]:
     return [Step("residual-tests", (*PYTEST, *parallel_workers(), *tests), 200),
             Step("residual-mma", module("experiments.bench_residual_scale", "--centroids",
                                         "65536", "262144", "--nbits", "2", "4", "--repeats", "2",
-                                        "--mma-grabs", "2", "8",
+                                        "--mma-grabs", "4", "8",
                                         "--out", str(work / "residual-mma")), 330)]
 
 
@@ -275,7 +275,7 @@ def residual_ncu(work: Path, opts) -> list[Step]:
     one fp16 query over 100k documents, C = 2^16, nbits 2 and 4: which unit each saturates and
     the SASS instructions their warps wait on, with why (profile_kernels ncu: stalls.txt)."""
     return [Step("residual-ncu", module("experiments.profile_kernels", "ncu", "--ops", "residual",
-                                        "--only", "=residual,residual nbits4,residual mma",
+                                        "--only", "=residual,=residual nbits4,residual decode",
                                         "--out", str(work / "residual-ncu")), 300)]
 
 

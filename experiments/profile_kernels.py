@@ -46,7 +46,8 @@ from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
 from tilemaxsim_plaid.ops.pq import maxsim_pq
 from tilemaxsim_plaid.ops import nvrtc
-from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, maxsim_residual, query_centroid_scores
+from tilemaxsim_plaid.ops.residual import (MMA_NBITS, default_residual_config, maxsim_residual,
+                                           query_centroid_scores)
 
 NUM_DOCS = 100_000
 QUERY_LEN = 32
@@ -132,8 +133,9 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
     """{name: (run, check)} for maxsim_residual at its defaults: an fp16 query over every
     document, PLAID's rerank (an fp32 query, every document once in shuffled order) with both
     fp32 products the plugin uses (fp16x2 = split_query, tf32x3), and the decode floor; then the
-    fp16 query at each of ``wide_nbits`` on documents of the same lengths. On a GPU with NVRTC
-    each fp16-query entry also as ``config=MMA_DEFAULT`` (the tensor-core kernel)."""
+    fp16 query at each of ``wide_nbits`` on documents of the same lengths. On a GPU with NVRTC,
+    where the default is the tensor-core kernel (MMA_NBITS), each fp16-query entry also as the
+    Triton kernel's launch ("residual decode")."""
     device = torch.device(device)
     index = make_index(num_docs, num_centroids, DIM, NBITS, device)
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -146,12 +148,17 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
     ops = {"residual": (lambda: maxsim_residual(*args, inv_norms=index["inv_norms"],
                                                 validate=False),
                         lambda out: _assert_close("residual", out[:n], ref))}
-    # The tensor-core kernel where the default does not take it yet (ops/residual.MMA_NBITS).
     mma = device.type == "cuda" and nvrtc.available()
-    if mma:
-        ops["residual mma"] = (lambda: maxsim_residual(*args, inv_norms=index["inv_norms"],
-                                                       config=MMA_DEFAULT, validate=False),
-                               lambda out: _assert_close("residual mma", out[:n], ref))
+
+    def triton_launch(nbits):
+        return default_residual_config(1, QUERY_LEN, False, num_docs, Q.element_size(),
+                                       half_table=True, nbits=nbits)
+
+    if mma and NBITS in MMA_NBITS:
+        ops["residual decode"] = (lambda: maxsim_residual(
+                                      *args, inv_norms=index["inv_norms"],
+                                      config=triton_launch(NBITS), validate=False),
+                                  lambda out: _assert_close("residual decode", out[:n], ref))
     Q32 = Q.float()
     pids = torch.randperm(num_docs, generator=torch.Generator().manual_seed(2)).to(device)
     ref_pids = reference.maxsim_residual(Q32.cpu(), index["codes"].cpu(), index["residuals"].cpu(),
@@ -181,10 +188,10 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
         ops[name] = (lambda a=wide_args, w=wide: maxsim_residual(*a, inv_norms=w["inv_norms"],
                                                                  validate=False),
                      lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n], ref))
-        if mma:
-            name = f"residual mma nbits{nbits}"
-            ops[name] = (lambda a=wide_args, w=wide: maxsim_residual(
-                             *a, inv_norms=w["inv_norms"], config=MMA_DEFAULT, validate=False),
+        if mma and nbits in MMA_NBITS:
+            name = f"residual decode nbits{nbits}"
+            ops[name] = (lambda a=wide_args, w=wide, c=triton_launch(nbits): maxsim_residual(
+                             *a, inv_norms=w["inv_norms"], config=c, validate=False),
                          lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n], ref))
     return ops
 

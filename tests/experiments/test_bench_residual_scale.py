@@ -68,11 +68,12 @@ def test_the_same_decoder_must_score_bit_for_bit_another_within_rounding():
 
 
 def test_mma_variants_are_the_mma_default_with_other_grabs():
-    variants = mma_variants([2, MMA_DEFAULT.docs_per_program, 8, 2])
+    grabs = [g for g in (1, 4, 8) if g != MMA_DEFAULT.docs_per_program][:2]
+    variants = mma_variants([grabs[0], MMA_DEFAULT.docs_per_program, grabs[1], grabs[0]])
     assert [name for name, _ in variants] == [
-        "maxsim_residual validate=False scoring=mma grab=2",
-        "maxsim_residual validate=False scoring=mma grab=8",
+        f"maxsim_residual validate=False scoring=mma grab={grabs[0]}",
+        f"maxsim_residual validate=False scoring=mma grab={grabs[1]}",
         f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}"]
-    for (_, config), grab in zip(variants, (2, 8)):
+    for (_, config), grab in zip(variants, grabs):
         assert config == ResidualConfig(**{**vars(MMA_DEFAULT), "docs_per_program": grab})
     assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": False})

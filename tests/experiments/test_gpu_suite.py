@@ -113,7 +113,7 @@ EXPECTED = {
                            "tests/kernels/test_maxsim_pq_mma.py", "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
                            "tests/kernels/test_nan_policy.py"],
         "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
-                         "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "2",
+                         "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "4",
                          "8", "--out", "W/residual-mma"],
     },
     "dense-rows": {
@@ -144,7 +144,7 @@ EXPECTED = {
     },
     "residual-ncu": {
         "residual-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "residual", "--only",
-                         "=residual,residual nbits4,residual mma", "--out", "W/residual-ncu"],
+                         "=residual,=residual nbits4,residual decode", "--out", "W/residual-ncu"],
     },
     "grid": {
         "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",

@@ -73,7 +73,7 @@ report = args[args.index("-o") + 1]
 pathlib.Path(report + ".ncu-rep").write_text("report")
 out = pathlib.Path(args[args.index("--out") + 1])
 (out / "profiled.json").write_text(
-    '{"rows": [{"cell": "residual", "launches": 1}, {"cell": "residual mma", "launches": 1}]}')
+    '{"rows": [{"cell": "residual", "launches": 1}, {"cell": "residual decode", "launches": 1}]}')
 '''
 
 
@@ -88,21 +88,21 @@ def test_ncu_mode_profiles_the_scoring_kernels_and_summarizes(tmp_path, capsys):
     (fake.parent / "source.csv").write_text(SOURCE_CSV)
     out = tmp_path / "out"
     assert profile_kernels.main(["ncu", "--ncu", str(fake), "--ops", "residual",
-                                 "--only", "=residual,residual mma", "--out", str(out)]) == 0
+                                 "--only", "=residual,residual decode", "--out", str(out)]) == 0
     argv = (fake.parent / "argv.txt").read_text().splitlines()
     assert argv[argv.index("-k") + 1] == profile_kernels.SCORING_KERNELS
     sections = [argv[i + 1] for i, a in enumerate(argv) if a == "--section"]
     assert sections == list(profile_kernels.NCU_SECTIONS) and "SourceCounters" in sections
     tail = argv[argv.index("experiments.profile_kernels") - 1:]
     assert tail == ["-m", "experiments.profile_kernels", "profile", "--out", str(out),
-                    "--ops", "residual", "--only", "=residual,residual mma"]
+                    "--ops", "residual", "--only", "=residual,residual decode"]
     stalls = (out / "stalls.txt").read_text()
     assert stalls.startswith("== residual: 100 warp-state samples")  # labelled by entry
-    assert "== residual mma: 5 warp-state samples" in stalls
+    assert "== residual decode: 5 warp-state samples" in stalls
     assert "by reason: long_sb 100.0%\n" in stalls  # reasons with no samples left out
     summary = (out / "ncu_summary.txt").read_text().splitlines()
     assert [line.split()[0] for line in summary[2:5]] == ["residual", "residual", "?"]
-    assert summary[3].startswith("residual mma") and "long_scoreboard 9.50" in summary[3]
+    assert summary[3].startswith("residual decode") and "long_scoreboard 9.50" in summary[3]
     assert "the CSV has 3 launches, the launch map 2" in summary[-1]
     printed = capsys.readouterr().out
     assert "warp-state samples" in printed and "top stalls" in printed

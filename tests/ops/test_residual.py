@@ -537,7 +537,7 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     assert taken == [] and len(triton.launches) == 1
     reasons.clear()
     score(Q, index, 2, inv_norms=norms)
-    assert taken == [(4, True)] and len(triton.launches) == 1  # grab and prefetch
+    assert taken == [(residual_mma.DEFAULT_GRAB, True)] and len(triton.launches) == 1
     score(Q, index, 2, pids=torch.tensor([0, 1, 2], device=device), inv_norms=norms)  # 3 < 4
     assert len(taken) == 1 and len(triton.launches) == 2
     monkeypatch.setattr(residual, "MMA_NBITS", ())

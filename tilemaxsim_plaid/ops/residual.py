@@ -193,11 +193,11 @@ CONFIG_FIELDS = {
 
 # The mma kernel's launch where the default takes it: scoring="mma" applies, nbits is in
 # MMA_NBITS and at least MANY_DOCS documents are scored. MMA_NBITS holds the bit widths where it
-# was measured faster than the Triton kernel's default launch on the H200, side by side
-# (experiments/bench_residual_scale; none yet: results/PERFORMANCE_LOG.md, run 141).
+# was measured faster than the Triton kernel's launch, side by side (experiments/
+# bench_residual_scale; results/PERFORMANCE_LOG.md, run 151).
 MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB,
                              prefetch=True)
-MMA_NBITS: tuple[int, ...] = ()
+MMA_NBITS: tuple[int, ...] = (2, 4)
 
 
 def check_config(cfg: ResidualConfig) -> None:

@@ -34,7 +34,9 @@ TABLE_BYTES = 256 * 128
 # 16 warps per block, one block per SM (128 registers a thread): more warps hide more of each
 # warp's load latency (12 were measured slower: results/PERFORMANCE_LOG.md, run 141).
 WARPS = 16
-DEFAULT_GRAB = 4
+# Documents a warp claims at once: 2 was faster than 4 and 8 at nbits 2 and 4, C = 2^16 and 2^18
+# (results/PERFORMANCE_LOG.md, run 151).
+DEFAULT_GRAB = 2
 
 
 def mma_column_order() -> torch.Tensor:
