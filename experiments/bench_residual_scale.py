@@ -21,8 +21,10 @@ With ``--pipeline-codes`` the default launch and each decoder's are timed a seco
 checked the same way. Where the mma kernel applies (``scoring="mma"``: nbits 2 and 4) the op's
 other kernel is timed beside its default (``MMA_DEFAULT`` where the default is the Triton
 kernel's launch, that launch where it is the mma kernel's: ``MMA_NBITS``), and the options above
-vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped and, with
-``--mma-grabs G ...``, with G documents per grab.
+vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped, with its L2
+cache policies flipped (``ops/residual_mma.L2_HINTS``) and, with ``--mma-grabs G ...``, with G
+documents per grab; and the mma kernel's centroid-score table is timed alone (its share of a
+call, which grows with C).
 Rows go to ``OUT/residual_scale.json`` (harness format).
 """
 
@@ -100,6 +102,19 @@ def mma_variants(grabs):
             for grab in dict.fromkeys(grabs) if grab != MMA_DEFAULT.docs_per_program] + [
         (f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}",
          dataclasses.replace(MMA_DEFAULT, prefetch=not MMA_DEFAULT.prefetch))]
+
+
+def hints_flipped(call):
+    """``call`` made with ops/residual_mma.L2_HINTS flipped (and restored after it)."""
+    from tilemaxsim_plaid.ops import residual_mma
+
+    def flipped():
+        residual_mma.L2_HINTS = not residual_mma.L2_HINTS
+        try:
+            return call()
+        finally:
+            residual_mma.L2_HINTS = not residual_mma.L2_HINTS
+    return flipped
 
 
 def main(argv=None) -> int:
@@ -192,6 +207,13 @@ def main(argv=None) -> int:
                     if not torch.equal(with_config(config)(), mma_want):
                         raise SystemExit(f"{provider} does not score as MMA_DEFAULT at {shape}")
                     variants.append((provider, with_config(config)))
+                hints = hints_flipped(with_config(MMA_DEFAULT))
+                if not torch.equal(hints(), mma_want):
+                    raise SystemExit(f"the L2 hints flipped do not score as MMA_DEFAULT at {shape}")
+                variants.append((f"maxsim_residual validate=False scoring=mma l2_hints="
+                                 f"{not residual_mma.L2_HINTS}", hints))
+                variants.append(("mma centroid-score table alone", lambda: residual_mma.
+                                 permuted_table(Q[None], index["centroids"], torch.float16)))
                 want = triton_want
             configs = (cap_variants(default, args.caps)
                        + decoder_variants(default, args.decoders, nbits))

@@ -132,11 +132,12 @@ def test_kernel_source_compiles_for_sm90():
     for element in residual_mma.ELEMENT_NAMES.values():
         for nbits in residual_mma.NBITS:
             for table_f32 in (0, 1):
-                for codes_i64 in (0, 1):
+                for codes_i64, hints in ((0, 0), (1, 0), (0, 1), (1, 1)):
                     cubin, _ = nvrtc.compile_cubin(
                         source, residual_mma.SOURCE.name, "sm_90",
                         {"WARPS": residual_mma.WARPS, "ELEM": element, "NBITS": nbits,
-                         "TABLE_F32": table_f32, "CODES_I64": codes_i64, "PREFETCH": 1},
+                         "TABLE_F32": table_f32, "CODES_I64": codes_i64, "PREFETCH": 1,
+                         "L2_HINTS": hints},
                         headers=nvrtc.local_headers(residual_mma.SOURCE))
                     assert cubin[:4] == b"\x7fELF"
 
@@ -190,6 +191,27 @@ def test_kernel_matches_reference(device, poisoned_outputs, nbits, dtype, grab, 
                  dtype)
     assert torch.isneginf(out[:2, 0]).all() and (out[2] == 0).all()
     assert torch.isneginf(out[:2, -1]).all()
+
+
+@on_gpu
+@pytest.mark.parametrize("nbits", NBITS)
+@pytest.mark.parametrize("table_f32", [False, True])
+def test_l2_hints_score_as_without_them(device, monkeypatch, nbits, table_f32):
+    """The L2 cache policies change where lines stay, not what is read: bit for bit, and the
+    kernel still fits its registers."""
+    lengths = torch.randint(0, 140, (3000,), generator=torch.Generator().manual_seed(5)).tolist()
+    index = random_index(device, 128, nbits, lengths=lengths, num_centroids=500)
+    inv_norms = norms_of(index, nbits)
+    Q = unit_queries(2, 32, 128, torch.float16, device)
+    config = ResidualConfig(scoring="mma", half_table=not table_f32)
+    plain = score(Q, index, nbits, inv_norms=inv_norms, config=config)
+    monkeypatch.setattr(residual_mma, "L2_HINTS", not residual_mma.L2_HINTS)
+    hinted = score(Q, index, nbits, inv_norms=inv_norms, config=config)
+    assert torch.equal(hinted, plain)
+    assert_close(hinted, expected(Q, index, nbits), "maxsim_residual", torch.float16)
+    kernel = residual_mma.kernel(device, torch.float16, nbits, table_f32, False, True,
+                                 residual_mma.L2_HINTS)
+    assert kernel.local_bytes == 0
 
 
 @on_gpu

@@ -47,7 +47,8 @@
 //
 // Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
 // ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
-// (1: int64 codes, else int32), PREFETCH (1: documents into L2 a document ahead), CHAINS.
+// (1: int64 codes, else int32), PREFETCH (1: documents into L2 a document ahead), L2_HINTS (1:
+// the table's lines kept in L2 before the streamed rows, codes and norms), CHAINS.
 
 #ifndef WARPS
 #define WARPS 16
@@ -69,6 +70,9 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 1
+#endif
+#ifndef L2_HINTS
+#define L2_HINTS 0
 #endif
 #include "mma_common.cuh"
 
@@ -105,6 +109,17 @@ struct Tile {
     float inv[4];
 };
 
+// A load of data read once (residual rows, codes, inverse norms): with L2_HINTS, ld.global.cs
+// (evict first in L1 and L2), so the streamed lines leave L2 before the table's.
+template <typename T>
+__device__ __forceinline__ T load_streamed(const T* p) {
+#if L2_HINTS
+    return __ldcs(p);
+#else
+    return __ldg(p);
+#endif
+}
+
 __device__ __forceinline__ int clamp_code(code_t c, int max_code) {
     return c < 0 ? 0 : (c > max_code ? max_code : (int)c);
 }
@@ -119,12 +134,12 @@ __device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restri
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = min(first + 8 * h + g, last);
-        t.bits[h] = __ldg(reinterpret_cast<const lane_bytes_t*>(rows + i * ROW_BYTES));
+        t.bits[h] = load_streamed(reinterpret_cast<const lane_bytes_t*>(rows + i * ROW_BYTES));
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int k = min(first + 8 * h + 2 * q + e, last);
-            t.code[2 * h + e] = clamp_code(__ldg(codes + start + k), max_code);
-            t.inv[2 * h + e] = __ldg(inv_norms + start + k);
+            t.code[2 * h + e] = clamp_code(load_streamed(codes + start + k), max_code);
+            t.inv[2 * h + e] = load_streamed(inv_norms + start + k);
         }
     }
 }
@@ -174,9 +189,25 @@ typedef float4 entries_t;
 typedef uint2 entries_t;
 #endif
 
+// With L2_HINTS the table's lines are loaded under an L2 evict_last policy.
 __device__ __forceinline__ entries_t load_entries(const char* __restrict__ table, int code,
                                                   unsigned stride_bytes) {
-    return __ldg(reinterpret_cast<const entries_t*>(table + (unsigned)code * stride_bytes));
+    const entries_t* p = reinterpret_cast<const entries_t*>(table + (unsigned)code * stride_bytes);
+#if L2_HINTS
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    entries_t v;
+#if TABLE_F32
+    asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p), "l"(policy));
+#else
+    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
+#endif
+    return v;
+#else
+    return __ldg(p);
+#endif
 }
 
 __device__ __forceinline__ float4 entries_f32(entries_t v) {

@@ -37,6 +37,10 @@ WARPS = 16
 # Documents a warp claims at once: 2 was faster than 4 and 8 at nbits 2 and 4, C = 2^16 and 2^18
 # (results/PERFORMANCE_LOG.md, run 151).
 DEFAULT_GRAB = 2
+# Cache policies (the kernel's L2_HINTS): the centroid-score table's lines loaded under L2
+# evict_last, the residual rows, codes and norms read once under evict_first. Off until measured
+# side by side (experiments/bench_residual_scale times both ways).
+L2_HINTS = False
 
 
 def mma_column_order() -> torch.Tensor:
@@ -138,11 +142,12 @@ def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
 
 @lru_cache(maxsize=None)
 def kernel(device: torch.device, dtype: torch.dtype, nbits: int, table_f32: bool,
-           codes_i64: bool, prefetch: bool = True) -> nvrtc.CudaKernel:
+           codes_i64: bool, prefetch: bool = True, l2_hints: bool = False) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype], "NBITS": nbits,
                               "TABLE_F32": int(table_f32), "CODES_I64": int(codes_i64),
-                              "PREFETCH": int(prefetch)}, TABLE_BYTES)
+                              "PREFETCH": int(prefetch), "L2_HINTS": int(l2_hints)},
+                             TABLE_BYTES)
 
 
 def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.dtype,
@@ -186,7 +191,7 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
     launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
-                    codes.dtype == torch.int64, prefetch)
+                    codes.dtype == torch.int64, prefetch, L2_HINTS)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
     counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
     given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
