@@ -22,7 +22,7 @@ checked the same way. Where the mma kernel applies (``scoring="mma"``: nbits 2 a
 other kernel is timed beside its default (``MMA_DEFAULT`` where the default is the Triton
 kernel's launch, that launch where it is the mma kernel's: ``MMA_NBITS``), and the options above
 vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped, with its L2
-cache policies flipped (``ops/residual_mma.L2_HINTS``) and, with ``--mma-grabs G ...``, with G
+cache policies the other way (``ops/residual_mma.l2_hints``) and, with ``--mma-grabs G ...``, with G
 documents per grab; and the mma kernel's centroid-score table is timed alone (its share of a
 call, which grows with C).
 Rows go to ``OUT/residual_scale.json`` (harness format).
@@ -104,17 +104,17 @@ def mma_variants(grabs):
          dataclasses.replace(MMA_DEFAULT, prefetch=not MMA_DEFAULT.prefetch))]
 
 
-def hints_flipped(call):
-    """``call`` made with ops/residual_mma.L2_HINTS flipped (and restored after it)."""
+def with_l2_hints(call, hints: bool):
+    """``call`` made with ops/residual_mma.L2_HINTS set to ``hints`` (restored after it)."""
     from tilemaxsim_plaid.ops import residual_mma
 
-    def flipped():
-        residual_mma.L2_HINTS = not residual_mma.L2_HINTS
+    def hinted():
+        before, residual_mma.L2_HINTS = residual_mma.L2_HINTS, hints
         try:
             return call()
         finally:
-            residual_mma.L2_HINTS = not residual_mma.L2_HINTS
-    return flipped
+            residual_mma.L2_HINTS = before
+    return hinted
 
 
 def main(argv=None) -> int:
@@ -143,6 +143,7 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
     from tilemaxsim_plaid.ops import nvrtc, residual_mma
+    from tilemaxsim_plaid.ops.mma_fragments import MAX_QUERY_TOKENS
     from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, MMA_NBITS
 
     device = torch.device("cuda")
@@ -207,11 +208,12 @@ def main(argv=None) -> int:
                     if not torch.equal(with_config(config)(), mma_want):
                         raise SystemExit(f"{provider} does not score as MMA_DEFAULT at {shape}")
                     variants.append((provider, with_config(config)))
-                hints = hints_flipped(with_config(MMA_DEFAULT))
+                other_hints = not residual_mma.l2_hints(C * MAX_QUERY_TOKENS * 2)
+                hints = with_l2_hints(with_config(MMA_DEFAULT), other_hints)
                 if not torch.equal(hints(), mma_want):
                     raise SystemExit(f"the L2 hints flipped do not score as MMA_DEFAULT at {shape}")
                 variants.append((f"maxsim_residual validate=False scoring=mma l2_hints="
-                                 f"{not residual_mma.L2_HINTS}", hints))
+                                 f"{other_hints}", hints))
                 variants.append(("mma centroid-score table alone", lambda: residual_mma.
                                  permuted_table(Q[None], index["centroids"], torch.float16)))
                 want = triton_want

@@ -142,6 +142,17 @@ def test_kernel_source_compiles_for_sm90():
                     assert cubin[:4] == b"\x7fELF"
 
 
+def test_l2_hints_from_a_table_size_on_unless_overridden(monkeypatch):
+    threshold = residual_mma.L2_HINTS_MIN_TABLE_BYTES
+    assert not residual_mma.l2_hints(threshold - 1) and residual_mma.l2_hints(threshold)
+    assert not residual_mma.l2_hints((1 << 16) * 32 * 2)  # C = 2^16, one fp16 query
+    assert residual_mma.l2_hints((1 << 18) * 32 * 2)  # C = 2^18
+    monkeypatch.setattr(residual_mma, "L2_HINTS", False)
+    assert not residual_mma.l2_hints(threshold)
+    monkeypatch.setattr(residual_mma, "L2_HINTS", True)
+    assert residual_mma.l2_hints(0)
+
+
 def test_reasons_name_what_does_not_apply():
     index = random_index("cpu", 96, 1)
     Q = unit_queries(1, 32, 96, torch.float32, "cpu")
@@ -204,14 +215,15 @@ def test_l2_hints_score_as_without_them(device, monkeypatch, nbits, table_f32):
     inv_norms = norms_of(index, nbits)
     Q = unit_queries(2, 32, 128, torch.float16, device)
     config = ResidualConfig(scoring="mma", half_table=not table_f32)
+    monkeypatch.setattr(residual_mma, "L2_HINTS", False)
     plain = score(Q, index, nbits, inv_norms=inv_norms, config=config)
-    monkeypatch.setattr(residual_mma, "L2_HINTS", not residual_mma.L2_HINTS)
+    monkeypatch.setattr(residual_mma, "L2_HINTS", True)
     hinted = score(Q, index, nbits, inv_norms=inv_norms, config=config)
     assert torch.equal(hinted, plain)
     assert_close(hinted, expected(Q, index, nbits), "maxsim_residual", torch.float16)
-    kernel = residual_mma.kernel(device, torch.float16, nbits, table_f32, False, True,
-                                 residual_mma.L2_HINTS)
-    assert kernel.local_bytes == 0
+    kernels = [residual_mma.kernel(device, torch.float16, nbits, table_f32, False, True, hints)
+               for hints in (False, True)]
+    assert kernels[1].num_regs <= 128 and kernels[1].local_bytes == kernels[0].local_bytes
 
 
 @on_gpu

@@ -61,8 +61,8 @@ MAX_CENTROID_TABLE_BYTES = 24 << 20
 # at least 16 query columns, so a narrower tile pays a whole pass over the documents' codes for
 # products that are partly padding.
 MIN_TABLE_TILE_ROWS = MIN_DOT_DIM
-# Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks.
-TABLE_BLOCK_C, TABLE_BLOCK_R = 64, 64
+# Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks, 4 warps.
+TABLE_BLOCK_C, TABLE_BLOCK_R, TABLE_NUM_WARPS = 64, 64, 4
 # The split build (fp16 centroids, fp32 query, fp16 tensor cores) streams the fp16 centroids once:
 # 128-centroid blocks against up to 64 query rows.
 SPLIT_TABLE_BLOCK_C, SPLIT_TABLE_MAX_BLOCK_R = 128, 64
@@ -353,6 +353,7 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
         BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
         UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False, PROBE=False,
+        num_warps=TABLE_NUM_WARPS,
     )
     return out
 

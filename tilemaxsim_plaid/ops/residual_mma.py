@@ -38,9 +38,17 @@ WARPS = 16
 # (results/PERFORMANCE_LOG.md, run 151).
 DEFAULT_GRAB = 2
 # Cache policies (the kernel's L2_HINTS): the centroid-score table's lines loaded under L2
-# evict_last, the residual rows, codes and norms read once under evict_first. Off until measured
-# side by side (experiments/bench_residual_scale times both ways).
-L2_HINTS = False
+# evict_last, the residual rows, codes and norms read once under evict_first. Taken for tables of
+# at least L2_HINTS_MIN_TABLE_BYTES: 2-3 % faster with a 16 MiB table (C = 2^18), 1.5 % slower
+# with a 4 MiB one (results/PERFORMANCE_LOG.md, run 152). L2_HINTS (True / False) overrides the
+# rule.
+L2_HINTS_MIN_TABLE_BYTES = 8 << 20
+L2_HINTS: bool | None = None
+
+
+def l2_hints(table_bytes: int) -> bool:
+    """Whether a launch over a centroid-score table of ``table_bytes`` takes the L2 policies."""
+    return L2_HINTS if L2_HINTS is not None else table_bytes >= L2_HINTS_MIN_TABLE_BYTES
 
 
 def mma_column_order() -> torch.Tensor:
@@ -190,8 +198,9 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
         inv_norms = checks.derived(inv_norms, "fp32", inv_norms.float)
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
+    hints = l2_hints(centroids.shape[0] * B * MAX_QUERY_TOKENS * table_dtype.itemsize)
     launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
-                    codes.dtype == torch.int64, prefetch, L2_HINTS)
+                    codes.dtype == torch.int64, prefetch, hints)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
     counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
     given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
