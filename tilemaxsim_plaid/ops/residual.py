@@ -61,8 +61,17 @@ MAX_CENTROID_TABLE_BYTES = 24 << 20
 # at least 16 query columns, so a narrower tile pays a whole pass over the documents' codes for
 # products that are partly padding.
 MIN_TABLE_TILE_ROWS = MIN_DOT_DIM
-# Tiles of the per-batch table build: [64 centroids, 64 query rows] fp32 blocks, 4 warps.
-TABLE_BLOCK_C, TABLE_BLOCK_R, TABLE_NUM_WARPS = 64, 64, 4
+# Tiles of the per-batch table build (table_tile): 64 centroids against the query rows rounded up
+# to a power of two, at most TABLE_MAX_BLOCK_R, so the centroids are read once for up to 128
+# rows; one stage, as the product at d <= 128 is one step. 1.18x / 1.43x the 64 x 64 three-stage
+# tile at C = 2^18 and 32 / 128 rows (results/PERFORMANCE_LOG.md, run 154).
+TABLE_BLOCK_C, TABLE_MAX_BLOCK_R, TABLE_NUM_STAGES = 64, 128, 1
+
+
+def table_tile(rows: int) -> tuple[int, int]:
+    """(query rows per block, warps) of the table build over ``rows`` query rows."""
+    block_r = min(TABLE_MAX_BLOCK_R, max(MIN_DOT_DIM, pow2(rows)))
+    return block_r, 8 if block_r >= 128 else 4
 # The split build (fp16 centroids, fp32 query, fp16 tensor cores) streams the fp16 centroids once:
 # 128-centroid blocks against up to 64 query rows.
 SPLIT_TABLE_BLOCK_C, SPLIT_TABLE_MAX_BLOCK_R = 128, 64
@@ -346,14 +355,15 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
     out = torch.empty(C, rows.shape[0], dtype=dtype, device=Q3.device)
     if C == 0 or rows.shape[0] == 0:
         return out
-    grid = (cdiv(C, TABLE_BLOCK_C), cdiv(rows.shape[0], TABLE_BLOCK_R))
+    block_r, num_warps = table_tile(rows.shape[0])
+    grid = (cdiv(C, TABLE_BLOCK_C), cdiv(rows.shape[0], block_r))
     _query_centroid_scores_kernel[grid](
         centroids, rows, out, out, out, out, out, out, C, rows.shape[0], dim, 0.0,
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
-        BLOCK_C=TABLE_BLOCK_C, BLOCK_R=TABLE_BLOCK_R, BLOCK_D=min(MAX_BLOCK_D, max(16, pow2(dim))),
+        BLOCK_C=TABLE_BLOCK_C, BLOCK_R=block_r, BLOCK_D=min(MAX_BLOCK_D, max(16, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
         UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False, PROBE=False,
-        num_warps=TABLE_NUM_WARPS,
+        num_warps=num_warps, num_stages=TABLE_NUM_STAGES,
     )
     return out
 

@@ -40,7 +40,7 @@ DEFAULT_GRAB = 2
 # Cache policies (the kernel's L2_HINTS): the centroid-score table's lines loaded under L2
 # evict_last, the residual rows, codes and norms read once under evict_first. Taken for tables of
 # at least L2_HINTS_MIN_TABLE_BYTES: 2-3 % faster with a 16 MiB table (C = 2^18), 1.5 % slower
-# with a 4 MiB one (results/PERFORMANCE_LOG.md, run 152). L2_HINTS (True / False) overrides the
+# with a 4 MiB one (results/PERFORMANCE_LOG.md, run 153). L2_HINTS (True / False) overrides the
 # rule.
 L2_HINTS_MIN_TABLE_BYTES = 8 << 20
 L2_HINTS: bool | None = None
