@@ -30,8 +30,10 @@ HELD_PADDED_MAX_LEN = 64
 
 @dataclasses.dataclass(frozen=True)
 class MaxSimConfig:
-    """One fixed launch configuration. Passing one skips every heuristic, so a launch is
-    reproducible and can be captured in a CUDA graph.
+    """One fixed launch configuration. Passing one skips the shape heuristics, so a launch is
+    reproducible and can be captured in a CUDA graph; what follows from the config and the
+    input's dimensions alone (rows past a document's end repeated, documents walked as one loop:
+    _repeat_rows, _flat_documents) is still decided, the same way for the same shapes.
 
     Attributes:
         block_t: document tokens per tile.
@@ -288,8 +290,8 @@ def _flat_documents(num_queries: int, cfg: MaxSimConfig, packed: bool, tail_toke
     for one query held by one warp at d <= MAX_BLOCK_D over documents of at most
     FLAT_MAX_MEAN_TOKENS tokens on average (``mean_tokens``: the packed tensor's rows per
     document). There the loop per document drains its software pipeline every two or three
-    tiles. Wider held queries (d = 144-256 in 32- and 64-column chunks; they compile without
-    spills) were not timed."""
+    tiles. Wider held queries (d = 144-256 in 32- and 64-column chunks) stay with the loop per
+    document until timed on the H200 (results/PERFORMANCE_LOG.md, run 150)."""
     return (num_queries == 1 and cfg.num_warps == 1 and dim <= MAX_BLOCK_D
             and mean_tokens <= FLAT_MAX_MEAN_TOKENS and _flat_applies(cfg, packed, tail_tokens))
 

@@ -95,8 +95,9 @@ SCORING = ("decode", "mma")
 
 @dataclasses.dataclass(frozen=True)
 class ResidualConfig:
-    """One fixed launch configuration for :func:`maxsim_residual` (no heuristics: passing one
-    makes a launch reproducible and CUDA-graph friendly). :func:`default_residual_config` picks
+    """One fixed launch configuration for :func:`maxsim_residual` (no shape heuristics: passing
+    one makes a launch reproducible and CUDA-graph friendly; the mma kernel's L2 policies still
+    follow the table's size, ``residual_mma.l2_hints``). :func:`default_residual_config` picks
     one by shape; the field defaults are its choice for one query over few documents: per-document
     programs of 2 warps (many small programs resident per SM hide one another's dependent
     codes -> S-row loads) walking 16-token tiles with the pair decoder.
