@@ -23,7 +23,7 @@ _COMPILE = textwrap.dedent("""
     from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel,
                                                        _maxsim_packed_flat_kernel,
                                                        _maxsim_packed_slots_kernel)
-    from tilemaxsim_plaid.ops import dense
+    from tilemaxsim_plaid.ops import dense, residual_mma
     from tilemaxsim_plaid.kernels.maxsim_pq import _maxsim_pq_kernel
     from tilemaxsim_plaid.kernels.maxsim_pq_lut import _maxsim_pq_lut_kernel
     from tilemaxsim_plaid.kernels.maxsim_residual import (_maxsim_residual_kernel,
@@ -117,6 +117,10 @@ _COMPILE = textwrap.dedent("""
                 Q, rc, res, offsets, centroids, w, nbits, inv_norms=torch.ones(T), config=cfg,
                 validate=False),
             (_query_centroid_scores_kernel,))
+    # The mma kernel's table: query rows read in its column order (PERMUTE_32).
+    calls["centroid table permuted"] = (
+        _query_centroid_scores_kernel,
+        lambda: residual_mma.permuted_table(Q[None, :7], centroids, torch.float16), ())
     from tilemaxsim_plaid.kernels.value_range import OFFSETS, RANGE, _stats_kernel
     for dtype in (torch.int32, torch.int64):  # the ops' range checks of index tensors
         for clamp in (False, True):
@@ -171,9 +175,9 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
     # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
-    # table / gather, 3 pipelined; last: value range (2 dtypes x clamp), offsets stats (clamp),
-    # the two in one launch
-    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 2 * 2 + 2 + 1
+    # table / gather, 3 pipelined; the mma kernel's permuted table; last: value range (2 dtypes x
+    # clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

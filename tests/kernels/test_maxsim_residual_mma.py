@@ -142,6 +142,29 @@ def test_kernel_source_compiles_for_sm90():
                     assert cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [32, 7, 1])
+def test_permuted_table_reads_the_rows_in_the_kernel_order(device, dtype, rows):
+    """One launch reading query rows in table_column_of_row's order equals the table of a copy of
+    the query padded and permuted into that order (the same products, bit for bit), from a
+    strided view; columns past the chunk are zero."""
+    from tilemaxsim_plaid.ops.residual import query_centroid_scores
+
+    g = torch.Generator().manual_seed(7)
+    centroids = torch.randn(300, 128, generator=g).half().to(device)
+    wide = torch.randn(3, 2 * rows, 128, generator=g).half().to(device)
+    Q = wide[:, ::2]  # strided rows
+    padded = Q.new_zeros(3, 32, 128)
+    padded[:, residual_mma.table_column_of_row(rows).to(device)] = Q
+    table = residual_mma.permuted_table(Q, centroids, dtype)
+    assert table.shape == (300, 96) and table.dtype == dtype
+    assert torch.equal(table, query_centroid_scores(padded, centroids, dtype))
+    filled = table.view(300, 3, 32)[:, :, residual_mma.table_column_of_row(rows).to(device)]
+    want = torch.einsum("cd,brd->cbr", centroids.double(), Q.double())
+    torch.testing.assert_close(filled.double(), want, rtol=2e-3, atol=2e-3)
+    assert int((table.view(300, 3, 32) != 0).sum()) == int((filled != 0).sum())
+
+
 def test_l2_hints_from_a_table_size_on_unless_overridden(monkeypatch):
     threshold = residual_mma.L2_HINTS_MIN_TABLE_BYTES
     assert not residual_mma.l2_hints(threshold - 1) and residual_mma.l2_hints(threshold)

@@ -89,10 +89,10 @@ from tilemaxsim_plaid.kernels.maxsim_dense import _query_rows, _store_query_scor
 def _query_centroid_scores_kernel(
     p_centroids, p_q, p_out, p_head, p_tail, p_keep, p_block_max, p_block_arg,
     num_centroids, num_rows, dim, threshold,
-    stride_cc, stride_cd, stride_qr, stride_qd, stride_oc,
+    stride_cc, stride_cd, stride_qr, stride_qd, stride_oc, stride_qb, query_rows,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT_Q: tl.constexpr,
-    PROBE: tl.constexpr,
+    PROBE: tl.constexpr, PERMUTE_32: tl.constexpr,
 ):
     """S[c, r] = <centroids[c], Q_rows[r]> in fp32.
 
@@ -109,6 +109,10 @@ def _query_centroid_scores_kernel(
     PROBE (one block of rows: num_rows <= BLOCK_R): each program also reduces its block of S for
     stage 1 (maxsim_centroid.probe_tile: the pruning mask and the per-block argmax of each
     row), so candidate generation reads no table.
+
+    PERMUTE_32 (the mma kernel's table, ops/residual_mma.permuted_table): Q is [B, query_rows
+    <= 32, d] (stride_qb, stride_qr) and S has 32 columns per query, column 4 (R % 8) + R // 8
+    holding row R, zero past query_rows: num_rows = 32 B.
     """
     pid_c = tl.program_id(0)
     pid_r = tl.program_id(1)
@@ -121,8 +125,15 @@ def _query_centroid_scores_kernel(
         offs_d = d0 + tl.arange(0, BLOCK_D)
         mask_d = offs_d < dim
         # [BLOCK_R, BLOCK_D]
-        mask_q = mask_r[:, None] & mask_d[None, :]
-        b_q = tl.load(p_q + offs_r[:, None] * stride_qr + offs_d[None, :] * stride_qd,
+        if PERMUTE_32:
+            column = offs_r % 32
+            row = 8 * (column % 4) + column // 4
+            row_offsets = (offs_r // 32).to(tl.int64) * stride_qb + row * stride_qr
+            mask_q = (mask_r & (row < query_rows))[:, None] & mask_d[None, :]
+        else:
+            row_offsets = offs_r * stride_qr
+            mask_q = mask_r[:, None] & mask_d[None, :]
+        b_q = tl.load(p_q + row_offsets[:, None] + offs_d[None, :] * stride_qd,
                       mask=mask_q, other=0.0)
         # [BLOCK_C, BLOCK_D]
         b_c = tl.load(p_centroids + offs_c[:, None] * stride_cc + offs_d[None, :] * stride_cd,

@@ -340,31 +340,44 @@ def _unit_bytes(residuals: torch.Tensor, block_d: int, nbits: int) -> int:
 
 
 def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
-                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                          dtype: torch.dtype = torch.float32,
+                          permuted: bool = False) -> torch.Tensor:
     """S = centroids @ Q_rows^T: [C, B * Lq] for Q3 [B, Lq, d], accumulated in fp32 and stored
     in ``dtype`` (fp32, or fp16: each entry rounded once).
 
     Products are taken in Q's dtype when the centroids share it (fp16/bf16 tensor cores; fp32 in
     full precision), else in fp32, so that fp16 centroids are not rounded to a bf16 query's grid:
     the table is C * B * Lq products, microseconds either way.
+
+    ``permuted`` (Lq <= 32): [C, B * 32] in the mma kernel's column order, column
+    4 (R % 8) + R // 8 of each query holding its row R and columns past Lq zero
+    (ops/residual_mma.permuted_table), read from Q3 as it is.
     """
     mixed = centroids.dtype != Q3.dtype
-    rows = Q3.reshape(-1, Q3.shape[-1])
     C, dim = centroids.shape
     if dtype not in (torch.float32, torch.float16):
         raise ValueError(f"the centroid-score table is fp32 or fp16, got {dtype}")
-    out = torch.empty(C, rows.shape[0], dtype=dtype, device=Q3.device)
-    if C == 0 or rows.shape[0] == 0:
+    if permuted:
+        rows, num_rows = Q3, Q3.shape[0] * 32
+        strides = (Q3.stride(1), Q3.stride(2), Q3.stride(0), Q3.shape[1])
+    else:
+        rows = Q3.reshape(-1, Q3.shape[-1])
+        num_rows = rows.shape[0]
+        strides = (rows.stride(0), rows.stride(1), 0, 0)
+    out = torch.empty(C, num_rows, dtype=dtype, device=Q3.device)
+    if C == 0 or num_rows == 0:
         return out
-    block_r, num_warps = table_tile(rows.shape[0])
-    grid = (cdiv(C, TABLE_BLOCK_C), cdiv(rows.shape[0], block_r))
+    block_r, num_warps = table_tile(num_rows)
+    grid = (cdiv(C, TABLE_BLOCK_C), cdiv(num_rows, block_r))
+    stride_qr, stride_qd, stride_qb, query_rows = strides
     _query_centroid_scores_kernel[grid](
-        centroids, rows, out, out, out, out, out, out, C, rows.shape[0], dim, 0.0,
-        centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
+        centroids, rows, out, out, out, out, out, out, C, num_rows, dim, 0.0,
+        centroids.stride(0), centroids.stride(1), stride_qr, stride_qd, out.stride(0),
+        stride_qb, query_rows,
         BLOCK_C=TABLE_BLOCK_C, BLOCK_R=block_r, BLOCK_D=min(MAX_BLOCK_D, max(16, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float32 if mixed else Q3.dtype),
         UPCAST=mixed or interpreter_upcast(Q3.dtype), SPLIT_Q=False, PROBE=False,
-        num_warps=num_warps, num_stages=TABLE_NUM_STAGES,
+        PERMUTE_32=permuted, num_warps=num_warps, num_stages=TABLE_NUM_STAGES,
     )
     return out
 
@@ -419,10 +432,10 @@ def _split_table(Q3, centroids, probe_threshold=None):
         centroids, rows, out, head, tail, keep.view(torch.int8) if probe else out,
         block_max, block_arg, C, rows.shape[0], dim, float(probe_threshold or 0.0),
         centroids.stride(0), centroids.stride(1), rows.stride(0), rows.stride(1), out.stride(0),
-        BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
+        0, 0, BLOCK_C=SPLIT_TABLE_BLOCK_C, BLOCK_R=block_r,
         BLOCK_D=min(MAX_BLOCK_D, max(MIN_DOT_DIM, pow2(dim))),
         INPUT_PRECISION=dot_precision(torch.float16), UPCAST=interpreter_upcast(torch.float16),
-        SPLIT_Q=True, PROBE=probe,
+        SPLIT_Q=True, PROBE=probe, PERMUTE_32=False,
     )
     if not probe:
         return out, head, tail

@@ -161,20 +161,18 @@ def kernel(device: torch.device, dtype: torch.dtype, nbits: int, table_f32: bool
 def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.dtype,
                    given: torch.Tensor | None = None) -> torch.Tensor:
     """[C, B * 32] in ``dtype``: the centroid-score table of a chunk of <= 32 query rows with its
-    columns in table_column_of_row's order (rows past the chunk zero): built here from the chunk,
-    or ``given`` ([C, B, chunk rows], a caller's table) moved into that order."""
+    columns in table_column_of_row's order (rows past the chunk zero): built here from the chunk
+    in one launch (the product reads the rows in that order), or ``given`` ([C, B, chunk rows], a
+    caller's table) moved into that order."""
     from tilemaxsim_plaid.ops.residual import query_centroid_scores
 
-    B, rows, dim = Q_chunk.shape
-    columns = _table_columns(rows, Q_chunk.device)
-    if given is not None:
-        C = given.shape[0]
-        table = given.new_zeros(C, B, MAX_QUERY_TOKENS)
-        table[:, :, columns] = given
-        return table.view(C, B * MAX_QUERY_TOKENS)
-    padded = Q_chunk.new_zeros(B, MAX_QUERY_TOKENS, dim)
-    padded[:, columns] = Q_chunk
-    return query_centroid_scores(padded, centroids, dtype)
+    if given is None:
+        return query_centroid_scores(Q_chunk, centroids, dtype, permuted=True)
+    B, rows, _ = Q_chunk.shape
+    C = given.shape[0]
+    table = given.new_zeros(C, B, MAX_QUERY_TOKENS)
+    table[:, :, _table_columns(rows, Q_chunk.device)] = given
+    return table.view(C, B * MAX_QUERY_TOKENS)
 
 
 def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
