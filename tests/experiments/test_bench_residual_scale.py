@@ -77,3 +77,13 @@ def test_mma_variants_are_the_mma_default_with_other_grabs():
     for (_, config), grab in zip(variants, grabs):
         assert config == ResidualConfig(**{**vars(MMA_DEFAULT), "docs_per_program": grab})
     assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": False})
+
+
+def test_with_l2_hints_sets_the_override_for_the_call_only():
+    from experiments.bench_residual_scale import with_l2_hints
+    from tilemaxsim_plaid.ops import residual_mma
+
+    before = residual_mma.L2_HINTS
+    assert with_l2_hints(lambda: residual_mma.L2_HINTS, True)() is True
+    assert with_l2_hints(lambda: residual_mma.L2_HINTS, False)() is False
+    assert residual_mma.L2_HINTS is before

@@ -163,6 +163,9 @@ def test_permuted_table_reads_the_rows_in_the_kernel_order(device, dtype, rows):
     want = torch.einsum("cd,brd->cbr", centroids.double(), Q.double())
     torch.testing.assert_close(filled.double(), want, rtol=2e-3, atol=2e-3)
     assert int((table.view(300, 3, 32) != 0).sum()) == int((filled != 0).sum())
+    with pytest.raises(ValueError, match="at most 32 query rows"):
+        query_centroid_scores(torch.zeros(1, 33, 128, dtype=torch.float16, device=device),
+                              centroids, dtype, permuted=True)
 
 
 def test_l2_hints_from_a_table_size_on_unless_overridden(monkeypatch):

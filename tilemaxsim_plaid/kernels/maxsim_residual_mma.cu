@@ -199,10 +199,10 @@ __device__ __forceinline__ entries_t load_entries(const char* __restrict__ table
     entries_t v;
 #if TABLE_F32
     asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p), "l"(policy));
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p), "l"(policy));
 #else
     asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
+        : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
 #endif
     return v;
 #else

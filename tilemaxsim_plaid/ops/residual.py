@@ -63,8 +63,8 @@ MAX_CENTROID_TABLE_BYTES = 24 << 20
 MIN_TABLE_TILE_ROWS = MIN_DOT_DIM
 # Tiles of the per-batch table build (table_tile): 64 centroids against the query rows rounded up
 # to a power of two, at most TABLE_MAX_BLOCK_R, so the centroids are read once for up to 128
-# rows; one stage, as the product at d <= 128 is one step. 1.18x / 1.43x the 64 x 64 three-stage
-# tile at C = 2^18 and 32 / 128 rows (results/PERFORMANCE_LOG.md, run 154).
+# rows; one stage, as the product at d <= 128 is one step (measured against 64 x 64 with three
+# stages and wider centroid blocks: results/PERFORMANCE_LOG.md, run 154).
 TABLE_BLOCK_C, TABLE_MAX_BLOCK_R, TABLE_NUM_STAGES = 64, 128, 1
 
 
@@ -358,6 +358,8 @@ def query_centroid_scores(Q3: torch.Tensor, centroids: torch.Tensor,
     if dtype not in (torch.float32, torch.float16):
         raise ValueError(f"the centroid-score table is fp32 or fp16, got {dtype}")
     if permuted:
+        if Q3.shape[1] > 32:
+            raise ValueError(f"a permuted table holds at most 32 query rows, got {Q3.shape[1]}")
         rows, num_rows = Q3, Q3.shape[0] * 32
         strides = (Q3.stride(1), Q3.stride(2), Q3.stride(0), Q3.shape[1])
     else:

@@ -34,14 +34,13 @@ TABLE_BYTES = 256 * 128
 # 16 warps per block, one block per SM (128 registers a thread): more warps hide more of each
 # warp's load latency (12 were measured slower: results/PERFORMANCE_LOG.md, run 141).
 WARPS = 16
-# Documents a warp claims at once: 2 was faster than 4 and 8 at nbits 2 and 4, C = 2^16 and 2^18
+# Documents a warp claims at once: 2 beat 4 and 8 at nbits 2 and 4, C = 2^16 and 2^18
 # (results/PERFORMANCE_LOG.md, run 151).
 DEFAULT_GRAB = 2
 # Cache policies (the kernel's L2_HINTS): the centroid-score table's lines loaded under L2
 # evict_last, the residual rows, codes and norms read once under evict_first. Taken for tables of
-# at least L2_HINTS_MIN_TABLE_BYTES: 2-3 % faster with a 16 MiB table (C = 2^18), 1.5 % slower
-# with a 4 MiB one (results/PERFORMANCE_LOG.md, run 153). L2_HINTS (True / False) overrides the
-# rule.
+# at least L2_HINTS_MIN_TABLE_BYTES: faster with a 16 MiB table (C = 2^18), slower with a 4 MiB
+# one (results/PERFORMANCE_LOG.md, run 153). L2_HINTS (True / False) overrides the rule.
 L2_HINTS_MIN_TABLE_BYTES = 8 << 20
 L2_HINTS: bool | None = None
 
