@@ -258,16 +258,18 @@ def residual_mma(work: Path, opts) -> list[Step]:
     kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
     beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
     the mma kernel at 4 and 8 documents per grab and with its prefetch flipped, and dense scoring
-    of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18
-    (about 6 minutes)."""
+    of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18;
+    then the centroid-score table's build by tile (bench_centroid_table; about 7 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",
              "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
-             "tests/kernels/test_nan_policy.py")
+             "tests/kernels/test_nan_policy.py", "tests/experiments/test_bench_centroid_table.py")
     return [Step("residual-tests", (*PYTEST, *parallel_workers(), *tests), 200),
             Step("residual-mma", module("experiments.bench_residual_scale", "--centroids",
                                         "65536", "262144", "--nbits", "2", "4", "--repeats", "2",
                                         "--mma-grabs", "4", "8",
-                                        "--out", str(work / "residual-mma")), 330)]
+                                        "--out", str(work / "residual-mma")), 330),
+            Step("centroid-table", module("experiments.bench_centroid_table",
+                                          "--out", str(work / "centroid-table")), 90)]
 
 
 def residual_ncu(work: Path, opts) -> list[Step]:
@@ -463,8 +465,8 @@ SUITES = {
                                residual_decoders),
     "residual-mma": Suite("GPU tests of the residual kernels; the residual op's default beside its "
                           "other kernel (Triton launch, mma kernel) and dense on the decoded "
-                          "documents, C = 2^16 and 2^18, nbits 2 / 4",
-                          residual_mma),
+                          "documents, C = 2^16 and 2^18, nbits 2 / 4; the centroid-score "
+                          "table's build by tile", residual_mma),
     "residual-ncu": Suite("Nsight Compute on the residual op's Triton default and mma kernel, "
                           "nbits 2 / 4: units, stall reasons, the SASS instructions warps wait on",
                           residual_ncu),

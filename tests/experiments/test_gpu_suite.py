@@ -111,10 +111,12 @@ EXPECTED = {
     "residual-mma": {
         "residual-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_residual_mma.py",
                            "tests/kernels/test_maxsim_pq_mma.py", "tests/ops/test_residual.py", "tests/kernels/test_maxsim_residual.py",
-                           "tests/kernels/test_nan_policy.py"],
+                           "tests/kernels/test_nan_policy.py",
+                           "tests/experiments/test_bench_centroid_table.py"],
         "residual-mma": ["-m", "experiments.bench_residual_scale", "--centroids", "65536",
                          "262144", "--nbits", "2", "4", "--repeats", "2", "--mma-grabs", "4",
                          "8", "--out", "W/residual-mma"],
+        "centroid-table": ["-m", "experiments.bench_centroid_table", "--out", "W/centroid-table"],
     },
     "dense-rows": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
