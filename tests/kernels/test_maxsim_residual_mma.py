@@ -163,6 +163,13 @@ def test_permuted_table_reads_the_rows_in_the_kernel_order(device, dtype, rows):
     want = torch.einsum("cd,brd->cbr", centroids.double(), Q.double())
     torch.testing.assert_close(filled.double(), want, rtol=2e-3, atol=2e-3)
     assert int((table.view(300, 3, 32) != 0).sum()) == int((filled != 0).sum())
+    # A NaN in one query row reaches that row's column only (the NaN policy).
+    wide[1, 0, 5] = float("nan")
+    nan_table = residual_mma.permuted_table(Q, centroids, dtype).view(300, 3, 32)
+    nan_column = residual_mma.table_column_of_row(rows)[0]
+    assert nan_table[:, 1, nan_column].isnan().all()
+    nan_table[:, 1, nan_column] = table.view(300, 3, 32)[:, 1, nan_column]
+    assert torch.equal(nan_table, table.view(300, 3, 32))
     with pytest.raises(ValueError, match="at most 32 query rows"):
         query_centroid_scores(torch.zeros(1, 33, 128, dtype=torch.float16, device=device),
                               centroids, dtype, permuted=True)
