@@ -17,13 +17,17 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
-* ``validate=False``: the default launch without the checks' host work.
+* ``validate=False``: the default launch without the checks' host work;
+* ``mma``, ``mma grab 2``, ``mma grab 8``: the packed call with ``MaxSimConfig(scoring="mma")``
+  (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
+  document stream), taking 4 (its default), 2 or 8 documents a grab.
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
 alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
 
-Every variant's scores are checked equal to the default's up to fp32 rounding (the switches
-change addressing, not arithmetic). The peers (flash-maxsim, late-interaction-kernels) are timed
+Every switch's scores are checked equal to the default's up to fp32 rounding (the switches
+change addressing, not arithmetic); the mma kernel's, which sums each product in another order,
+within the tests' tolerance of the default's. The peers (flash-maxsim, late-interaction-kernels) are timed
 in the same rounds.
 """
 
@@ -74,6 +78,13 @@ CELLS = {
     "d80": {"d": 80},
     "d96-lognormal-30": {"d": 96, "dist": "lognormal-30"},
     "d144-lognormal-30": {"d": 144, "dist": "lognormal-30"},
+    "d144-Lq64": {"d": 144, "Lq": 64},
+    "d96-Lq48": {"d": 96, "Lq": 48},
+    "d192-Lq64": {"d": 192, "Lq": 64},
+    "d256-Lq48": {"d": 256, "Lq": 48},
+    "d384-lognormal-30": {"d": 384, "dist": "lognormal-30"},
+    "d768-lognormal-30": {"d": 768, "dist": "lognormal-30"},
+    "d512-heavy-512": {"d": 512, "dist": "heavy-512"},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
@@ -88,6 +99,12 @@ NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-hea
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
+# One query's packed cells furthest below the read roof in grid h200-975e3d8-full (65-85 %),
+# beside the headline: where the mma kernel is to be weighed against the default.
+MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d144-lognormal-30",
+             "d144-Lq48", "d144-Lq64", "d96-Lq48", "d64-Lq64", "Lq64", "d192-Lq64", "d256-Lq48",
+             "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70", "d512-Lq31",
+             "d512-heavy-512", "d768-lognormal-30", "d768-Lq31", "d80")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -133,6 +150,10 @@ VARIANTS = {"default": contextlib.nullcontext,
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False)}
+# Variants that are another config of the same call, not a switch around the default's.
+CONFIG_VARIANTS = {"mma": dense.MaxSimConfig(scoring="mma"),
+                   "mma grab 2": dense.MaxSimConfig(scoring="mma", docs_per_program=2),
+                   "mma grab 8": dense.MaxSimConfig(scoring="mma", docs_per_program=8)}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:
@@ -160,12 +181,19 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
     want = ours()
     calls = {}
     for variant in dict.fromkeys(("default", *variants)):
-        switch = VARIANTS[variant]
-        with switch():
-            got = ours()  # compiles the variant's specialisation outside the timed rounds
-        if not _same_scores(got, want):
+        if variant in CONFIG_VARIANTS:
+            switch, fn = contextlib.nullcontext, bg.provider_ours(
+                cell, x, config=CONFIG_VARIANTS[variant])
+            got = fn()  # compiles the kernel outside the timed rounds
+            same = torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+        else:
+            switch, fn = VARIANTS[variant], ours
+            with switch():
+                got = ours()  # compiles the variant's specialisation outside the timed rounds
+            same = _same_scores(got, want)
+        if not same:
             raise AssertionError(f"{cell.name}: variant {variant!r} does not score as the default")
-        calls[variant] = (switch, ours)
+        calls[variant] = (switch, fn)
     unchecked = bg.provider_ours(cell, x, validate=False)
     if not _same_scores(unchecked(), want):
         raise AssertionError(f"{cell.name}: validate=False does not score as the default")
@@ -203,7 +231,8 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        choices=[*VARIANTS, *CONFIG_VARIANTS],
                         help="variants timed beside the default (which is always timed)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-docs", type=int, default=bg.MAX_DOCS,

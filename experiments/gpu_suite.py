@@ -314,6 +314,19 @@ def dense_flat(work: Path, opts) -> list[Step]:
                                       "--rounds", "5", "--out", str(work / "dense-flat")), 300)]
 
 
+def dense_mma(work: Path, opts) -> list[Step]:
+    """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
+    beside it (4, 2 and 8 documents a grab) and the peers on one query's packed cells furthest
+    below the read roof and the headline, 3 alternated rounds (about 4 minutes)."""
+    from experiments.bench_dense_variants import MMA_CELLS
+
+    return [Step("mma-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense_mma.py"),
+                 150),
+            Step("dense-mma", module("experiments.bench_dense_variants", "--cells", *MMA_CELLS,
+                                     "--variants", "mma", "mma grab 2", "mma grab 8",
+                                     "--rounds", "3", "--out", str(work / "dense-mma")), 300)]
+
+
 def dense_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the dense op's default launches where the grid is below its targets
     beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
@@ -478,6 +491,8 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
+    "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
+                       "peers on one query's packed cells below the read roof", dense_mma),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

@@ -144,23 +144,6 @@ __device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restri
     }
 }
 
-// Output n's document: its first token and its length.
-__device__ __forceinline__ void document_bounds(const long long* __restrict__ offsets,
-                                                const long long* __restrict__ pids, int n,
-                                                long long& start, int& length) {
-    const long long doc = pids ? pids[n] : n;
-    start = offsets[doc];
-    length = (int)(offsets[doc + 1] - start);
-}
-
-// Asks L2 for the 128-byte lines of ``bytes`` bytes from ``p``, a line per lane at a time.
-__device__ __forceinline__ void prefetch_lines(const void* p, long long bytes, int lane) {
-    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
-    const unsigned long long end = at + bytes;
-    for (unsigned long long line = (at & ~127ull) + 128ull * lane; line < end; line += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-}
-
 // A document's residual rows, codes and inverse norms into L2, read a document ahead: its
 // tiles' loads then wait on L2, not on HBM.
 __device__ __forceinline__ void prefetch_document(const unsigned char* __restrict__ residuals,

@@ -1,7 +1,7 @@
-// What the CUDA MaxSim kernels share (maxsim_pq_mma.cu, maxsim_residual_mma.cu): the query held
-// as the A operand of mma.sync.m16n8k16 (32 rows in two blocks of 16), document tokens as B, and
-// a lane (g = lane / 4, quad q = lane % 4) keeping the running max of query rows g + 8j
-// (j = 0..3) over its tokens. Included by NVRTC (ops/nvrtc.py passes the kernels' folder).
+// What the CUDA MaxSim kernels share (maxsim_dense_mma.cu, maxsim_pq_mma.cu,
+// maxsim_residual_mma.cu): the query held as the A operand of mma.sync.m16n8k16 (blocks of 16
+// rows), document tokens as B, a lane (g = lane / 4, quad q = lane % 4) keeping the running max
+// of query rows g + 8j over its tokens, and documents found by offsets (and pids). Included by NVRTC (ops/nvrtc.py passes the kernels' folder).
 // Needs ELEM ("f16" or "bf16") defined.
 
 #pragma once
@@ -47,13 +47,32 @@ __device__ __forceinline__ void load_query_fragments(unsigned (&qf)[QUERY_REGS],
     }
 }
 
+// Output n's document: its first token and its length.
+__device__ __forceinline__ void document_bounds(const long long* __restrict__ offsets,
+                                                const long long* __restrict__ pids, int n,
+                                                long long& start, int& length) {
+    const long long doc = pids ? pids[n] : n;
+    start = offsets[doc];
+    length = (int)(offsets[doc + 1] - start);
+}
+
+// Asks L2 for the 128-byte lines of ``bytes`` bytes from ``p``, a line per lane at a time.
+__device__ __forceinline__ void prefetch_lines(const void* p, long long bytes, int lane) {
+    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
+    const unsigned long long end = at + bytes;
+    for (unsigned long long line = (at & ~127ull) + 128ull * lane; line < end; line += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+}
+
 // A document's score from the warp's running maxima (best[j]: query row g + 8j over this lane's
-// tokens), in every lane: the max over the quad's tokens, then the sum over the 32 rows, a row
-// past the query's length adding 0 (also to an empty document's -inf). Resets best to -inf.
-__device__ __forceinline__ float document_score(float (&best)[4], const bool (&row_in_query)[4]) {
+// tokens; J = 4 for 32 rows), in every lane: the max over the quad's tokens, then the sum over
+// the rows, a row past the query's length adding 0 (also to an empty document's -inf). Resets
+// best to -inf.
+template <int J>
+__device__ __forceinline__ float document_score(float (&best)[J], const bool (&row_in_query)[J]) {
     float total = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < J; ++j) {
         float v = best[j];
         v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
         v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));

@@ -1,0 +1,246 @@
+"""Packed-document MaxSim on tensor cores with per-warp document streams (scoring="mma",
+kernels/maxsim_dense_mma.cu).
+
+The kernel is CUDA C++ and runs on a GPU only. On the CPU its column order is replayed with the
+kernel's indexing (the query's fragments from one formula, the documents' loaded words from
+another: they must pair up) and scored against the float64 reference; the source is compiled for
+sm_90 by NVRTC in every variant the host launches. On a GPU the kernel itself is checked against
+the reference over odd d and query lengths, pids, empty documents, strided and misaligned rows,
+NaN and inf, and a CUDA graph replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import ON_GPU
+from tests.kernels.test_maxsim_dense import _packed_from_lengths, _rand
+from tests.tolerances import assert_close
+from tilemaxsim_plaid import reference
+from tilemaxsim_plaid.ops import dense, dense_mma, nvrtc
+from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
+
+on_gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a GPU; the CPU replays its "
+                                                "column order in the tests above")
+MMA = MaxSimConfig(scoring="mma")
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+@pytest.mark.parametrize("dim,cols", [(128, 8), (96, 8), (768, 8), (144, 4), (16, 4), (48, 4)])
+def test_column_order_is_a_permutation_of_whole_lane_segments(dim, cols):
+    order = dense_mma.mma_column_order(dim, cols)
+    assert sorted(order.tolist()) == list(range(dim))
+    # Lane quad q's columns of a chunk are one contiguous segment of `cols` dimensions.
+    k = torch.arange(dim) % 16
+    quads = (k % 8) // 2
+    chunk = torch.arange(dim) // (4 * cols)
+    for c in range(dim // (4 * cols)):
+        for q in range(4):
+            mine = order[(chunk == c) & (quads == q)]
+            assert sorted(mine.tolist()) == list(range(c * 4 * cols + q * cols,
+                                                       c * 4 * cols + (q + 1) * cols))
+
+
+def _kernel_dim_of(kb, q, h, cols):
+    """kernels/maxsim_dense_mma.cu's dim_of: the query fragments' column pairs."""
+    per_chunk = cols // 4
+    return (kb // per_chunk) * 4 * cols + q * cols + 2 * (2 * (kb % per_chunk) + h)
+
+
+@pytest.mark.parametrize("dim,cols", [(128, 8), (160, 8), (144, 4), (16, 4)])
+@pytest.mark.parametrize("rows", [1, 16, 33, 64])
+def test_replayed_fragments_score_like_the_reference(dim, cols, rows):
+    """The products as the kernel forms them: A fragments from its query formula, B registers
+    from the words its lanes load (word r of chunk c is register r % 2 of k-block
+    c cols / 4 + r // 2), m16n8k16 semantics, then the max over tokens and the sum over rows."""
+    torch.manual_seed(0)
+    Q = torch.randn(rows, dim, dtype=torch.float64)
+    D = torch.randn(11, dim, dtype=torch.float64)
+    blocks, kblocks = -(-rows // 16), dim // 16
+    S = torch.zeros(16 * blocks, D.shape[0], dtype=torch.float64)
+    for kb in range(kblocks):
+        c, kbi = divmod(kb, cols // 4)
+        for g in range(8):
+            for q in range(4):
+                for h in range(2):
+                    for p in range(2):
+                        k = 2 * q + 8 * h + p  # the product column of this lane's pair
+                        a_dim = _kernel_dim_of(kb, q, h, cols) + p
+                        word = 2 * kbi + h
+                        b_dim = c * 4 * cols + q * cols + 2 * word + p
+                        assert a_dim == b_dim == int(dense_mma.mma_column_order(dim, cols)[kb * 16 + k])
+                        for mb in range(blocks):
+                            for r in range(2):
+                                row = mb * 16 + g + 8 * r
+                                if row < rows:
+                                    S[row] += Q[row, a_dim] * D[:, b_dim]
+    scores = S[:rows].amax(dim=1).sum()
+    torch.testing.assert_close(scores, (Q @ D.T).amax(dim=1).sum())
+
+
+def test_kernel_source_compiles_for_sm90():
+    """NVRTC compiles every variant the host launches for the H200 without a GPU."""
+    try:
+        nvrtc.nvrtc_library()
+    except nvrtc.NvrtcError as error:
+        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
+    source = dense_mma.SOURCE.read_text()
+    for element in dense_mma.ELEMENT_NAMES.values():
+        for dim, cols in ((128, 8), (144, 4), (768, 8)):
+            for blocks in (1, 2, 3, 4):
+                warps, depth = dense_mma.pipeline(blocks, cols)
+                cubin, _ = nvrtc.compile_cubin(
+                    source, dense_mma.SOURCE.name, "sm_90",
+                    {"WARPS": warps, "ELEM": element, "DIM": dim, "LANE_COLS": cols,
+                     "QUERY_BLOCKS": blocks, "DEPTH": depth, "PREFETCH": blocks % 2},
+                    headers=nvrtc.local_headers(dense_mma.SOURCE))
+                assert cubin[:4] == b"\x7fELF"
+
+
+def test_pipeline_keeps_registers_within_the_warps():
+    assert dense_mma.pipeline(2, 8) == (16, 4)
+    assert dense_mma.pipeline(1, 4) == (16, 6)
+    assert dense_mma.pipeline(4, 8) == (8, 8)
+    assert dense_mma.pipeline(3, 4) == (8, 12)
+
+
+def test_lane_columns_follow_d_and_alignment():
+    wide = torch.zeros(10, 160, dtype=torch.float16)
+    assert dense_mma.lane_cols(wide[:, :128]) == 8  # 320-byte rows, 16-byte aligned
+    assert dense_mma.lane_cols(wide[:, :144]) == 4  # d = 144: 16 more than 4 x 32
+    assert dense_mma.lane_cols(wide[:, 4:132]) == 4  # starts 8 bytes in
+
+
+def test_reasons_name_what_does_not_apply():
+    Q = torch.zeros(1, 4, 72, dtype=torch.float32)
+    D = torch.zeros(5, 72, dtype=torch.float32)
+    reasons = " ".join(dense_mma.reasons_not_to_apply(Q, D))
+    for what in ("dtype torch.float32", "d = 72", "device cpu"):
+        assert what in reasons
+    Q16 = torch.zeros(1, 4, 128, dtype=torch.float16)
+    odd = torch.zeros(5, 130, dtype=torch.float16)[:, 1:129]  # rows start 2 bytes in
+    assert any("aligned" in r for r in dense_mma.reasons_not_to_apply(Q16, odd))
+    assert any("without rows" in r
+               for r in dense_mma.reasons_not_to_apply(Q16, torch.zeros(0, 128, dtype=torch.float16)))
+
+
+def test_scoring_is_a_checked_config_field():
+    Q = torch.zeros(4, 128, dtype=torch.float16)
+    D, offsets = _packed_from_lengths([3, 4], 128, torch.float16, "cpu")
+    with pytest.raises(ValueError, match="scoring"):
+        maxsim_packed(Q, D, offsets, config=MaxSimConfig(scoring="wgmma"))
+    with pytest.raises(ValueError, match="packed layout"):
+        maxsim_padded(Q, torch.zeros(2, 5, 128, dtype=torch.float16), config=MMA)
+    if not ON_GPU:
+        with pytest.raises(ValueError, match="a CUDA GPU"):
+            maxsim_packed(Q, D, offsets, config=MMA)
+
+
+@on_gpu
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4])
+@pytest.mark.parametrize("cols", [4, 8])
+def test_kernel_fits_its_registers_without_spills(device, blocks, cols):
+    warps, _ = dense_mma.pipeline(blocks, cols)
+    kernel = dense_mma.kernel(device, torch.float16, 128, cols, blocks)
+    assert kernel.num_regs * 32 * warps <= 65536
+    assert kernel.local_bytes == 0
+
+
+# Lengths around the 8-token halves and 16-token tiles, empty documents first, inside and last.
+LENGTHS = [0, 1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 0, 130, 64, 2, 31, 0]
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [16, 48, 64, 96, 128, 144, 256, 384, 768])
+@pytest.mark.parametrize("Lq", [1, 9, 16, 32, 33, 48, 64, 65, 130])
+def test_kernel_matches_reference(device, dtype, dim, Lq):
+    D, offsets = _packed_from_lengths(LENGTHS * 7, dim, dtype, device)
+    Q = _rand(3, Lq, dim, dtype=dtype, device=device)
+    query_lengths = torch.tensor([Lq, max(Lq // 2, 1), 0], device=device)
+    out = maxsim_packed(Q, D, offsets, query_lengths=query_lengths, config=MMA)
+    want = reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths)
+    assert_close(out, want, "maxsim_dense", dtype)
+    assert torch.isneginf(out[:2, 0]).all() and (out[2] == 0).all()
+    assert torch.isneginf(out[:2, -1]).all()
+
+
+@on_gpu
+@pytest.mark.parametrize("grab", [1, 3, 4, 16])
+def test_kernel_grabs_and_pids(device, grab):
+    lengths = torch.randint(0, 140, (5000,), generator=torch.Generator().manual_seed(3)).tolist()
+    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
+    pids = torch.randperm(5000, device=device)[:777].int()
+    Q = _rand(2, 32, 128, dtype=torch.float16, device=device)
+    config = MaxSimConfig(scoring="mma", docs_per_program=grab)
+    out = maxsim_packed(Q, D, offsets, pids, config=config)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, pids), "maxsim_dense", torch.float16)
+    whole = maxsim_packed(Q[0], D, offsets, config=config)
+    assert_close(whole, reference.maxsim_packed(Q[0], D, offsets), "maxsim_dense", torch.float16)
+    # The Triton default on the same documents: the same exact products, summed in fp32.
+    torch.testing.assert_close(whole, maxsim_packed(Q[0], D, offsets), rtol=1e-5, atol=1e-5)
+
+
+@on_gpu
+@pytest.mark.parametrize("start,width,cols", [(0, 128, 8), (4, 128, 4), (0, 144, 4)])
+def test_kernel_reads_strided_rows_and_strided_queries(device, start, width, cols):
+    """Rows of a wider tensor (16- or only 8-byte aligned) and a query with strided rows."""
+    lengths = [5, 0, 40, 17, 9]
+    wide, offsets = _packed_from_lengths(lengths, 160, torch.float16, device)
+    D = wide[:, start:start + width]
+    assert dense_mma.lane_cols(D) == cols
+    Q = _rand(2, 70, width, dtype=torch.float16, device=device)[:, ::2]
+    out = maxsim_packed(Q, D, offsets, config=MMA)
+    assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+    with pytest.raises(ValueError, match="aligned"):
+        maxsim_packed(Q[..., :width - 16], wide[:, 1:width - 15], offsets, config=MMA)
+
+
+@on_gpu
+def test_kernel_nan_and_inf_reach_exactly_their_scores(device):
+    D, offsets = _packed_from_lengths([3, 20, 0, 9], 128, torch.float16, device)
+    Q = _rand(1, 32, 128, dtype=torch.float16, device=device)
+    clean = maxsim_packed(Q, D, offsets, config=MMA, validate=False)
+    poisoned = D.clone()
+    poisoned[10, 5] = float("nan")  # a token of document 1
+    out = maxsim_packed(Q, poisoned, offsets, config=MMA, validate=False)
+    assert torch.isnan(out[0, 1]) and torch.equal(out[0, [0, 2, 3]], clean[0, [0, 2, 3]])
+    poisoned = D.clone()
+    poisoned[0] = float("inf")  # every product of document 0's first token: +-inf or NaN
+    out = maxsim_packed(Q, poisoned, offsets, config=MMA, validate=False)
+    want = reference.maxsim_packed(Q, poisoned, offsets)
+    assert torch.equal(torch.isnan(out), torch.isnan(want.float()))
+    assert torch.equal(out[0, 1:], clean[0, 1:])
+    # A NaN in a query row past the query's length counts for nothing.
+    Qn = Q.clone()
+    Qn[0, 20] = float("nan")
+    out = maxsim_packed(Qn, D, offsets, query_lengths=torch.tensor([20], device=device),
+                        config=MMA, validate=False)
+    assert not torch.isnan(out).any()
+    assert_close(out, reference.maxsim_packed(Q, D, offsets,
+                                              query_lengths=torch.tensor([20], device=device)),
+                 "maxsim_dense", torch.float16)
+
+
+@on_gpu
+def test_kernel_replays_from_a_cuda_graph(device):
+    D, offsets = _packed_from_lengths(LENGTHS * 20, 128, torch.float16, device)
+    Q = _rand(2, 40, 128, dtype=torch.float16, device=device)
+    eager = maxsim_packed(Q, D, offsets, config=MMA)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        maxsim_packed(Q, D, offsets, config=MMA)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = maxsim_packed(Q, D, offsets, config=MMA, validate=False)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+def test_default_configs_keep_the_triton_kernels():
+    assert dense.default_config(1, 32, None, 128, True, 100_000).scoring == "tiles"

@@ -1,0 +1,280 @@
+// Exact MaxSim over packed 16-bit documents on mma.sync: any d that is a multiple of 16, up to 64
+// query rows a launch, every warp walking its own documents, each lane loading the tensor-core
+// operand it multiplies straight from global memory.
+//
+//     score[b, n] = sum_i max_t <Q[b, i], D[t]>     (t over document n's rows)
+//
+// Why CUDA and not Triton: tl.dot takes the document tile through shared memory (a store and a
+// load of every element on top of its read) in tiles whose shape follows d and the query's
+// length, padded to powers of two. Here a lane's vector load of its own segment of a row is
+// its operand, whatever d (a multiple of 16) and however many query rows.
+//
+// Column order: the products' k index runs over d in an order of the kernel's, the same for the
+// query and the documents, which leaves every <q, t> unchanged. Chunk c of CHUNK_COLS = 4W
+// columns (W = LANE_COLS, 4 or 8) gives lane quad q the columns c 4W + q W .. c 4W + q W + W - 1
+// of its token: one 8- or 16-byte load, the quad reading the chunk's segment of the row whole.
+// Word r of the load (columns + 2r, + 2r + 1) is B register r % 2 of k-block c W/4 + r / 2, the
+// product columns 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16 (ops/dense_mma.mma_column_order).
+//
+// Query: QUERY_BLOCKS blocks of 16 rows, stored once per block in shared memory as each lane's
+// A fragments (block, k-block, lane; rows past the query's length zero): one 16-byte load per
+// block and k-block, shared by both halves of a tile.
+//
+// Documents: a warp takes GRAB consecutive outputs from a per-query counter (claimed a grab
+// ahead) and walks each document in 16-token tiles of two halves of 8 (lane g loads token g of
+// each; a half wholly past the document's end is neither loaded nor multiplied), a tile chunk by
+// chunk. Its loads run DEPTH (tile, chunk) steps ahead of its products, across tiles, documents
+// and grabs, so the pipeline never drains; with PREFETCH each next document of a grab is asked
+// into L2 when the loads reach the one before it.
+//
+// Masking as everywhere: a token past its document's end is -inf, selected after the products
+// (a product may be NaN or inf, and -inf + NaN would let it win); a query row past the query's
+// length adds 0 (also to an empty document's -inf); an empty document is -inf. Every max
+// propagates NaN (max_nan): a NaN in an input reaches exactly the scores it touches, as in
+// torch (docs/kernels.md, NaN and inf). A load past the document's end reads its last token.
+//
+// Defines: WARPS (warps per block, one block per SM), ELEM ("f16" or "bf16"), DIM (a multiple of
+// CHUNK_COLS), LANE_COLS (4 or 8), QUERY_BLOCKS (1 to 4), DEPTH (steps loaded ahead), PREFETCH.
+
+#ifndef WARPS
+#define WARPS 16
+#endif
+#ifndef ELEM
+#define ELEM f16
+#endif
+#ifndef DIM
+#define DIM 128
+#endif
+#ifndef LANE_COLS
+#define LANE_COLS 8
+#endif
+#ifndef QUERY_BLOCKS
+#define QUERY_BLOCKS 2
+#endif
+#ifndef DEPTH
+#define DEPTH 4
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
+#include "mma_common.cuh"
+
+#define CHUNK_COLS (4 * LANE_COLS)
+#define CHUNKS (DIM / CHUNK_COLS)
+#define CHUNK_KBLOCKS (LANE_COLS / 4)  // k-blocks of 16 columns per chunk
+#define KBLOCKS (DIM / 16)
+#define ROWS (2 * QUERY_BLOCKS)        // a lane's query rows g + 8j
+
+static_assert(LANE_COLS == 4 || LANE_COLS == 8, "LANE_COLS is 4 or 8");
+static_assert(DIM % CHUNK_COLS == 0, "DIM is a multiple of 4 * LANE_COLS");
+static_assert(QUERY_BLOCKS >= 1 && QUERY_BLOCKS <= 4, "QUERY_BLOCKS is 1 to 4");
+
+#if LANE_COLS == 8
+typedef uint4 words_t;
+#else
+typedef uint2 words_t;
+#endif
+
+// Register h of k-block kbi of a lane's chunk words: word 2 kbi + h.
+__device__ __forceinline__ unsigned word(const words_t& w, int r) {
+#if LANE_COLS == 8
+    return r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
+#else
+    return r == 0 ? w.x : w.y;
+#endif
+}
+
+// The dimension of product column pair (k-block kb, quad q, register h) (+ 0, + 1).
+__device__ __forceinline__ int dim_of(int kb, int q, int h) {
+    return (kb / CHUNK_KBLOCKS) * CHUNK_COLS + q * LANE_COLS + 2 * (2 * (kb % CHUNK_KBLOCKS) + h);
+}
+
+// One step of a warp's walk: one chunk of one 16-token tile.
+struct Step {
+    words_t w[2];  // this lane's words of token g of each half
+    int chunk;
+    int left;      // tokens of the document from the tile's first on (<= 0: an empty one)
+    int out;       // the document's output index; -1 past the warp's last
+};
+
+// Where the loads are: document ``n`` of the grab ending before ``grab_end``, the tile at
+// ``position``, chunk ``chunk``; ``n >= num_out`` once every document is claimed.
+struct Cursor {
+    int n, grab_end, length, position, chunk, claimed;
+    long long start;
+};
+
+struct Walk {
+    const long long* __restrict__ offsets;
+    const long long* __restrict__ pids;
+    int* __restrict__ counter;
+    int num_out, grab, lane;
+
+    // The next grab: its first output claimed one grab ago (lane 0's atomic), another claimed.
+    __device__ __forceinline__ void begin_grab(Cursor& c) const {
+        c.n = __shfl_sync(0xffffffffu, c.claimed, 0);
+        if (c.n < num_out) {
+            if (lane == 0) c.claimed = atomicAdd(counter, grab);
+            c.grab_end = min(c.n + grab, num_out);
+        }
+    }
+
+    __device__ __forceinline__ void enter(Cursor& c, const unsigned short* __restrict__ D,
+                                          long long stride_row) const {
+        c.position = 0;
+        c.chunk = 0;
+        if (c.n >= num_out) return;
+        document_bounds(offsets, pids, c.n, c.start, c.length);
+        if (c.length <= 0) c.chunk = CHUNKS - 1;  // an empty document: one step, no loads
+        if (PREFETCH && c.n + 1 < c.grab_end) {
+            long long next_start;
+            int next_length;
+            document_bounds(offsets, pids, c.n + 1, next_start, next_length);
+            prefetch_lines(D + next_start * stride_row, (long long)next_length * stride_row * 2,
+                           lane);
+        }
+    }
+
+    __device__ __forceinline__ void advance(Cursor& c, const unsigned short* __restrict__ D,
+                                            long long stride_row) const {
+        if (c.n >= num_out) return;
+        if (++c.chunk < CHUNKS) return;
+        c.chunk = 0;
+        c.position += 16;
+        if (c.position < c.length) return;  // an empty document has one tile
+        if (++c.n >= c.grab_end) begin_grab(c);
+        enter(c, D, stride_row);
+    }
+};
+
+__device__ __forceinline__ Step load_step(const Cursor& c, const unsigned short* __restrict__ D,
+                                          long long stride_row, int num_out, int g, int q) {
+    Step s;
+    s.chunk = c.chunk;
+    s.left = c.length - c.position;
+    s.out = c.n < num_out ? c.n : -1;
+    if (s.out >= 0) {
+        const unsigned short* rows = D + c.start * stride_row + c.chunk * CHUNK_COLS + q * LANE_COLS;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (s.left > 8 * h) {  // the same for the whole warp
+                const int i = min(c.position + 8 * h + g, c.length - 1);
+                s.w[h] = __ldcs(reinterpret_cast<const words_t*>(rows + i * stride_row));
+            }
+        }
+    }
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
+maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
+                 long long stride_qb, long long stride_qt,  // in elements, even
+                 int num_query_rows,                        // <= 16 QUERY_BLOCKS
+                 const int* __restrict__ query_lengths,     // [B] or null: all rows
+                 int row_start,                             // query_lengths count from here
+                 const unsigned short* __restrict__ D,      // [T, DIM] rows, ELEM
+                 long long stride_row,                      // in elements: aligned for words_t
+                 const long long* __restrict__ offsets,     // [N + 1]
+                 const long long* __restrict__ pids,        // [num_out] or null
+                 float* __restrict__ out,                   // [B][out_stride]
+                 long long out_stride,
+                 int* __restrict__ counters,                // [B], zero at launch
+                 int num_out, int grab) {
+    extern __shared__ uint4 query_fragments[];  // [QUERY_BLOCKS][KBLOCKS][32]
+    const int query = blockIdx.y;
+    const int query_rows = query_lengths
+        ? min(max(query_lengths[query] - row_start, 0), num_query_rows) : num_query_rows;
+    const unsigned short* q_rows = Q + query * stride_qb;
+    for (int e = threadIdx.x; e < QUERY_BLOCKS * KBLOCKS * 32; e += blockDim.x) {
+        const int l = e & 31, kb = (e >> 5) % KBLOCKS, mb = (e >> 5) / KBLOCKS;
+        unsigned r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = mb * 16 + (l >> 2) + 8 * (j & 1);
+            r[j] = row < query_rows ? *reinterpret_cast<const unsigned*>(
+                q_rows + row * stride_qt + dim_of(kb, l & 3, j >> 1)) : 0u;
+        }
+        query_fragments[e] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int q = lane & 3;
+    float* out_row = out + query * out_stride;
+    bool row_in_query[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) row_in_query[j] = g + 8 * j < query_rows;
+    __syncthreads();
+
+    const Walk walk{offsets, pids, counters + query, num_out, grab, lane};
+    Cursor cursor;
+    cursor.claimed = lane == 0 ? atomicAdd(counters + query, grab) : 0;
+    walk.begin_grab(cursor);
+    walk.enter(cursor, D, stride_row);
+    Step ring[DEPTH];
+#pragma unroll
+    for (int s = 0; s < DEPTH; ++s) {
+        ring[s] = load_step(cursor, D, stride_row, num_out, g, q);
+        walk.advance(cursor, D, stride_row);
+    }
+
+    // acc[mb][h]: query block mb against half h's 8 tokens; register 2r + e is row
+    // g + 8 (2 mb + r), token 2q + e of the half.
+    float acc[QUERY_BLOCKS][2][4];
+    float best[ROWS];
+#pragma unroll
+    for (int mb = 0; mb < QUERY_BLOCKS; ++mb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mb][h][i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) best[j] = NEG_INF;
+
+    for (;;) {
+#pragma unroll
+        for (int s = 0; s < DEPTH; ++s) {
+            const Step step = ring[s];
+            if (step.out < 0) return;  // steps come in order: every later one is past the end
+            ring[s] = load_step(cursor, D, stride_row, num_out, g, q);
+            walk.advance(cursor, D, stride_row);
+
+            if (step.left > 0) {
+                const uint4* a = query_fragments + step.chunk * CHUNK_KBLOCKS * 32 + lane;
+#pragma unroll
+                for (int kbi = 0; kbi < CHUNK_KBLOCKS; ++kbi)
+#pragma unroll
+                    for (int mb = 0; mb < QUERY_BLOCKS; ++mb) {
+                        const uint4 f = a[(mb * KBLOCKS + kbi) * 32];
+                        const unsigned fa[4] = {f.x, f.y, f.z, f.w};
+                        mma_16816(acc[mb][0], fa, word(step.w[0], 2 * kbi),
+                                  word(step.w[0], 2 * kbi + 1));
+                        if (step.left > 8)
+                            mma_16816(acc[mb][1], fa, word(step.w[1], 2 * kbi),
+                                      word(step.w[1], 2 * kbi + 1));
+                    }
+            }
+            if (step.chunk == CHUNKS - 1) {
+                // The tile's products are whole: into the running max, tokens past the end -inf.
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const bool in = 8 * h + 2 * q + e < step.left;
+#pragma unroll
+                        for (int mb = 0; mb < QUERY_BLOCKS; ++mb)
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) {
+                                const int j = 2 * mb + r;
+                                best[j] = max_nan(best[j], in ? acc[mb][h][2 * r + e] : NEG_INF);
+                                acc[mb][h][2 * r + e] = 0.f;
+                            }
+                    }
+                if (step.left <= 16) {  // the document's last tile
+                    const float total = document_score(best, row_in_query);
+                    if (lane == 0) out_row[step.out] = total;
+                }
+            }
+        }
+    }
+}

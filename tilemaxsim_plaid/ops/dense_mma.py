@@ -1,0 +1,142 @@
+"""Host side of kernels/maxsim_dense_mma.cu: packed-document MaxSim on tensor cores, one document
+stream per warp, each lane loading the operand it multiplies.
+
+``maxsim_packed(..., config=MaxSimConfig(scoring="mma"))`` runs it where it applies: fp16 or
+bf16, d a multiple of 16 up to MAX_DIM, document rows of contiguous elements at 8-byte aligned
+addresses, a GPU of compute capability 8.0 or later; anything else raises ValueError naming what
+does not apply. Queries of up to 64 tokens take one launch (16-row blocks), longer ones launches
+of 64 summed. The kernel is CUDA C++ compiled once per device and shape by NVRTC (ops/nvrtc.py).
+:func:`mma_column_order` writes its column order on the CPU, where
+tests/kernels/test_maxsim_dense_mma.py replays its indexing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from tilemaxsim_plaid.ops import mma_fragments, nvrtc
+
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "maxsim_dense_mma.cu"
+KERNEL_NAME = "maxsim_dense_mma"
+ELEMENT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# Query rows per launch: four blocks of 16 as A fragments.
+MAX_QUERY_ROWS = 64
+# The query's fragments live in shared memory: 16 rows x d x 2 bytes a block, 128 KiB at
+# d = 1024 and 64 rows.
+MAX_DIM = 1024
+# Documents a warp claims at once.
+DEFAULT_GRAB = 4
+
+
+def pipeline(query_blocks: int, cols: int) -> tuple[int, int]:
+    """(warps of the one block per SM, steps a warp's loads run ahead of its products). 16 warps
+    while a lane's registers fit 128 (up to 32 query rows), else 8 (up to 255); as many steps as
+    keep about 64 KiB of loads in flight per SM within those registers (a step is 1 KiB a warp
+    of 16-byte loads, 512 bytes of 8-byte ones; sm_90 builds: 126 registers at 4 steps of
+    16-byte loads, 128 at 6 of 8-byte ones, 236 and 248 at twice as many for 64 rows)."""
+    warps = 16 if query_blocks <= 2 else 8
+    steps = (4 if cols == 8 else 6) * (16 // warps)
+    return warps, steps
+
+
+def lane_cols(D: torch.Tensor) -> int:
+    """Columns a lane loads per chunk: 8 (16-byte loads) where d is a multiple of 32 and every row
+    starts 16-byte aligned, else 4 (8-byte loads; d a multiple of 16, rows 8-byte aligned)."""
+    row_bytes = D.stride(0) * D.element_size()
+    if D.shape[1] % 32 == 0 and D.data_ptr() % 16 == 0 and row_bytes % 16 == 0:
+        return 8
+    return 4
+
+
+def mma_column_order(dim: int, cols: int) -> torch.Tensor:
+    """[dim] int64: product column j (k-block j // 16, column j % 16) holds dimension order[j].
+
+    Column k = 2q + 8h + p of k-block kb is dimension (kb // (cols / 4)) * 4 cols + q cols
+    + 2 (2 (kb % (cols / 4)) + h) + p: lane quad q's chunk words in load order."""
+    kb = torch.arange(dim // 16)[:, None]
+    k = torch.arange(16)[None, :]
+    q, h, p = (k % 8) // 2, k // 8, k % 2
+    per_chunk = cols // 4
+    order = (kb // per_chunk) * 4 * cols + q * cols + 2 * (2 * (kb % per_chunk) + h) + p
+    return order.reshape(-1)
+
+
+def reasons_not_to_apply(Q3: torch.Tensor, D: torch.Tensor) -> list[str]:
+    """What keeps scoring="mma" from this input (empty: it applies)."""
+    reasons = []
+    dim = Q3.shape[-1]
+    if Q3.dtype not in ELEMENT_NAMES:
+        reasons.append(f"dtype {Q3.dtype} (fp16 or bf16)")
+    if dim % 16 or dim > MAX_DIM:
+        reasons.append(f"d = {dim} (a multiple of 16 up to {MAX_DIM})")
+    if D.shape[0] == 0:
+        reasons.append("D_packed without rows")
+    elif (D.stride(1) != 1 or (D.stride(0) * D.element_size()) % 8 or D.data_ptr() % 8):
+        reasons.append("document rows that are not contiguous elements starting 8-byte aligned")
+    if Q3.device.type != "cuda":
+        reasons.append(f"device {Q3.device} (a CUDA GPU)")
+    elif nvrtc.capability(Q3.device) < (8, 0):
+        reasons.append("a GPU before compute capability 8.0")
+    return reasons
+
+
+def check_applies(Q3: torch.Tensor, D: torch.Tensor) -> None:
+    """Raises ValueError naming what keeps scoring="mma" from this input."""
+    reasons = reasons_not_to_apply(Q3, D)
+    if reasons:
+        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+
+
+@lru_cache(maxsize=None)
+def kernel(device: torch.device, dtype: torch.dtype, dim: int, cols: int, query_blocks: int,
+           prefetch: bool = True) -> nvrtc.CudaKernel:
+    warps, depth = pipeline(query_blocks, cols)
+    return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
+                             {"WARPS": warps,
+                              "ELEM": ELEMENT_NAMES[dtype], "DIM": dim, "LANE_COLS": cols,
+                              "QUERY_BLOCKS": query_blocks, "DEPTH": depth,
+                              "PREFETCH": int(prefetch)},
+                             shared_bytes(dim, query_blocks))
+
+
+def shared_bytes(dim: int, query_blocks: int) -> int:
+    """The query's A fragments: 16-byte words for every (block, k-block, lane)."""
+    return query_blocks * (dim // 16) * 32 * 16
+
+
+def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
+                     pids: torch.Tensor | None, query_lengths: torch.Tensor | None,
+                     num_out_docs: int, grab: int = DEFAULT_GRAB, prefetch: bool = True) -> torch.Tensor:
+    """fp32 [B, num_out_docs]. Inputs checked by ops/dense.maxsim_packed and check_applies.
+
+    Per call on the host, for each chunk of <= 64 query tokens: one memset (the warps'
+    document counters) and one launch."""
+    B, Lq, dim = Q3.shape
+    device = Q3.device
+    out, Q3 = mma_fragments.launch_start(Q3, num_out_docs, grab)
+    if out.numel() == 0:
+        return out
+    cols = lane_cols(D)
+    lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
+    pids64 = pids.to(torch.int64) if pids is not None else None
+    chunks = -(-Lq // MAX_QUERY_ROWS)
+    counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
+    for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_ROWS)):
+        chunk = Q3[:, start:start + MAX_QUERY_ROWS]
+        query_blocks = -(-chunk.shape[1] // 16)
+        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, prefetch)
+        scores = out if start == 0 else torch.empty_like(out)
+        launch((nvrtc.multiprocessors(device), B, 1),
+               (32 * pipeline(query_blocks, cols)[0], 1, 1),
+               [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
+                ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), D,
+                ctypes.c_longlong(D.stride(0)), offsets, pids64, scores,
+                ctypes.c_longlong(scores.stride(0)), counters[chunk_index],
+                ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
+        if start:
+            out += scores
+    return out
