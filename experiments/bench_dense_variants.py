@@ -20,7 +20,9 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``, ``mma grab 8``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
-  document stream), taking 4 (its default), 2 or 8 documents a grab.
+  document stream), taking 4 (its default), 2 or 8 documents a grab; ``mma evict-first`` with
+  the rows read under the evict-first policy, ``mma 32-column chunks`` with at most 16-byte
+  loads a lane (ops/dense_mma's EVICT_FIRST and MAX_LANE_COLS).
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
 alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
@@ -42,7 +44,7 @@ import torch
 
 from experiments import bench, harness
 from experiments import bench_grid as bg
-from tilemaxsim_plaid.ops import dense
+from tilemaxsim_plaid.ops import dense, dense_mma
 
 SUITE = "dense_variants"
 # Cells where the grid moved most between runs (d = 192-768 at short and long documents), the
@@ -150,10 +152,28 @@ VARIANTS = {"default": contextlib.nullcontext,
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False)}
-# Variants that are another config of the same call, not a switch around the default's.
-CONFIG_VARIANTS = {"mma": dense.MaxSimConfig(scoring="mma"),
-                   "mma grab 2": dense.MaxSimConfig(scoring="mma", docs_per_program=2),
-                   "mma grab 8": dense.MaxSimConfig(scoring="mma", docs_per_program=8)}
+
+
+@contextlib.contextmanager
+def _module_switch(module, name: str, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+# Variants that are another config of the same call (and a switch around it), not a switch
+# around the default's call.
+_MMA = dense.MaxSimConfig(scoring="mma")
+CONFIG_VARIANTS = {
+    "mma": (contextlib.nullcontext, _MMA),
+    "mma grab 2": (contextlib.nullcontext, dense.MaxSimConfig(scoring="mma", docs_per_program=2)),
+    "mma grab 8": (contextlib.nullcontext, dense.MaxSimConfig(scoring="mma", docs_per_program=8)),
+    "mma evict-first": (lambda: _module_switch(dense_mma, "EVICT_FIRST", True), _MMA),
+    "mma 32-column chunks": (lambda: _module_switch(dense_mma, "MAX_LANE_COLS", 8), _MMA),
+}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:
@@ -182,9 +202,10 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
     calls = {}
     for variant in dict.fromkeys(("default", *variants)):
         if variant in CONFIG_VARIANTS:
-            switch, fn = contextlib.nullcontext, bg.provider_ours(
-                cell, x, config=CONFIG_VARIANTS[variant])
-            got = fn()  # compiles the kernel outside the timed rounds
+            switch, config = CONFIG_VARIANTS[variant]
+            fn = bg.provider_ours(cell, x, config=config)
+            with switch():
+                got = fn()  # compiles the kernel outside the timed rounds
             same = torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
         else:
             switch, fn = VARIANTS[variant], ours

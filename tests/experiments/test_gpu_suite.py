@@ -146,8 +146,8 @@ EXPECTED = {
                       "d144-Lq64", "d96-Lq48", "d64-Lq64", "Lq64", "d192-Lq64", "d256-Lq48",
                       "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70", "d512-Lq31",
                       "d512-heavy-512", "d768-lognormal-30", "d768-Lq31", "d80",
-                      "--variants", "mma", "mma grab 2", "mma grab 8",
-                      "--rounds", "3", "--out", "W/dense-mma"],
+                      "--variants", "mma", "mma grab 2", "mma evict-first",
+                      "mma 32-column chunks", "--rounds", "3", "--out", "W/dense-mma"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

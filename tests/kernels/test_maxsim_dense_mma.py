@@ -27,7 +27,8 @@ MMA = MaxSimConfig(scoring="mma")
 DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
 
 
-@pytest.mark.parametrize("dim,cols", [(128, 8), (96, 8), (768, 8), (144, 4), (16, 4), (48, 4)])
+@pytest.mark.parametrize("dim,cols", [(128, 16), (128, 8), (96, 8), (768, 16), (144, 4), (16, 4),
+                                      (48, 4)])
 def test_column_order_is_a_permutation_of_whole_lane_segments(dim, cols):
     order = dense_mma.mma_column_order(dim, cols)
     assert sorted(order.tolist()) == list(range(dim))
@@ -48,7 +49,7 @@ def _kernel_dim_of(kb, q, h, cols):
     return (kb // per_chunk) * 4 * cols + q * cols + 2 * (2 * (kb % per_chunk) + h)
 
 
-@pytest.mark.parametrize("dim,cols", [(128, 8), (160, 8), (144, 4), (16, 4)])
+@pytest.mark.parametrize("dim,cols", [(128, 16), (128, 8), (160, 8), (144, 4), (16, 4)])
 @pytest.mark.parametrize("rows", [1, 16, 33, 64])
 def test_replayed_fragments_score_like_the_reference(dim, cols, rows):
     """The products as the kernel forms them: A fragments from its query formula, B registers
@@ -87,29 +88,34 @@ def test_kernel_source_compiles_for_sm90():
         pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
     source = dense_mma.SOURCE.read_text()
     for element in dense_mma.ELEMENT_NAMES.values():
-        for dim, cols in ((128, 8), (144, 4), (768, 8)):
+        for dim, cols in ((128, 16), (96, 8), (144, 4), (768, 16)):
             for blocks in (1, 2, 3, 4):
                 warps, depth = dense_mma.pipeline(blocks, cols)
                 cubin, _ = nvrtc.compile_cubin(
                     source, dense_mma.SOURCE.name, "sm_90",
                     {"WARPS": warps, "ELEM": element, "DIM": dim, "LANE_COLS": cols,
-                     "QUERY_BLOCKS": blocks, "DEPTH": depth, "PREFETCH": blocks % 2},
+                     "QUERY_BLOCKS": blocks, "DEPTH": depth, "PREFETCH": blocks % 2,
+                     "EVICT_FIRST": blocks // 3},
                     headers=nvrtc.local_headers(dense_mma.SOURCE))
                 assert cubin[:4] == b"\x7fELF"
 
 
 def test_pipeline_keeps_registers_within_the_warps():
+    assert dense_mma.pipeline(2, 16) == (16, 2)
     assert dense_mma.pipeline(2, 8) == (16, 4)
     assert dense_mma.pipeline(1, 4) == (16, 6)
     assert dense_mma.pipeline(4, 8) == (8, 8)
-    assert dense_mma.pipeline(3, 4) == (8, 12)
+    assert dense_mma.pipeline(3, 4) == (8, 10)
 
 
-def test_lane_columns_follow_d_and_alignment():
+def test_lane_columns_follow_d_and_alignment(monkeypatch):
     wide = torch.zeros(10, 160, dtype=torch.float16)
-    assert dense_mma.lane_cols(wide[:, :128]) == 8  # 320-byte rows, 16-byte aligned
+    assert dense_mma.lane_cols(wide[:, :128]) == 16  # 320-byte rows, 16-byte aligned
+    assert dense_mma.lane_cols(wide[:, :96]) == 8  # d = 96: 32 more than 64
     assert dense_mma.lane_cols(wide[:, :144]) == 4  # d = 144: 16 more than 4 x 32
     assert dense_mma.lane_cols(wide[:, 4:132]) == 4  # starts 8 bytes in
+    monkeypatch.setattr(dense_mma, "MAX_LANE_COLS", 8)
+    assert dense_mma.lane_cols(wide[:, :128]) == 8
 
 
 def test_reasons_name_what_does_not_apply():
@@ -139,7 +145,7 @@ def test_scoring_is_a_checked_config_field():
 
 @on_gpu
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
-@pytest.mark.parametrize("cols", [4, 8])
+@pytest.mark.parametrize("cols", [4, 8, 16])
 def test_kernel_fits_its_registers_without_spills(device, blocks, cols):
     warps, _ = dense_mma.pipeline(blocks, cols)
     kernel = dense_mma.kernel(device, torch.float16, 128, cols, blocks)
@@ -183,7 +189,8 @@ def test_kernel_grabs_and_pids(device, grab):
 
 
 @on_gpu
-@pytest.mark.parametrize("start,width,cols", [(0, 128, 8), (4, 128, 4), (0, 144, 4)])
+@pytest.mark.parametrize("start,width,cols", [(0, 128, 16), (0, 96, 8), (4, 128, 4),
+                                             (0, 144, 4)])
 def test_kernel_reads_strided_rows_and_strided_queries(device, start, width, cols):
     """Rows of a wider tensor (16- or only 8-byte aligned) and a query with strided rows."""
     lengths = [5, 0, 40, 17, 9]
@@ -221,6 +228,21 @@ def test_kernel_nan_and_inf_reach_exactly_their_scores(device):
     assert_close(out, reference.maxsim_packed(Q, D, offsets,
                                               query_lengths=torch.tensor([20], device=device)),
                  "maxsim_dense", torch.float16)
+
+
+@on_gpu
+def test_switches_score_as_the_default(device, monkeypatch):
+    """Evict-first loads read the same bytes (bit for bit); 32-column chunks sum the same
+    products in another order."""
+    D, offsets = _packed_from_lengths(LENGTHS * 9, 256, torch.float16, device)
+    Q = _rand(2, 32, 256, dtype=torch.float16, device=device)
+    plain = maxsim_packed(Q, D, offsets, config=MMA)
+    monkeypatch.setattr(dense_mma, "EVICT_FIRST", True)
+    assert torch.equal(maxsim_packed(Q, D, offsets, config=MMA), plain)
+    monkeypatch.setattr(dense_mma, "EVICT_FIRST", False)
+    monkeypatch.setattr(dense_mma, "MAX_LANE_COLS", 8)
+    torch.testing.assert_close(maxsim_packed(Q, D, offsets, config=MMA), plain, rtol=1e-5,
+                               atol=1e-5)
 
 
 @on_gpu

@@ -11,10 +11,11 @@
 //
 // Column order: the products' k index runs over d in an order of the kernel's, the same for the
 // query and the documents, which leaves every <q, t> unchanged. Chunk c of CHUNK_COLS = 4W
-// columns (W = LANE_COLS, 4 or 8) gives lane quad q the columns c 4W + q W .. c 4W + q W + W - 1
-// of its token: one 8- or 16-byte load, the quad reading the chunk's segment of the row whole.
-// Word r of the load (columns + 2r, + 2r + 1) is B register r % 2 of k-block c W/4 + r / 2, the
-// product columns 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16 (ops/dense_mma.mma_column_order).
+// columns (W = LANE_COLS: 4, 8 or 16) gives lane quad q the columns c 4W + q W .. c 4W + q W +
+// W - 1 of its token: 8, 16 or 32 bytes, the quad reading the chunk's segment of the row whole
+// (a 128-byte line at W = 16). Word r of them (columns + 2r, + 2r + 1) is B register r % 2 of
+// k-block c W/4 + r / 2, the product columns 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16
+// (ops/dense_mma.mma_column_order).
 //
 // Query: QUERY_BLOCKS blocks of 16 rows, stored once per block in shared memory as each lane's
 // A fragments (block, k-block, lane; rows past the query's length zero): one 16-byte load per
@@ -24,8 +25,8 @@
 // ahead) and walks each document in 16-token tiles of two halves of 8 (lane g loads token g of
 // each; a half wholly past the document's end is neither loaded nor multiplied), a tile chunk by
 // chunk. Its loads run DEPTH (tile, chunk) steps ahead of its products, across tiles, documents
-// and grabs, so the pipeline never drains; with PREFETCH each next document of a grab is asked
-// into L2 when the loads reach the one before it.
+// and grabs, so the pipeline never drains; each next document's bounds are read while the one
+// before it is walked, and (PREFETCH) from that one's second tile on its rows are asked into L2.
 //
 // Masking as everywhere: a token past its document's end is -inf, selected after the products
 // (a product may be NaN or inf, and -inf + NaN would let it win); a query row past the query's
@@ -34,7 +35,8 @@
 // torch (docs/kernels.md, NaN and inf). A load past the document's end reads its last token.
 //
 // Defines: WARPS (warps per block, one block per SM), ELEM ("f16" or "bf16"), DIM (a multiple of
-// CHUNK_COLS), LANE_COLS (4 or 8), QUERY_BLOCKS (1 to 4), DEPTH (steps loaded ahead), PREFETCH.
+// CHUNK_COLS), LANE_COLS (4, 8 or 16), QUERY_BLOCKS (1 to 4), DEPTH (steps loaded ahead),
+// PREFETCH, EVICT_FIRST (the rows read under ld.global.cs instead of ld.global.nc).
 
 #ifndef WARPS
 #define WARPS 16
@@ -57,6 +59,9 @@
 #ifndef PREFETCH
 #define PREFETCH 1
 #endif
+#ifndef EVICT_FIRST
+#define EVICT_FIRST 0
+#endif
 #include "mma_common.cuh"
 
 #define CHUNK_COLS (4 * LANE_COLS)
@@ -65,19 +70,45 @@
 #define KBLOCKS (DIM / 16)
 #define ROWS (2 * QUERY_BLOCKS)        // a lane's query rows g + 8j
 
-static_assert(LANE_COLS == 4 || LANE_COLS == 8, "LANE_COLS is 4 or 8");
+static_assert(LANE_COLS == 4 || LANE_COLS == 8 || LANE_COLS == 16, "LANE_COLS is 4, 8 or 16");
 static_assert(DIM % CHUNK_COLS == 0, "DIM is a multiple of 4 * LANE_COLS");
 static_assert(QUERY_BLOCKS >= 1 && QUERY_BLOCKS <= 4, "QUERY_BLOCKS is 1 to 4");
 
-#if LANE_COLS == 8
+#if LANE_COLS == 16
+struct words_t { uint4 lo, hi; };
+#elif LANE_COLS == 8
 typedef uint4 words_t;
 #else
 typedef uint2 words_t;
 #endif
 
-// Register h of k-block kbi of a lane's chunk words: word 2 kbi + h.
+// A lane's LANE_COLS elements of a row: 8, 16 or 32 bytes. EVICT_FIRST: ld.global.cs (evict
+// first in L1 and L2); else ld.global.nc.
+template <typename T>
+__device__ __forceinline__ T load_vector(const unsigned short* p) {
+#if EVICT_FIRST
+    return __ldcs(reinterpret_cast<const T*>(p));
+#else
+    return __ldg(reinterpret_cast<const T*>(p));
+#endif
+}
+
+__device__ __forceinline__ void load_words(words_t& w, const unsigned short* p) {
+#if LANE_COLS == 16
+    w.lo = load_vector<uint4>(p);
+    w.hi = load_vector<uint4>(p + 8);
+#else
+    w = load_vector<words_t>(p);
+#endif
+}
+
+// Word r of a lane's chunk (register r % 2 of k-block r / 2 of the chunk).
 __device__ __forceinline__ unsigned word(const words_t& w, int r) {
-#if LANE_COLS == 8
+#if LANE_COLS == 16
+    const uint4& v = r < 4 ? w.lo : w.hi;
+    r &= 3;
+    return r == 0 ? v.x : r == 1 ? v.y : r == 2 ? v.z : v.w;
+#elif LANE_COLS == 8
     return r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
 #else
     return r == 0 ? w.x : w.y;
@@ -97,74 +128,92 @@ struct Step {
     int out;       // the document's output index; -1 past the warp's last
 };
 
-// Where the loads are: document ``n`` of the grab ending before ``grab_end``, the tile at
-// ``position``, chunk ``chunk``; ``n >= num_out`` once every document is claimed.
+// Where the loads are: document ``n`` (first row ``start``, ``length`` rows) of the grab ending
+// before ``grab_end``, the tile at ``position``, chunk ``chunk``; ``n >= num_out`` once every
+// document is claimed. The document after it (``next_*``: the grab's next one, or the first of
+// the grab claimed ahead) has its bounds read a document ahead, so entering it waits on nothing.
 struct Cursor {
-    int n, grab_end, length, position, chunk, claimed;
-    long long start;
+    int n, grab_end, length, position, chunk;
+    int next_n, next_grab_end, next_length, claimed;
+    bool asked;  // whether the next document was prefetched into L2
+    long long start, next_start;
 };
 
 struct Walk {
     const long long* __restrict__ offsets;
     const long long* __restrict__ pids;
     int* __restrict__ counter;
+    const unsigned short* __restrict__ D;
+    long long stride_row;
     int num_out, grab, lane;
 
-    // The next grab: its first output claimed one grab ago (lane 0's atomic), another claimed.
-    __device__ __forceinline__ void begin_grab(Cursor& c) const {
-        c.n = __shfl_sync(0xffffffffu, c.claimed, 0);
-        if (c.n < num_out) {
-            if (lane == 0) c.claimed = atomicAdd(counter, grab);
-            c.grab_end = min(c.n + grab, num_out);
+    // The document after ``n``; its bounds' loads are issued here and read when it is entered.
+    __device__ __forceinline__ void find_next(Cursor& c) const {
+        if (c.n + 1 < c.grab_end) {
+            c.next_n = c.n + 1;
+            c.next_grab_end = c.grab_end;
+        } else {  // the grab claimed ahead (lane 0's atomic), and another claimed
+            c.next_n = __shfl_sync(0xffffffffu, c.claimed, 0);
+            if (c.next_n < num_out && lane == 0) c.claimed = atomicAdd(counter, grab);
+            c.next_grab_end = min(c.next_n + grab, num_out);
         }
+        if (c.next_n < num_out) document_bounds(offsets, pids, c.next_n, c.next_start, c.next_length);
+        c.asked = false;
     }
 
-    __device__ __forceinline__ void enter(Cursor& c, const unsigned short* __restrict__ D,
-                                          long long stride_row) const {
+    __device__ __forceinline__ void enter_next(Cursor& c) const {
+        c.n = c.next_n;
+        c.grab_end = c.next_grab_end;
+        c.start = c.next_start;
+        c.length = c.next_length;
         c.position = 0;
-        c.chunk = 0;
-        if (c.n >= num_out) return;
-        document_bounds(offsets, pids, c.n, c.start, c.length);
-        if (c.length <= 0) c.chunk = CHUNKS - 1;  // an empty document: one step, no loads
-        if (PREFETCH && c.n + 1 < c.grab_end) {
-            long long next_start;
-            int next_length;
-            document_bounds(offsets, pids, c.n + 1, next_start, next_length);
-            prefetch_lines(D + next_start * stride_row, (long long)next_length * stride_row * 2,
-                           lane);
-        }
+        c.chunk = c.length > 0 ? 0 : CHUNKS - 1;  // an empty document: one step, no loads
+        if (c.n < num_out) find_next(c);
     }
 
-    __device__ __forceinline__ void advance(Cursor& c, const unsigned short* __restrict__ D,
-                                            long long stride_row) const {
+    __device__ __forceinline__ void begin(Cursor& c) const {
+        c.claimed = lane == 0 ? atomicAdd(counter, grab) : 0;
+        c.n = -1;
+        c.grab_end = 0;
+        find_next(c);
+        enter_next(c);
+    }
+
+    __device__ __forceinline__ void advance(Cursor& c) const {
         if (c.n >= num_out) return;
         if (++c.chunk < CHUNKS) return;
         c.chunk = 0;
         c.position += 16;
-        if (c.position < c.length) return;  // an empty document has one tile
-        if (++c.n >= c.grab_end) begin_grab(c);
-        enter(c, D, stride_row);
+        if (c.position < c.length) {  // the document's second tile on: its bounds have come
+            if (PREFETCH && !c.asked && c.next_n < num_out) {
+                prefetch_lines(D + c.next_start * stride_row,
+                               (long long)c.next_length * stride_row * 2, lane);
+                c.asked = true;
+            }
+            return;
+        }
+        enter_next(c);  // an empty document has one tile
     }
-};
 
-__device__ __forceinline__ Step load_step(const Cursor& c, const unsigned short* __restrict__ D,
-                                          long long stride_row, int num_out, int g, int q) {
-    Step s;
-    s.chunk = c.chunk;
-    s.left = c.length - c.position;
-    s.out = c.n < num_out ? c.n : -1;
-    if (s.out >= 0) {
-        const unsigned short* rows = D + c.start * stride_row + c.chunk * CHUNK_COLS + q * LANE_COLS;
+    __device__ __forceinline__ Step load(const Cursor& c, int g, int q) const {
+        Step s;
+        s.chunk = c.chunk;
+        s.left = c.length - c.position;
+        s.out = c.n < num_out ? c.n : -1;
+        if (s.out >= 0) {
+            const unsigned short* rows = D + c.start * stride_row + c.chunk * CHUNK_COLS
+                + q * LANE_COLS;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (s.left > 8 * h) {  // the same for the whole warp
-                const int i = min(c.position + 8 * h + g, c.length - 1);
-                s.w[h] = __ldcs(reinterpret_cast<const words_t*>(rows + i * stride_row));
+            for (int h = 0; h < 2; ++h) {
+                if (s.left > 8 * h) {  // the same for the whole warp
+                    const int i = min(c.position + 8 * h + g, c.length - 1);
+                    load_words(s.w[h], rows + i * stride_row);
+                }
             }
         }
+        return s;
     }
-    return s;
-}
+};
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
@@ -206,16 +255,14 @@ maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
     for (int j = 0; j < ROWS; ++j) row_in_query[j] = g + 8 * j < query_rows;
     __syncthreads();
 
-    const Walk walk{offsets, pids, counters + query, num_out, grab, lane};
+    const Walk walk{offsets, pids, counters + query, D, stride_row, num_out, grab, lane};
     Cursor cursor;
-    cursor.claimed = lane == 0 ? atomicAdd(counters + query, grab) : 0;
-    walk.begin_grab(cursor);
-    walk.enter(cursor, D, stride_row);
+    walk.begin(cursor);
     Step ring[DEPTH];
 #pragma unroll
     for (int s = 0; s < DEPTH; ++s) {
-        ring[s] = load_step(cursor, D, stride_row, num_out, g, q);
-        walk.advance(cursor, D, stride_row);
+        ring[s] = walk.load(cursor, g, q);
+        walk.advance(cursor);
     }
 
     // acc[mb][h]: query block mb against half h's 8 tokens; register 2r + e is row
@@ -236,8 +283,8 @@ maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
         for (int s = 0; s < DEPTH; ++s) {
             const Step step = ring[s];
             if (step.out < 0) return;  // steps come in order: every later one is past the end
-            ring[s] = load_step(cursor, D, stride_row, num_out, g, q);
-            walk.advance(cursor, D, stride_row);
+            ring[s] = walk.load(cursor, g, q);
+            walk.advance(cursor);
 
             if (step.left > 0) {
                 const uint4* a = query_fragments + step.chunk * CHUNK_KBLOCKS * 32 + lane;

@@ -35,20 +35,31 @@ DEFAULT_GRAB = 4
 def pipeline(query_blocks: int, cols: int) -> tuple[int, int]:
     """(warps of the one block per SM, steps a warp's loads run ahead of its products). 16 warps
     while a lane's registers fit 128 (up to 32 query rows), else 8 (up to 255); as many steps as
-    keep about 64 KiB of loads in flight per SM within those registers (a step is 1 KiB a warp
-    of 16-byte loads, 512 bytes of 8-byte ones; sm_90 builds: 126 registers at 4 steps of
-    16-byte loads, 128 at 6 of 8-byte ones, 236 and 248 at twice as many for 64 rows)."""
+    keep about 64 KiB of loads in flight per SM within those registers (a step is 128 x cols
+    bytes a warp: 2 KiB at 32-byte loads). sm_90 builds at 32 rows: 120 registers at 2 steps of
+    32-byte loads, 128 at 4 of 16-byte ones and 126 at 6 of 8-byte ones; at 64 rows 218, 237
+    and 205 at 4, 8 and 10 (12 take all 255)."""
     warps = 16 if query_blocks <= 2 else 8
-    steps = (4 if cols == 8 else 6) * (16 // warps)
+    steps = {16: 2, 8: 4, 4: 6}[cols] if warps == 16 else {16: 4, 8: 8, 4: 10}[cols]
     return warps, steps
 
 
+# The widest lane segment taken (16: 32-byte loads, whole 128-byte lines a step, where d is a
+# multiple of 64), and whether rows are read under the evict-first policy: switches measured
+# side by side (experiments/bench_dense_variants, "mma 32-column chunks" / "mma evict-first").
+MAX_LANE_COLS = 16
+EVICT_FIRST = False
+
+
 def lane_cols(D: torch.Tensor) -> int:
-    """Columns a lane loads per chunk: 8 (16-byte loads) where d is a multiple of 32 and every row
-    starts 16-byte aligned, else 4 (8-byte loads; d a multiple of 16, rows 8-byte aligned)."""
+    """Columns a lane loads per chunk: 16 (two 16-byte loads) where d is a multiple of 64 and
+    every row starts 16-byte aligned, 8 (one) where d is a multiple of 32, else 4 (one 8-byte
+    load; d a multiple of 16, rows 8-byte aligned); at most MAX_LANE_COLS."""
     row_bytes = D.stride(0) * D.element_size()
-    if D.shape[1] % 32 == 0 and D.data_ptr() % 16 == 0 and row_bytes % 16 == 0:
-        return 8
+    if D.data_ptr() % 16 == 0 and row_bytes % 16 == 0:
+        for cols in (16, 8):
+            if cols <= MAX_LANE_COLS and D.shape[1] % (4 * cols) == 0:
+                return cols
     return 4
 
 
@@ -93,13 +104,13 @@ def check_applies(Q3: torch.Tensor, D: torch.Tensor) -> None:
 
 @lru_cache(maxsize=None)
 def kernel(device: torch.device, dtype: torch.dtype, dim: int, cols: int, query_blocks: int,
-           prefetch: bool = True) -> nvrtc.CudaKernel:
+           prefetch: bool = True, evict_first: bool = False) -> nvrtc.CudaKernel:
     warps, depth = pipeline(query_blocks, cols)
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": warps,
                               "ELEM": ELEMENT_NAMES[dtype], "DIM": dim, "LANE_COLS": cols,
                               "QUERY_BLOCKS": query_blocks, "DEPTH": depth,
-                              "PREFETCH": int(prefetch)},
+                              "PREFETCH": int(prefetch), "EVICT_FIRST": int(evict_first)},
                              shared_bytes(dim, query_blocks))
 
 
@@ -128,7 +139,7 @@ def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
     for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_ROWS)):
         chunk = Q3[:, start:start + MAX_QUERY_ROWS]
         query_blocks = -(-chunk.shape[1] // 16)
-        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, prefetch)
+        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, prefetch, EVICT_FIRST)
         scores = out if start == 0 else torch.empty_like(out)
         launch((nvrtc.multiprocessors(device), B, 1),
                (32 * pipeline(query_blocks, cols)[0], 1, 1),
