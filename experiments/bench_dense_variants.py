@@ -22,7 +22,8 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
   document stream), taking 4 (its default), 2 or 8 documents a grab; ``mma evict-first`` with
   the rows read under the evict-first policy, ``mma 32-column chunks`` with at most 16-byte
-  loads a lane (ops/dense_mma's EVICT_FIRST and MAX_LANE_COLS).
+  loads a lane, ``mma prefetch`` with each next document asked into L2 (ops/dense_mma's
+  EVICT_FIRST, MAX_LANE_COLS and PREFETCH).
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
 alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
@@ -104,9 +105,8 @@ SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
 # One query's packed cells furthest below the read roof in grid h200-975e3d8-full (65-85 %),
 # beside the headline: where the mma kernel is to be weighed against the default.
 MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d144-lognormal-30",
-             "d144-Lq48", "d144-Lq64", "d96-Lq48", "d64-Lq64", "Lq64", "d192-Lq64", "d256-Lq48",
-             "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70", "d512-Lq31",
-             "d512-heavy-512", "d768-lognormal-30", "d768-Lq31", "d80")
+             "d144-Lq64", "d96-Lq48", "Lq64", "d256-Lq48", "d384-lognormal-30",
+             "d384-lognormal-70", "d512-heavy-512", "d768-lognormal-30")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -173,6 +173,7 @@ CONFIG_VARIANTS = {
     "mma grab 8": (contextlib.nullcontext, dense.MaxSimConfig(scoring="mma", docs_per_program=8)),
     "mma evict-first": (lambda: _module_switch(dense_mma, "EVICT_FIRST", True), _MMA),
     "mma 32-column chunks": (lambda: _module_switch(dense_mma, "MAX_LANE_COLS", 8), _MMA),
+    "mma prefetch": (lambda: _module_switch(dense_mma, "PREFETCH", True), _MMA),
 }
 
 

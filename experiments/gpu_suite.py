@@ -316,7 +316,7 @@ def dense_flat(work: Path, opts) -> list[Step]:
 
 def dense_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
-    beside it (4 and 2 documents a grab, evict-first loads, 32-column chunks) and the peers on
+    beside it (with each next document prefetched, with evict-first loads) and the peers on
     one query's packed cells furthest below the read roof and the headline, 3 alternated rounds
     (about 5 minutes)."""
     from experiments.bench_dense_variants import MMA_CELLS
@@ -324,8 +324,8 @@ def dense_mma(work: Path, opts) -> list[Step]:
     return [Step("mma-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense_mma.py"),
                  150),
             Step("dense-mma", module("experiments.bench_dense_variants", "--cells", *MMA_CELLS,
-                                     "--variants", "mma", "mma grab 2", "mma evict-first",
-                                     "mma 32-column chunks", "--rounds", "3",
+                                     "--variants", "mma", "mma prefetch", "mma evict-first",
+                                     "--rounds", "3",
                                      "--out", str(work / "dense-mma")), 330)]
 
 

@@ -32,21 +32,25 @@ DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, i
 def test_column_order_is_a_permutation_of_whole_lane_segments(dim, cols):
     order = dense_mma.mma_column_order(dim, cols)
     assert sorted(order.tolist()) == list(range(dim))
-    # Lane quad q's columns of a chunk are one contiguous segment of `cols` dimensions.
+    # Lane quad q's columns of a chunk are its loads' segments: seg contiguous dimensions each,
+    # the four quads' segments of a load one contiguous run of 4 seg.
     k = torch.arange(dim) % 16
     quads = (k % 8) // 2
     chunk = torch.arange(dim) // (4 * cols)
+    seg = min(cols, 8)
     for c in range(dim // (4 * cols)):
         for q in range(4):
             mine = order[(chunk == c) & (quads == q)]
-            assert sorted(mine.tolist()) == list(range(c * 4 * cols + q * cols,
-                                                       c * 4 * cols + (q + 1) * cols))
+            want = [c * 4 * cols + load * 4 * seg + q * seg + i
+                    for load in range(cols // seg) for i in range(seg)]
+            assert sorted(mine.tolist()) == sorted(want)
 
 
 def _kernel_dim_of(kb, q, h, cols):
     """kernels/maxsim_dense_mma.cu's dim_of: the query fragments' column pairs."""
-    per_chunk = cols // 4
-    return (kb // per_chunk) * 4 * cols + q * cols + 2 * (2 * (kb % per_chunk) + h)
+    per_chunk, seg = cols // 4, min(cols, 8)
+    r = 2 * (kb % per_chunk) + h
+    return (kb // per_chunk) * 4 * cols + (r // (seg // 2)) * 4 * seg + q * seg + 2 * (r % (seg // 2))
 
 
 @pytest.mark.parametrize("dim,cols", [(128, 16), (128, 8), (160, 8), (144, 4), (16, 4)])
@@ -68,8 +72,11 @@ def test_replayed_fragments_score_like_the_reference(dim, cols, rows):
                     for p in range(2):
                         k = 2 * q + 8 * h + p  # the product column of this lane's pair
                         a_dim = _kernel_dim_of(kb, q, h, cols) + p
+                        # The lane's loads: segments of seg columns at c 4 cols + l 4 seg + q seg.
                         word = 2 * kbi + h
-                        b_dim = c * 4 * cols + q * cols + 2 * word + p
+                        seg = min(cols, 8)
+                        load, within = divmod(word, seg // 2)
+                        b_dim = c * 4 * cols + load * 4 * seg + q * seg + 2 * within + p
                         assert a_dim == b_dim == int(dense_mma.mma_column_order(dim, cols)[kb * 16 + k])
                         for mb in range(blocks):
                             for r in range(2):
@@ -232,14 +239,17 @@ def test_kernel_nan_and_inf_reach_exactly_their_scores(device):
 
 @on_gpu
 def test_switches_score_as_the_default(device, monkeypatch):
-    """Evict-first loads read the same bytes (bit for bit); 32-column chunks sum the same
-    products in another order."""
+    """Evict-first loads and prefetching read the same bytes (bit for bit); 32-column chunks sum
+    the same products in another order."""
     D, offsets = _packed_from_lengths(LENGTHS * 9, 256, torch.float16, device)
     Q = _rand(2, 32, 256, dtype=torch.float16, device=device)
     plain = maxsim_packed(Q, D, offsets, config=MMA)
     monkeypatch.setattr(dense_mma, "EVICT_FIRST", True)
     assert torch.equal(maxsim_packed(Q, D, offsets, config=MMA), plain)
     monkeypatch.setattr(dense_mma, "EVICT_FIRST", False)
+    monkeypatch.setattr(dense_mma, "PREFETCH", True)
+    assert torch.equal(maxsim_packed(Q, D, offsets, config=MMA), plain)
+    monkeypatch.setattr(dense_mma, "PREFETCH", False)
     monkeypatch.setattr(dense_mma, "MAX_LANE_COLS", 8)
     torch.testing.assert_close(maxsim_packed(Q, D, offsets, config=MMA), plain, rtol=1e-5,
                                atol=1e-5)

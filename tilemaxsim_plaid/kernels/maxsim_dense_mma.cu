@@ -11,11 +11,12 @@
 //
 // Column order: the products' k index runs over d in an order of the kernel's, the same for the
 // query and the documents, which leaves every <q, t> unchanged. Chunk c of CHUNK_COLS = 4W
-// columns (W = LANE_COLS: 4, 8 or 16) gives lane quad q the columns c 4W + q W .. c 4W + q W +
-// W - 1 of its token: 8, 16 or 32 bytes, the quad reading the chunk's segment of the row whole
-// (a 128-byte line at W = 16). Word r of them (columns + 2r, + 2r + 1) is B register r % 2 of
-// k-block c W/4 + r / 2, the product columns 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16
-// (ops/dense_mma.mma_column_order).
+// columns (W = LANE_COLS: 4, 8 or 16) gives lane quad q W columns of its token in loads of
+// SEG = min(W, 8) columns (8 or 16 bytes): load l takes columns c 4W + l 4 SEG + q SEG ..
+// + SEG - 1, so each of a warp's loads reads 8 rows' contiguous 4 SEG-column segments whole (a
+// 128-byte line in two loads at W = 16). Word r of the lane's chunk (columns + 2r, + 2r + 1 of
+// its loads in order) is B register r % 2 of k-block c W/4 + r / 2, the product columns
+// 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16 (ops/dense_mma.mma_column_order).
 //
 // Query: QUERY_BLOCKS blocks of 16 rows, stored once per block in shared memory as each lane's
 // A fragments (block, k-block, lane; rows past the query's length zero): one 16-byte load per
@@ -26,7 +27,8 @@
 // each; a half wholly past the document's end is neither loaded nor multiplied), a tile chunk by
 // chunk. Its loads run DEPTH (tile, chunk) steps ahead of its products, across tiles, documents
 // and grabs, so the pipeline never drains; each next document's bounds are read while the one
-// before it is walked, and (PREFETCH) from that one's second tile on its rows are asked into L2.
+// before it is walked, and (PREFETCH) from that one's second tile on its rows are asked into L2
+// (a document ahead for every warp of the GPU: more than L2 holds at d >= 128).
 //
 // Masking as everywhere: a token past its document's end is -inf, selected after the products
 // (a product may be NaN or inf, and -inf + NaN would let it win); a query row past the query's
@@ -64,6 +66,7 @@
 #endif
 #include "mma_common.cuh"
 
+#define SEG (LANE_COLS < 8 ? LANE_COLS : 8)  // columns of one load a lane: 8 or 16 bytes
 #define CHUNK_COLS (4 * LANE_COLS)
 #define CHUNKS (DIM / CHUNK_COLS)
 #define CHUNK_KBLOCKS (LANE_COLS / 4)  // k-blocks of 16 columns per chunk
@@ -96,7 +99,7 @@ __device__ __forceinline__ T load_vector(const unsigned short* p) {
 __device__ __forceinline__ void load_words(words_t& w, const unsigned short* p) {
 #if LANE_COLS == 16
     w.lo = load_vector<uint4>(p);
-    w.hi = load_vector<uint4>(p + 8);
+    w.hi = load_vector<uint4>(p + 4 * SEG);
 #else
     w = load_vector<words_t>(p);
 #endif
@@ -115,9 +118,12 @@ __device__ __forceinline__ unsigned word(const words_t& w, int r) {
 #endif
 }
 
-// The dimension of product column pair (k-block kb, quad q, register h) (+ 0, + 1).
+// The dimension of product column pair (k-block kb, quad q, register h) (+ 0, + 1): word
+// r = 2 (kb % CHUNK_KBLOCKS) + h of the chunk, in load r / (SEG / 2).
 __device__ __forceinline__ int dim_of(int kb, int q, int h) {
-    return (kb / CHUNK_KBLOCKS) * CHUNK_COLS + q * LANE_COLS + 2 * (2 * (kb % CHUNK_KBLOCKS) + h);
+    const int r = 2 * (kb % CHUNK_KBLOCKS) + h;
+    return (kb / CHUNK_KBLOCKS) * CHUNK_COLS + (r / (SEG / 2)) * 4 * SEG + q * SEG
+        + 2 * (r % (SEG / 2));
 }
 
 // One step of a warp's walk: one chunk of one 16-token tile.
@@ -202,7 +208,7 @@ struct Walk {
         s.out = c.n < num_out ? c.n : -1;
         if (s.out >= 0) {
             const unsigned short* rows = D + c.start * stride_row + c.chunk * CHUNK_COLS
-                + q * LANE_COLS;
+                + q * SEG;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (s.left > 8 * h) {  // the same for the whole warp

@@ -44,11 +44,14 @@ def pipeline(query_blocks: int, cols: int) -> tuple[int, int]:
     return warps, steps
 
 
-# The widest lane segment taken (16: 32-byte loads, whole 128-byte lines a step, where d is a
-# multiple of 64), and whether rows are read under the evict-first policy: switches measured
-# side by side (experiments/bench_dense_variants, "mma 32-column chunks" / "mma evict-first").
+# The widest lane chunk taken (16: two 16-byte loads, whole 128-byte lines a step, where d is a
+# multiple of 64), whether rows are read under the evict-first policy, and whether each next
+# document is prefetched: switches measured side by side (experiments/bench_dense_variants,
+# "mma 32-column chunks", "mma evict-first", "mma prefetch").
 MAX_LANE_COLS = 16
 EVICT_FIRST = False
+# Each next document asked into L2 a document ahead (the kernel's PREFETCH).
+PREFETCH = False
 
 
 def lane_cols(D: torch.Tensor) -> int:
@@ -66,13 +69,16 @@ def lane_cols(D: torch.Tensor) -> int:
 def mma_column_order(dim: int, cols: int) -> torch.Tensor:
     """[dim] int64: product column j (k-block j // 16, column j % 16) holds dimension order[j].
 
-    Column k = 2q + 8h + p of k-block kb is dimension (kb // (cols / 4)) * 4 cols + q cols
-    + 2 (2 (kb % (cols / 4)) + h) + p: lane quad q's chunk words in load order."""
+    Column k = 2q + 8h + p of k-block kb is word r = 2 (kb % (cols / 4)) + h of lane quad q's
+    chunk kb // (cols / 4), which it loads in segments of seg = min(cols, 8) columns: dimension
+    chunk * 4 cols + (r // (seg / 2)) * 4 seg + q seg + 2 (r % (seg / 2)) + p."""
     kb = torch.arange(dim // 16)[:, None]
     k = torch.arange(16)[None, :]
     q, h, p = (k % 8) // 2, k // 8, k % 2
-    per_chunk = cols // 4
-    order = (kb // per_chunk) * 4 * cols + q * cols + 2 * (2 * (kb % per_chunk) + h) + p
+    per_chunk, seg = cols // 4, min(cols, 8)
+    r = 2 * (kb % per_chunk) + h
+    order = ((kb // per_chunk) * 4 * cols + (r // (seg // 2)) * 4 * seg + q * seg
+             + 2 * (r % (seg // 2)) + p)
     return order.reshape(-1)
 
 
@@ -121,7 +127,7 @@ def shared_bytes(dim: int, query_blocks: int) -> int:
 
 def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
                      pids: torch.Tensor | None, query_lengths: torch.Tensor | None,
-                     num_out_docs: int, grab: int = DEFAULT_GRAB, prefetch: bool = True) -> torch.Tensor:
+                     num_out_docs: int, grab: int = DEFAULT_GRAB) -> torch.Tensor:
     """fp32 [B, num_out_docs]. Inputs checked by ops/dense.maxsim_packed and check_applies.
 
     Per call on the host, for each chunk of <= 64 query tokens: one memset (the warps'
@@ -139,7 +145,7 @@ def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
     for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_ROWS)):
         chunk = Q3[:, start:start + MAX_QUERY_ROWS]
         query_blocks = -(-chunk.shape[1] // 16)
-        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, prefetch, EVICT_FIRST)
+        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, PREFETCH, EVICT_FIRST)
         scores = out if start == 0 else torch.empty_like(out)
         launch((nvrtc.multiprocessors(device), B, 1),
                (32 * pipeline(query_blocks, cols)[0], 1, 1),
