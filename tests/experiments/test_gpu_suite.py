@@ -142,11 +142,10 @@ EXPECTED = {
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
         "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
-                      "d64-lognormal-30", "d128-lognormal-30", "d144-lognormal-30", "d144-Lq64",
-                      "d96-Lq48", "Lq64", "d256-Lq48", "d384-lognormal-30", "d384-lognormal-70",
-                      "d512-heavy-512", "d768-lognormal-30",
-                      "--variants", "mma", "mma prefetch", "mma evict-first",
-                      "--rounds", "3", "--out", "W/dense-mma"],
+                      "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64", "d192-Lq64",
+                      "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70",
+                      "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31",
+                      "--variants", "mma", "mma grab 2", "--rounds", "3", "--out", "W/dense-mma"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

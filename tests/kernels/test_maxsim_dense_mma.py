@@ -5,8 +5,8 @@ The kernel is CUDA C++ and runs on a GPU only. On the CPU its column order is re
 kernel's indexing (the query's fragments from one formula, the documents' loaded words from
 another: they must pair up) and scored against the float64 reference; the source is compiled for
 sm_90 by NVRTC in every variant the host launches. On a GPU the kernel itself is checked against
-the reference over odd d and query lengths, pids, empty documents, strided and misaligned rows,
-NaN and inf, and a CUDA graph replay.
+the reference over d = 64-768 and odd query lengths, pids, empty documents, strided and
+misaligned rows, NaN and inf, and a CUDA graph replay.
 """
 
 from __future__ import annotations
@@ -27,57 +27,52 @@ MMA = MaxSimConfig(scoring="mma")
 DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
 
 
-@pytest.mark.parametrize("dim,cols", [(128, 16), (128, 8), (96, 8), (768, 16), (144, 4), (16, 4),
-                                      (48, 4)])
-def test_column_order_is_a_permutation_of_whole_lane_segments(dim, cols):
-    order = dense_mma.mma_column_order(dim, cols)
+@pytest.mark.parametrize("dim", [64, 128, 384, 768])
+def test_column_order_is_a_permutation_of_whole_load_segments(dim):
+    order = dense_mma.mma_column_order(dim)
     assert sorted(order.tolist()) == list(range(dim))
-    # Lane quad q's columns of a chunk are its loads' segments: seg contiguous dimensions each,
-    # the four quads' segments of a load one contiguous run of 4 seg.
+    # Lane quad q's columns of chunk c are its two loads' 8-column segments, at 64c + 8q and
+    # 64c + 32 + 8q: the four quads' segments of a load one contiguous run of 32.
     k = torch.arange(dim) % 16
     quads = (k % 8) // 2
-    chunk = torch.arange(dim) // (4 * cols)
-    seg = min(cols, 8)
-    for c in range(dim // (4 * cols)):
+    chunk = torch.arange(dim) // 64
+    for c in range(dim // 64):
         for q in range(4):
             mine = order[(chunk == c) & (quads == q)]
-            want = [c * 4 * cols + load * 4 * seg + q * seg + i
-                    for load in range(cols // seg) for i in range(seg)]
-            assert sorted(mine.tolist()) == sorted(want)
+            want = [64 * c + 32 * load + 8 * q + i for load in range(2) for i in range(8)]
+            assert sorted(mine.tolist()) == want
 
 
-def _kernel_dim_of(kb, q, h, cols):
+def _kernel_dim_of(kb, q, h):
     """kernels/maxsim_dense_mma.cu's dim_of: the query fragments' column pairs."""
-    per_chunk, seg = cols // 4, min(cols, 8)
-    r = 2 * (kb % per_chunk) + h
-    return (kb // per_chunk) * 4 * cols + (r // (seg // 2)) * 4 * seg + q * seg + 2 * (r % (seg // 2))
+    r = 2 * (kb % 4) + h
+    return (kb // 4) * 64 + (r // 4) * 32 + q * 8 + 2 * (r % 4)
 
 
-@pytest.mark.parametrize("dim,cols", [(128, 16), (128, 8), (160, 8), (144, 4), (16, 4)])
+@pytest.mark.parametrize("dim", [64, 192])
 @pytest.mark.parametrize("rows", [1, 16, 33, 64])
-def test_replayed_fragments_score_like_the_reference(dim, cols, rows):
+def test_replayed_fragments_score_like_the_reference(dim, rows):
     """The products as the kernel forms them: A fragments from its query formula, B registers
-    from the words its lanes load (word r of chunk c is register r % 2 of k-block
-    c cols / 4 + r // 2), m16n8k16 semantics, then the max over tokens and the sum over rows."""
+    from the words its lanes load (loads lo and hi at 64c + 8q and 64c + 32 + 8q, word r of the
+    chunk register r % 2 of k-block 4c + r // 2), m16n8k16 semantics, then the max over tokens
+    and the sum over rows."""
     torch.manual_seed(0)
     Q = torch.randn(rows, dim, dtype=torch.float64)
     D = torch.randn(11, dim, dtype=torch.float64)
-    blocks, kblocks = -(-rows // 16), dim // 16
+    blocks = -(-rows // 16)
+    order = dense_mma.mma_column_order(dim)
     S = torch.zeros(16 * blocks, D.shape[0], dtype=torch.float64)
-    for kb in range(kblocks):
-        c, kbi = divmod(kb, cols // 4)
+    for kb in range(dim // 16):
+        c, kbi = divmod(kb, 4)
         for g in range(8):
             for q in range(4):
                 for h in range(2):
                     for p in range(2):
                         k = 2 * q + 8 * h + p  # the product column of this lane's pair
-                        a_dim = _kernel_dim_of(kb, q, h, cols) + p
-                        # The lane's loads: segments of seg columns at c 4 cols + l 4 seg + q seg.
-                        word = 2 * kbi + h
-                        seg = min(cols, 8)
-                        load, within = divmod(word, seg // 2)
-                        b_dim = c * 4 * cols + load * 4 * seg + q * seg + 2 * within + p
-                        assert a_dim == b_dim == int(dense_mma.mma_column_order(dim, cols)[kb * 16 + k])
+                        a_dim = _kernel_dim_of(kb, q, h) + p
+                        load, within = divmod(2 * kbi + h, 4)
+                        b_dim = 64 * c + 32 * load + 8 * q + 2 * within + p
+                        assert a_dim == b_dim == int(order[kb * 16 + k])
                         for mb in range(blocks):
                             for r in range(2):
                                 row = mb * 16 + g + 8 * r
@@ -95,44 +90,30 @@ def test_kernel_source_compiles_for_sm90():
         pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
     source = dense_mma.SOURCE.read_text()
     for element in dense_mma.ELEMENT_NAMES.values():
-        for dim, cols in ((128, 16), (96, 8), (144, 4), (768, 16)):
+        for dim in (128, 768):
             for blocks in (1, 2, 3, 4):
-                warps, depth = dense_mma.pipeline(blocks, cols)
+                warps, depth = dense_mma.pipeline(blocks)
                 cubin, _ = nvrtc.compile_cubin(
                     source, dense_mma.SOURCE.name, "sm_90",
-                    {"WARPS": warps, "ELEM": element, "DIM": dim, "LANE_COLS": cols,
-                     "QUERY_BLOCKS": blocks, "DEPTH": depth, "PREFETCH": blocks % 2,
-                     "EVICT_FIRST": blocks // 3},
+                    {"WARPS": warps, "ELEM": element, "DIM": dim, "QUERY_BLOCKS": blocks,
+                     "DEPTH": depth},
                     headers=nvrtc.local_headers(dense_mma.SOURCE))
                 assert cubin[:4] == b"\x7fELF"
 
 
 def test_pipeline_keeps_registers_within_the_warps():
-    assert dense_mma.pipeline(2, 16) == (16, 2)
-    assert dense_mma.pipeline(2, 8) == (16, 4)
-    assert dense_mma.pipeline(1, 4) == (16, 6)
-    assert dense_mma.pipeline(4, 8) == (8, 8)
-    assert dense_mma.pipeline(3, 4) == (8, 10)
-
-
-def test_lane_columns_follow_d_and_alignment(monkeypatch):
-    wide = torch.zeros(10, 160, dtype=torch.float16)
-    assert dense_mma.lane_cols(wide[:, :128]) == 16  # 320-byte rows, 16-byte aligned
-    assert dense_mma.lane_cols(wide[:, :96]) == 8  # d = 96: 32 more than 64
-    assert dense_mma.lane_cols(wide[:, :144]) == 4  # d = 144: 16 more than 4 x 32
-    assert dense_mma.lane_cols(wide[:, 4:132]) == 4  # starts 8 bytes in
-    monkeypatch.setattr(dense_mma, "MAX_LANE_COLS", 8)
-    assert dense_mma.lane_cols(wide[:, :128]) == 8
+    assert dense_mma.pipeline(1) == dense_mma.pipeline(2) == (16, 2)
+    assert dense_mma.pipeline(3) == dense_mma.pipeline(4) == (8, 4)
 
 
 def test_reasons_name_what_does_not_apply():
-    Q = torch.zeros(1, 4, 72, dtype=torch.float32)
-    D = torch.zeros(5, 72, dtype=torch.float32)
+    Q = torch.zeros(1, 4, 96, dtype=torch.float32)
+    D = torch.zeros(5, 96, dtype=torch.float32)
     reasons = " ".join(dense_mma.reasons_not_to_apply(Q, D))
-    for what in ("dtype torch.float32", "d = 72", "device cpu"):
+    for what in ("dtype torch.float32", "d = 96", "device cpu"):
         assert what in reasons
     Q16 = torch.zeros(1, 4, 128, dtype=torch.float16)
-    odd = torch.zeros(5, 130, dtype=torch.float16)[:, 1:129]  # rows start 2 bytes in
+    odd = torch.zeros(5, 136, dtype=torch.float16)[:, 4:132]  # rows start 8 bytes in
     assert any("aligned" in r for r in dense_mma.reasons_not_to_apply(Q16, odd))
     assert any("without rows" in r
                for r in dense_mma.reasons_not_to_apply(Q16, torch.zeros(0, 128, dtype=torch.float16)))
@@ -152,10 +133,9 @@ def test_scoring_is_a_checked_config_field():
 
 @on_gpu
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
-@pytest.mark.parametrize("cols", [4, 8, 16])
-def test_kernel_fits_its_registers_without_spills(device, blocks, cols):
-    warps, _ = dense_mma.pipeline(blocks, cols)
-    kernel = dense_mma.kernel(device, torch.float16, 128, cols, blocks)
+def test_kernel_fits_its_registers_without_spills(device, blocks):
+    warps, _ = dense_mma.pipeline(blocks)
+    kernel = dense_mma.kernel(device, torch.float16, 128, blocks)
     assert kernel.num_regs * 32 * warps <= 65536
     assert kernel.local_bytes == 0
 
@@ -166,7 +146,7 @@ LENGTHS = [0, 1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 0, 130, 64, 2, 31, 0]
 
 @on_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dim", [16, 48, 64, 96, 128, 144, 256, 384, 768])
+@pytest.mark.parametrize("dim", [64, 128, 192, 384, 768])
 @pytest.mark.parametrize("Lq", [1, 9, 16, 32, 33, 48, 64, 65, 130])
 def test_kernel_matches_reference(device, dtype, dim, Lq):
     D, offsets = _packed_from_lengths(LENGTHS * 7, dim, dtype, device)
@@ -196,19 +176,16 @@ def test_kernel_grabs_and_pids(device, grab):
 
 
 @on_gpu
-@pytest.mark.parametrize("start,width,cols", [(0, 128, 16), (0, 96, 8), (4, 128, 4),
-                                             (0, 144, 4)])
-def test_kernel_reads_strided_rows_and_strided_queries(device, start, width, cols):
-    """Rows of a wider tensor (16- or only 8-byte aligned) and a query with strided rows."""
+def test_kernel_reads_strided_rows_and_strided_queries(device):
+    """Rows of a wider tensor and a query with strided rows; rows not 16-byte aligned refused."""
     lengths = [5, 0, 40, 17, 9]
-    wide, offsets = _packed_from_lengths(lengths, 160, torch.float16, device)
-    D = wide[:, start:start + width]
-    assert dense_mma.lane_cols(D) == cols
-    Q = _rand(2, 70, width, dtype=torch.float16, device=device)[:, ::2]
+    wide, offsets = _packed_from_lengths(lengths, 200, torch.float16, device)
+    D = wide[:, 8:136]
+    Q = _rand(2, 70, 128, dtype=torch.float16, device=device)[:, ::2]
     out = maxsim_packed(Q, D, offsets, config=MMA)
     assert_close(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
     with pytest.raises(ValueError, match="aligned"):
-        maxsim_packed(Q[..., :width - 16], wide[:, 1:width - 15], offsets, config=MMA)
+        maxsim_packed(Q, wide[:, 4:132], offsets, config=MMA)
 
 
 @on_gpu
@@ -235,24 +212,6 @@ def test_kernel_nan_and_inf_reach_exactly_their_scores(device):
     assert_close(out, reference.maxsim_packed(Q, D, offsets,
                                               query_lengths=torch.tensor([20], device=device)),
                  "maxsim_dense", torch.float16)
-
-
-@on_gpu
-def test_switches_score_as_the_default(device, monkeypatch):
-    """Evict-first loads and prefetching read the same bytes (bit for bit); 32-column chunks sum
-    the same products in another order."""
-    D, offsets = _packed_from_lengths(LENGTHS * 9, 256, torch.float16, device)
-    Q = _rand(2, 32, 256, dtype=torch.float16, device=device)
-    plain = maxsim_packed(Q, D, offsets, config=MMA)
-    monkeypatch.setattr(dense_mma, "EVICT_FIRST", True)
-    assert torch.equal(maxsim_packed(Q, D, offsets, config=MMA), plain)
-    monkeypatch.setattr(dense_mma, "EVICT_FIRST", False)
-    monkeypatch.setattr(dense_mma, "PREFETCH", True)
-    assert torch.equal(maxsim_packed(Q, D, offsets, config=MMA), plain)
-    monkeypatch.setattr(dense_mma, "PREFETCH", False)
-    monkeypatch.setattr(dense_mma, "MAX_LANE_COLS", 8)
-    torch.testing.assert_close(maxsim_packed(Q, D, offsets, config=MMA), plain, rtol=1e-5,
-                               atol=1e-5)
 
 
 @on_gpu

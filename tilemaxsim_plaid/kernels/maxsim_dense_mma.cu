@@ -1,22 +1,21 @@
-// Exact MaxSim over packed 16-bit documents on mma.sync: any d that is a multiple of 16, up to 64
-// query rows a launch, every warp walking its own documents, each lane loading the tensor-core
-// operand it multiplies straight from global memory.
+// Exact MaxSim over packed 16-bit documents on mma.sync: d a multiple of 64, up to 64 query rows
+// a launch, every warp walking its own documents, each lane loading the tensor-core operand it
+// multiplies straight from global memory.
 //
 //     score[b, n] = sum_i max_t <Q[b, i], D[t]>     (t over document n's rows)
 //
 // Why CUDA and not Triton: tl.dot takes the document tile through shared memory (a store and a
 // load of every element on top of its read) in tiles whose shape follows d and the query's
-// length, padded to powers of two. Here a lane's vector load of its own segment of a row is
-// its operand, whatever d (a multiple of 16) and however many query rows.
+// length, padded to powers of two. Here a lane's vector loads of its own segments of a row are
+// its operand, whatever d (a multiple of 64) and however many query rows.
 //
 // Column order: the products' k index runs over d in an order of the kernel's, the same for the
-// query and the documents, which leaves every <q, t> unchanged. Chunk c of CHUNK_COLS = 4W
-// columns (W = LANE_COLS: 4, 8 or 16) gives lane quad q W columns of its token in loads of
-// SEG = min(W, 8) columns (8 or 16 bytes): load l takes columns c 4W + l 4 SEG + q SEG ..
-// + SEG - 1, so each of a warp's loads reads 8 rows' contiguous 4 SEG-column segments whole (a
-// 128-byte line in two loads at W = 16). Word r of the lane's chunk (columns + 2r, + 2r + 1 of
-// its loads in order) is B register r % 2 of k-block c W/4 + r / 2, the product columns
-// 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16 (ops/dense_mma.mma_column_order).
+// query and the documents, which leaves every <q, t> unchanged. Chunk c of 64 columns gives lane
+// quad q 16 columns of its token in two 16-byte loads, load l of columns 64c + 32l + 8q .. + 7:
+// each of a warp's loads reads 8 rows' contiguous 64-byte segments whole, the two a 128-byte
+// line. Word r of the lane's chunk (columns + 2r, + 2r + 1 of its loads in order) is B register
+// r % 2 of k-block 4c + r / 2, the product columns 2q + 8 (r % 2) + (0, 1) of mma.m16n8k16
+// (ops/dense_mma.mma_column_order).
 //
 // Query: QUERY_BLOCKS blocks of 16 rows, stored once per block in shared memory as each lane's
 // A fragments (block, k-block, lane; rows past the query's length zero): one 16-byte load per
@@ -26,9 +25,9 @@
 // ahead) and walks each document in 16-token tiles of two halves of 8 (lane g loads token g of
 // each; a half wholly past the document's end is neither loaded nor multiplied), a tile chunk by
 // chunk. Its loads run DEPTH (tile, chunk) steps ahead of its products, across tiles, documents
-// and grabs, so the pipeline never drains; each next document's bounds are read while the one
-// before it is walked, and (PREFETCH) from that one's second tile on its rows are asked into L2
-// (a document ahead for every warp of the GPU: more than L2 holds at d >= 128).
+// and grabs, so the pipeline never drains, and each next document's bounds are read while the
+// one before it is walked. No document is prefetched into L2: a document ahead for every warp
+// of the GPU outgrows L2 at d >= 128 (results/PERFORMANCE_LOG.md, run 158).
 //
 // Masking as everywhere: a token past its document's end is -inf, selected after the products
 // (a product may be NaN or inf, and -inf + NaN would let it win); a query row past the query's
@@ -37,8 +36,7 @@
 // torch (docs/kernels.md, NaN and inf). A load past the document's end reads its last token.
 //
 // Defines: WARPS (warps per block, one block per SM), ELEM ("f16" or "bf16"), DIM (a multiple of
-// CHUNK_COLS), LANE_COLS (4, 8 or 16), QUERY_BLOCKS (1 to 4), DEPTH (steps loaded ahead),
-// PREFETCH, EVICT_FIRST (the rows read under ld.global.cs instead of ld.global.nc).
+// 64), QUERY_BLOCKS (1 to 4), DEPTH (steps loaded ahead).
 
 #ifndef WARPS
 #define WARPS 16
@@ -49,86 +47,48 @@
 #ifndef DIM
 #define DIM 128
 #endif
-#ifndef LANE_COLS
-#define LANE_COLS 8
-#endif
 #ifndef QUERY_BLOCKS
 #define QUERY_BLOCKS 2
 #endif
 #ifndef DEPTH
 #define DEPTH 4
 #endif
-#ifndef PREFETCH
-#define PREFETCH 1
-#endif
-#ifndef EVICT_FIRST
-#define EVICT_FIRST 0
-#endif
 #include "mma_common.cuh"
 
-#define SEG (LANE_COLS < 8 ? LANE_COLS : 8)  // columns of one load a lane: 8 or 16 bytes
-#define CHUNK_COLS (4 * LANE_COLS)
-#define CHUNKS (DIM / CHUNK_COLS)
-#define CHUNK_KBLOCKS (LANE_COLS / 4)  // k-blocks of 16 columns per chunk
+#define CHUNKS (DIM / 64)
 #define KBLOCKS (DIM / 16)
-#define ROWS (2 * QUERY_BLOCKS)        // a lane's query rows g + 8j
+#define ROWS (2 * QUERY_BLOCKS)  // a lane's query rows g + 8j
 
-static_assert(LANE_COLS == 4 || LANE_COLS == 8 || LANE_COLS == 16, "LANE_COLS is 4, 8 or 16");
-static_assert(DIM % CHUNK_COLS == 0, "DIM is a multiple of 4 * LANE_COLS");
+static_assert(DIM % 64 == 0, "DIM is a multiple of 64");
 static_assert(QUERY_BLOCKS >= 1 && QUERY_BLOCKS <= 4, "QUERY_BLOCKS is 1 to 4");
 
-#if LANE_COLS == 16
-struct words_t { uint4 lo, hi; };
-#elif LANE_COLS == 8
-typedef uint4 words_t;
-#else
-typedef uint2 words_t;
-#endif
+// A lane's 16 columns of a chunk: loads lo and hi, four words each.
+struct Words {
+    uint4 lo, hi;
+};
 
-// A lane's LANE_COLS elements of a row: 8, 16 or 32 bytes. EVICT_FIRST: ld.global.cs (evict
-// first in L1 and L2); else ld.global.nc.
-template <typename T>
-__device__ __forceinline__ T load_vector(const unsigned short* p) {
-#if EVICT_FIRST
-    return __ldcs(reinterpret_cast<const T*>(p));
-#else
-    return __ldg(reinterpret_cast<const T*>(p));
-#endif
-}
-
-__device__ __forceinline__ void load_words(words_t& w, const unsigned short* p) {
-#if LANE_COLS == 16
-    w.lo = load_vector<uint4>(p);
-    w.hi = load_vector<uint4>(p + 4 * SEG);
-#else
-    w = load_vector<words_t>(p);
-#endif
+__device__ __forceinline__ void load_words(Words& w, const unsigned short* p) {
+    w.lo = __ldg(reinterpret_cast<const uint4*>(p));
+    w.hi = __ldg(reinterpret_cast<const uint4*>(p + 32));
 }
 
 // Word r of a lane's chunk (register r % 2 of k-block r / 2 of the chunk).
-__device__ __forceinline__ unsigned word(const words_t& w, int r) {
-#if LANE_COLS == 16
+__device__ __forceinline__ unsigned word(const Words& w, int r) {
     const uint4& v = r < 4 ? w.lo : w.hi;
     r &= 3;
     return r == 0 ? v.x : r == 1 ? v.y : r == 2 ? v.z : v.w;
-#elif LANE_COLS == 8
-    return r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-#else
-    return r == 0 ? w.x : w.y;
-#endif
 }
 
 // The dimension of product column pair (k-block kb, quad q, register h) (+ 0, + 1): word
-// r = 2 (kb % CHUNK_KBLOCKS) + h of the chunk, in load r / (SEG / 2).
+// r = 2 (kb % 4) + h of chunk kb / 4, in load r / 4.
 __device__ __forceinline__ int dim_of(int kb, int q, int h) {
-    const int r = 2 * (kb % CHUNK_KBLOCKS) + h;
-    return (kb / CHUNK_KBLOCKS) * CHUNK_COLS + (r / (SEG / 2)) * 4 * SEG + q * SEG
-        + 2 * (r % (SEG / 2));
+    const int r = 2 * (kb % 4) + h;
+    return (kb / 4) * 64 + (r / 4) * 32 + q * 8 + 2 * (r % 4);
 }
 
 // One step of a warp's walk: one chunk of one 16-token tile.
 struct Step {
-    words_t w[2];  // this lane's words of token g of each half
+    Words w[2];  // this lane's words of token g of each half
     int chunk;
     int left;      // tokens of the document from the tile's first on (<= 0: an empty one)
     int out;       // the document's output index; -1 past the warp's last
@@ -141,7 +101,6 @@ struct Step {
 struct Cursor {
     int n, grab_end, length, position, chunk;
     int next_n, next_grab_end, next_length, claimed;
-    bool asked;  // whether the next document was prefetched into L2
     long long start, next_start;
 };
 
@@ -164,7 +123,6 @@ struct Walk {
             c.next_grab_end = min(c.next_n + grab, num_out);
         }
         if (c.next_n < num_out) document_bounds(offsets, pids, c.next_n, c.next_start, c.next_length);
-        c.asked = false;
     }
 
     __device__ __forceinline__ void enter_next(Cursor& c) const {
@@ -190,14 +148,7 @@ struct Walk {
         if (++c.chunk < CHUNKS) return;
         c.chunk = 0;
         c.position += 16;
-        if (c.position < c.length) {  // the document's second tile on: its bounds have come
-            if (PREFETCH && !c.asked && c.next_n < num_out) {
-                prefetch_lines(D + c.next_start * stride_row,
-                               (long long)c.next_length * stride_row * 2, lane);
-                c.asked = true;
-            }
-            return;
-        }
+        if (c.position < c.length) return;
         enter_next(c);  // an empty document has one tile
     }
 
@@ -207,8 +158,7 @@ struct Walk {
         s.left = c.length - c.position;
         s.out = c.n < num_out ? c.n : -1;
         if (s.out >= 0) {
-            const unsigned short* rows = D + c.start * stride_row + c.chunk * CHUNK_COLS
-                + q * SEG;
+            const unsigned short* rows = D + c.start * stride_row + c.chunk * 64 + q * 8;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (s.left > 8 * h) {  // the same for the whole warp
@@ -227,8 +177,8 @@ maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
                  int num_query_rows,                        // <= 16 QUERY_BLOCKS
                  const int* __restrict__ query_lengths,     // [B] or null: all rows
                  int row_start,                             // query_lengths count from here
-                 const unsigned short* __restrict__ D,      // [T, DIM] rows, ELEM
-                 long long stride_row,                      // in elements: aligned for words_t
+                 const unsigned short* __restrict__ D,      // [T, DIM] rows, ELEM, 16-aligned
+                 long long stride_row,                      // in elements, a multiple of 8
                  const long long* __restrict__ offsets,     // [N + 1]
                  const long long* __restrict__ pids,        // [num_out] or null
                  float* __restrict__ out,                   // [B][out_stride]
@@ -293,9 +243,9 @@ maxsim_dense_mma(const unsigned short* __restrict__ Q,      // [B, Lq, DIM] ELEM
             walk.advance(cursor);
 
             if (step.left > 0) {
-                const uint4* a = query_fragments + step.chunk * CHUNK_KBLOCKS * 32 + lane;
+                const uint4* a = query_fragments + step.chunk * 4 * 32 + lane;
 #pragma unroll
-                for (int kbi = 0; kbi < CHUNK_KBLOCKS; ++kbi)
+                for (int kbi = 0; kbi < 4; ++kbi)
 #pragma unroll
                     for (int mb = 0; mb < QUERY_BLOCKS; ++mb) {
                         const uint4 f = a[(mb * KBLOCKS + kbi) * 32];

@@ -2,8 +2,8 @@
 stream per warp, each lane loading the operand it multiplies.
 
 ``maxsim_packed(..., config=MaxSimConfig(scoring="mma"))`` runs it where it applies: fp16 or
-bf16, d a multiple of 16 up to MAX_DIM, document rows of contiguous elements at 8-byte aligned
-addresses, a GPU of compute capability 8.0 or later; anything else raises ValueError naming what
+bf16, d a multiple of 64 up to MAX_DIM, document rows of contiguous elements starting 16-byte
+aligned, a GPU of compute capability 8.0 or later; anything else raises ValueError naming what
 does not apply. Queries of up to 64 tokens take one launch (16-row blocks), longer ones launches
 of 64 summed. The kernel is CUDA C++ compiled once per device and shape by NVRTC (ops/nvrtc.py).
 :func:`mma_column_order` writes its column order on the CPU, where
@@ -28,58 +28,30 @@ MAX_QUERY_ROWS = 64
 # The query's fragments live in shared memory: 16 rows x d x 2 bytes a block, 128 KiB at
 # d = 1024 and 64 rows.
 MAX_DIM = 1024
-# Documents a warp claims at once.
+# Documents a warp claims at once: 2 and 4 tie, 8 is slower (results/PERFORMANCE_LOG.md,
+# run 155).
 DEFAULT_GRAB = 4
 
 
-def pipeline(query_blocks: int, cols: int) -> tuple[int, int]:
-    """(warps of the one block per SM, steps a warp's loads run ahead of its products). 16 warps
-    while a lane's registers fit 128 (up to 32 query rows), else 8 (up to 255); as many steps as
-    keep about 64 KiB of loads in flight per SM within those registers (a step is 128 x cols
-    bytes a warp: 2 KiB at 32-byte loads). sm_90 builds at 32 rows: 120 registers at 2 steps of
-    32-byte loads, 128 at 4 of 16-byte ones and 126 at 6 of 8-byte ones; at 64 rows 218, 237
-    and 205 at 4, 8 and 10 (12 take all 255)."""
-    warps = 16 if query_blocks <= 2 else 8
-    steps = {16: 2, 8: 4, 4: 6}[cols] if warps == 16 else {16: 4, 8: 8, 4: 10}[cols]
-    return warps, steps
+def pipeline(query_blocks: int) -> tuple[int, int]:
+    """(warps of the one block per SM, steps a warp's loads run ahead of its products: 2 KiB a
+    step). 16 warps while a lane's registers fit 128 (up to 32 query rows), else 8 (up to 255),
+    with twice the steps: about 64 KiB of loads in flight per SM (sm_90 builds: 120 registers
+    at 32 rows, 218 at 64)."""
+    return (16, 2) if query_blocks <= 2 else (8, 4)
 
 
-# The widest lane chunk taken (16: two 16-byte loads, whole 128-byte lines a step, where d is a
-# multiple of 64), whether rows are read under the evict-first policy, and whether each next
-# document is prefetched: switches measured side by side (experiments/bench_dense_variants,
-# "mma 32-column chunks", "mma evict-first", "mma prefetch").
-MAX_LANE_COLS = 16
-EVICT_FIRST = False
-# Each next document asked into L2 a document ahead (the kernel's PREFETCH).
-PREFETCH = False
-
-
-def lane_cols(D: torch.Tensor) -> int:
-    """Columns a lane loads per chunk: 16 (two 16-byte loads) where d is a multiple of 64 and
-    every row starts 16-byte aligned, 8 (one) where d is a multiple of 32, else 4 (one 8-byte
-    load; d a multiple of 16, rows 8-byte aligned); at most MAX_LANE_COLS."""
-    row_bytes = D.stride(0) * D.element_size()
-    if D.data_ptr() % 16 == 0 and row_bytes % 16 == 0:
-        for cols in (16, 8):
-            if cols <= MAX_LANE_COLS and D.shape[1] % (4 * cols) == 0:
-                return cols
-    return 4
-
-
-def mma_column_order(dim: int, cols: int) -> torch.Tensor:
+def mma_column_order(dim: int) -> torch.Tensor:
     """[dim] int64: product column j (k-block j // 16, column j % 16) holds dimension order[j].
 
-    Column k = 2q + 8h + p of k-block kb is word r = 2 (kb % (cols / 4)) + h of lane quad q's
-    chunk kb // (cols / 4), which it loads in segments of seg = min(cols, 8) columns: dimension
-    chunk * 4 cols + (r // (seg / 2)) * 4 seg + q seg + 2 (r % (seg / 2)) + p."""
+    Column k = 2q + 8h + p of k-block kb is word r = 2 (kb % 4) + h of lane quad q's 64-column
+    chunk kb // 4, which it loads in two segments of 8 columns: dimension
+    64 (kb // 4) + 32 (r // 4) + 8q + 2 (r % 4) + p."""
     kb = torch.arange(dim // 16)[:, None]
     k = torch.arange(16)[None, :]
     q, h, p = (k % 8) // 2, k // 8, k % 2
-    per_chunk, seg = cols // 4, min(cols, 8)
-    r = 2 * (kb % per_chunk) + h
-    order = ((kb // per_chunk) * 4 * cols + (r // (seg // 2)) * 4 * seg + q * seg
-             + 2 * (r % (seg // 2)) + p)
-    return order.reshape(-1)
+    r = 2 * (kb % 4) + h
+    return (64 * (kb // 4) + 32 * (r // 4) + 8 * q + 2 * (r % 4) + p).reshape(-1)
 
 
 def reasons_not_to_apply(Q3: torch.Tensor, D: torch.Tensor) -> list[str]:
@@ -88,12 +60,12 @@ def reasons_not_to_apply(Q3: torch.Tensor, D: torch.Tensor) -> list[str]:
     dim = Q3.shape[-1]
     if Q3.dtype not in ELEMENT_NAMES:
         reasons.append(f"dtype {Q3.dtype} (fp16 or bf16)")
-    if dim % 16 or dim > MAX_DIM:
-        reasons.append(f"d = {dim} (a multiple of 16 up to {MAX_DIM})")
+    if dim % 64 or dim > MAX_DIM:
+        reasons.append(f"d = {dim} (a multiple of 64 up to {MAX_DIM})")
     if D.shape[0] == 0:
         reasons.append("D_packed without rows")
-    elif (D.stride(1) != 1 or (D.stride(0) * D.element_size()) % 8 or D.data_ptr() % 8):
-        reasons.append("document rows that are not contiguous elements starting 8-byte aligned")
+    elif (D.stride(1) != 1 or (D.stride(0) * D.element_size()) % 16 or D.data_ptr() % 16):
+        reasons.append("document rows that are not contiguous elements starting 16-byte aligned")
     if Q3.device.type != "cuda":
         reasons.append(f"device {Q3.device} (a CUDA GPU)")
     elif nvrtc.capability(Q3.device) < (8, 0):
@@ -109,14 +81,12 @@ def check_applies(Q3: torch.Tensor, D: torch.Tensor) -> None:
 
 
 @lru_cache(maxsize=None)
-def kernel(device: torch.device, dtype: torch.dtype, dim: int, cols: int, query_blocks: int,
-           prefetch: bool = True, evict_first: bool = False) -> nvrtc.CudaKernel:
-    warps, depth = pipeline(query_blocks, cols)
+def kernel(device: torch.device, dtype: torch.dtype, dim: int,
+           query_blocks: int) -> nvrtc.CudaKernel:
+    warps, depth = pipeline(query_blocks)
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
-                             {"WARPS": warps,
-                              "ELEM": ELEMENT_NAMES[dtype], "DIM": dim, "LANE_COLS": cols,
-                              "QUERY_BLOCKS": query_blocks, "DEPTH": depth,
-                              "PREFETCH": int(prefetch), "EVICT_FIRST": int(evict_first)},
+                             {"WARPS": warps, "ELEM": ELEMENT_NAMES[dtype], "DIM": dim,
+                              "QUERY_BLOCKS": query_blocks, "DEPTH": depth},
                              shared_bytes(dim, query_blocks))
 
 
@@ -137,7 +107,6 @@ def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
     out, Q3 = mma_fragments.launch_start(Q3, num_out_docs, grab)
     if out.numel() == 0:
         return out
-    cols = lane_cols(D)
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
     chunks = -(-Lq // MAX_QUERY_ROWS)
@@ -145,10 +114,10 @@ def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
     for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_ROWS)):
         chunk = Q3[:, start:start + MAX_QUERY_ROWS]
         query_blocks = -(-chunk.shape[1] // 16)
-        launch = kernel(device, Q3.dtype, dim, cols, query_blocks, PREFETCH, EVICT_FIRST)
+        launch = kernel(device, Q3.dtype, dim, query_blocks)
         scores = out if start == 0 else torch.empty_like(out)
         launch((nvrtc.multiprocessors(device), B, 1),
-               (32 * pipeline(query_blocks, cols)[0], 1, 1),
+               (32 * pipeline(query_blocks)[0], 1, 1),
                [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
                 ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), D,
                 ctypes.c_longlong(D.stride(0)), offsets, pids64, scores,
