@@ -330,10 +330,12 @@ def dense_mma(work: Path, opts) -> list[Step]:
 def dense_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the dense op's default launches where the grid is below its targets
     beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
-    headline one query of 32 and flash-maxsim's packed kernel on it (profile_kernels ncu)."""
+    headline one query of 32 by the default, by the dense mma kernel and by flash-maxsim's
+    packed kernel (profile_kernels ncu)."""
     return [Step("dense-ncu", module("experiments.profile_kernels", "ncu", "--ops", "dense,wide",
-                                     "--only", "=packed,=flash_maxsim_packed,=packed B1 Lq64,"
-                                     "=packed B4 Lq32", "--out", str(work / "dense-ncu")), 300)]
+                                     "--only", "=packed,=packed mma,=flash_maxsim_packed,"
+                                     "=packed B1 Lq64,=packed B4 Lq32",
+                                     "--out", str(work / "dense-ncu")), 300)]
 
 
 def grid(work: Path, opts) -> list[Step]:

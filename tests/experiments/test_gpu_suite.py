@@ -149,7 +149,7 @@ EXPECTED = {
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",
-                      "=packed,=flash_maxsim_packed,=packed B1 Lq64,=packed B4 Lq32",
+                      "=packed,=packed mma,=flash_maxsim_packed,=packed B1 Lq64,=packed B4 Lq32",
                       "--out", "W/dense-ncu"],
     },
     "residual-ncu": {
