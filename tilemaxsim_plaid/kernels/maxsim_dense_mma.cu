@@ -51,7 +51,7 @@
 #define QUERY_BLOCKS 2
 #endif
 #ifndef DEPTH
-#define DEPTH 4
+#define DEPTH 2
 #endif
 #include "mma_common.cuh"
 
@@ -90,8 +90,8 @@ __device__ __forceinline__ int dim_of(int kb, int q, int h) {
 struct Step {
     Words w[2];  // this lane's words of token g of each half
     int chunk;
-    int left;      // tokens of the document from the tile's first on (<= 0: an empty one)
-    int out;       // the document's output index; -1 past the warp's last
+    int left;    // tokens of the document from the tile's first on (<= 0: an empty one)
+    int out;     // the document's output index; -1 past the warp's last
 };
 
 // Where the loads are: document ``n`` (first row ``start``, ``length`` rows) of the grab ending
