@@ -189,6 +189,26 @@ def test_kernel_reads_strided_rows_and_strided_queries(device):
 
 
 @on_gpu
+def test_kernel_takes_strided_views_of_every_index_argument(device):
+    """offsets, pids and query_lengths as columns of 2-D tensors score as the contiguous ones."""
+    lengths = torch.randint(0, 90, (600,), generator=torch.Generator().manual_seed(4)).tolist()
+    D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
+    pids = torch.randperm(600, device=device)[:97]
+    Q = _rand(3, 40, 128, dtype=torch.float16, device=device)
+    query_lengths = torch.tensor([40, 7, 0], device=device)
+
+    def column(t):
+        return torch.stack([t, torch.full_like(t, -1)], 1)[:, 0]
+
+    want = maxsim_packed(Q, D, offsets, pids, query_lengths=query_lengths, config=MMA)
+    got = maxsim_packed(Q, D, column(offsets), column(pids), query_lengths=column(query_lengths),
+                        config=MMA)
+    assert torch.equal(got, want)
+    assert_close(got, reference.maxsim_packed(Q, D, offsets, pids, query_lengths=query_lengths),
+                 "maxsim_dense", torch.float16)
+
+
+@on_gpu
 def test_kernel_nan_and_inf_reach_exactly_their_scores(device):
     D, offsets = _packed_from_lengths([3, 20, 0, 9], 128, torch.float16, device)
     Q = _rand(1, 32, 128, dtype=torch.float16, device=device)
