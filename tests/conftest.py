@@ -55,6 +55,20 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
+def compile_cubin_sm90(source_path, defines: dict) -> bytes:
+    """``source_path`` (a kernels/*.cu file) compiled by NVRTC for sm_90 with ``defines``, its
+    includes given by name; fails the test, saying how to install NVRTC, where it is missing."""
+    from tilemaxsim_plaid.ops import nvrtc
+
+    try:
+        nvrtc.nvrtc_library()
+    except nvrtc.NvrtcError as error:
+        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
+    cubin, _ = nvrtc.compile_cubin(source_path.read_text(), source_path.name, "sm_90", defines,
+                                   headers=nvrtc.local_headers(source_path))
+    return cubin
+
+
 def property_examples(on_cpu: int) -> int:
     """Hypothesis examples for a property test that draws launch shapes or configurations: on a
     GPU each new combination is a kernel compile (seconds), so the GPU run draws fewer of them."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ON_GPU
+from tests.conftest import ON_GPU, compile_cubin_sm90
 from tests.kernels.test_maxsim_dense import _packed_from_lengths, _rand
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.ops import dense, dense_mma, nvrtc
+from tilemaxsim_plaid.ops import dense, dense_mma
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
 
 on_gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a GPU; the CPU replays its "
@@ -84,20 +84,13 @@ def test_replayed_fragments_score_like_the_reference(dim, rows):
 
 def test_kernel_source_compiles_for_sm90():
     """NVRTC compiles every variant the host launches for the H200 without a GPU."""
-    try:
-        nvrtc.nvrtc_library()
-    except nvrtc.NvrtcError as error:
-        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
-    source = dense_mma.SOURCE.read_text()
     for element in dense_mma.ELEMENT_NAMES.values():
         for dim in (128, 768):
             for blocks in (1, 2, 3, 4):
                 warps, depth = dense_mma.pipeline(blocks)
-                cubin, _ = nvrtc.compile_cubin(
-                    source, dense_mma.SOURCE.name, "sm_90",
-                    {"WARPS": warps, "ELEM": element, "DIM": dim, "QUERY_BLOCKS": blocks,
-                     "DEPTH": depth},
-                    headers=nvrtc.local_headers(dense_mma.SOURCE))
+                cubin = compile_cubin_sm90(
+                    dense_mma.SOURCE, {"WARPS": warps, "ELEM": element, "DIM": dim,
+                                       "QUERY_BLOCKS": blocks, "DEPTH": depth})
                 assert cubin[:4] == b"\x7fELF"
 
 

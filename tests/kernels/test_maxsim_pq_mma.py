@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ON_GPU
+from tests.conftest import ON_GPU, compile_cubin_sm90
 from tests.kernels.test_maxsim_pq import random_pq_index, split, unit_queries
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
 from tests.tolerances import assert_close
@@ -98,16 +98,10 @@ def test_both_codebook_copies_hold_every_entry():
 def test_kernel_source_compiles_for_sm90():
     """NVRTC (PyTorch's CUDA builds, or the nvidia-cuda-nvrtc wheel) compiles the source for
     the H200 without a GPU, for both element types and codebook dtypes."""
-    try:
-        nvrtc.nvrtc_library()
-    except nvrtc.NvrtcError as error:
-        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
     for element in pq_mma.ELEMENT_NAMES.values():
         for book_fp32 in (0, 1):
-            cubin, _ = nvrtc.compile_cubin(
-                pq_mma.SOURCE.read_text(), pq_mma.SOURCE.name, "sm_90",
-                {"WARPS": pq_mma.WARPS, "ELEM": element, "BOOK_F32": book_fp32},
-                headers=nvrtc.local_headers(pq_mma.SOURCE))
+            cubin = compile_cubin_sm90(pq_mma.SOURCE, {"WARPS": pq_mma.WARPS, "ELEM": element,
+                                                       "BOOK_F32": book_fp32})
             assert cubin[:4] == b"\x7fELF"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ON_GPU
+from tests.conftest import ON_GPU, compile_cubin_sm90
 from tests.kernels.test_maxsim_residual import (  # noqa: F401
     DOC_LENGTHS,
     expected,
@@ -24,7 +24,7 @@ from tests.kernels.test_maxsim_residual import (  # noqa: F401
     unit_queries,
 )
 from tests.tolerances import assert_close
-from tilemaxsim_plaid.ops import mma_fragments, nvrtc, residual_mma
+from tilemaxsim_plaid.ops import mma_fragments, residual_mma
 from tilemaxsim_plaid.ops.residual import ResidualConfig
 
 on_gpu = pytest.mark.skipif(not ON_GPU, reason="the CUDA kernel needs a GPU; the CPU replays its "
@@ -124,21 +124,15 @@ def test_byte_table_holds_the_codec_weights():
 
 def test_kernel_source_compiles_for_sm90():
     """NVRTC compiles every variant for the H200 without a GPU."""
-    try:
-        nvrtc.nvrtc_library()
-    except nvrtc.NvrtcError as error:
-        pytest.fail(f"{error} (the dev extras install nvidia-cuda-nvrtc)")
-    source = residual_mma.SOURCE.read_text()
     for element in residual_mma.ELEMENT_NAMES.values():
         for nbits in residual_mma.NBITS:
             for table_f32 in (0, 1):
                 for codes_i64, hints in ((0, 0), (1, 0), (0, 1), (1, 1)):
-                    cubin, _ = nvrtc.compile_cubin(
-                        source, residual_mma.SOURCE.name, "sm_90",
+                    cubin = compile_cubin_sm90(
+                        residual_mma.SOURCE,
                         {"WARPS": residual_mma.WARPS, "ELEM": element, "NBITS": nbits,
                          "TABLE_F32": table_f32, "CODES_I64": codes_i64, "PREFETCH": 1,
-                         "L2_HINTS": hints},
-                        headers=nvrtc.local_headers(residual_mma.SOURCE))
+                         "L2_HINTS": hints})
                     assert cubin[:4] == b"\x7fELF"
 
 

@@ -66,18 +66,12 @@ def reasons_not_to_apply(Q3: torch.Tensor, D: torch.Tensor) -> list[str]:
         reasons.append("D_packed without rows")
     elif (D.stride(1) != 1 or (D.stride(0) * D.element_size()) % 16 or D.data_ptr() % 16):
         reasons.append("document rows that are not contiguous elements starting 16-byte aligned")
-    if Q3.device.type != "cuda":
-        reasons.append(f"device {Q3.device} (a CUDA GPU)")
-    elif nvrtc.capability(Q3.device) < (8, 0):
-        reasons.append("a GPU before compute capability 8.0")
-    return reasons
+    return reasons + mma_fragments.device_reasons(Q3.device)
 
 
 def check_applies(Q3: torch.Tensor, D: torch.Tensor) -> None:
     """Raises ValueError naming what keeps scoring="mma" from this input."""
-    reasons = reasons_not_to_apply(Q3, D)
-    if reasons:
-        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+    mma_fragments.refuse(reasons_not_to_apply(Q3, D))
 
 
 @lru_cache(maxsize=None)

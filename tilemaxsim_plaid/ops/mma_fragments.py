@@ -1,11 +1,14 @@
 """The query as the CUDA MaxSim kernels hold it (kernels/maxsim_pq_mma.cu,
 kernels/maxsim_residual_mma.cu): the A operand of mma.sync.m16n8k16, 32 query rows of 128 product
-columns in 64 registers per lane, written here on the CPU for inspection and the tests; and what
-both kernels' host functions do first (:func:`launch_start`)."""
+columns in 64 registers per lane, written here on the CPU for inspection and the tests; what
+the mma kernels' host functions do first (:func:`launch_start`), and how they say what does not
+apply (:func:`device_reasons`, :func:`refuse`)."""
 
 from __future__ import annotations
 
 import torch
+
+from tilemaxsim_plaid.ops import nvrtc
 
 DIM = 128
 MAX_QUERY_TOKENS = 32
@@ -65,3 +68,19 @@ def launch_start(Q3: torch.Tensor, num_out_docs: int,
     if Q3.stride(2) != 1 or Q3.stride(0) % 2 or Q3.stride(1) % 2 or Q3.data_ptr() % 4:
         Q3 = Q3.contiguous()
     return out, Q3
+
+
+def device_reasons(device: torch.device) -> list[str]:
+    """What keeps an mma.sync kernel from ``device`` (empty: a GPU of compute capability 8.0 or
+    later)."""
+    if device.type != "cuda":
+        return [f"device {device} (a CUDA GPU)"]
+    if nvrtc.capability(device) < (8, 0):
+        return ["a GPU before compute capability 8.0"]
+    return []
+
+
+def refuse(reasons: list[str]) -> None:
+    """Raises ValueError naming ``reasons``, what keeps config.scoring="mma" from an input."""
+    if reasons:
+        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))

@@ -75,18 +75,12 @@ def reasons_not_to_apply(Q3: torch.Tensor, pq_codes: torch.Tensor, codebooks: to
         reasons.append("centroid codes or inverse norms (PQ codes of embeddings only)")
     if pq_codes.stride(0) != NUM_SUBQUANTIZERS or pq_codes.data_ptr() % 16:
         reasons.append("code rows that are not 16 contiguous bytes, 16-byte aligned")
-    if Q3.device.type != "cuda":
-        reasons.append(f"device {Q3.device} (a CUDA GPU)")
-    elif nvrtc.capability(Q3.device) < (8, 0):
-        reasons.append("a GPU before compute capability 8.0")
-    return reasons
+    return reasons + mma_fragments.device_reasons(Q3.device)
 
 
 def check_applies(Q3, pq_codes, codebooks, centroid_codes, inv_norms) -> None:
     """Raises ValueError naming what keeps scoring="mma" from this input."""
-    reasons = reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms)
-    if reasons:
-        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+    mma_fragments.refuse(reasons_not_to_apply(Q3, pq_codes, codebooks, centroid_codes, inv_norms))
 
 
 @lru_cache(maxsize=None)

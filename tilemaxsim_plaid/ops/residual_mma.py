@@ -118,11 +118,7 @@ def reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids, spli
     if centroids.shape[0] * Q3.shape[0] * MAX_QUERY_TOKENS * entry > max_table_bytes():
         reasons.append(f"a centroid-score table of C = {centroids.shape[0]} x B = "
                        f"{Q3.shape[0]} x 32 entries over MAX_CENTROID_TABLE_BYTES")
-    if Q3.device.type != "cuda":
-        reasons.append(f"device {Q3.device} (a CUDA GPU)")
-    elif nvrtc.capability(Q3.device) < (8, 0):
-        reasons.append("a GPU before compute capability 8.0")
-    return reasons
+    return reasons + mma_fragments.device_reasons(Q3.device)
 
 
 def max_table_bytes() -> int:
@@ -132,9 +128,7 @@ def max_table_bytes() -> int:
 
 def check_applies(*args, **kwargs) -> None:
     """Raises ValueError naming what keeps scoring="mma" from this input."""
-    reasons = reasons_not_to_apply(*args, **kwargs)
-    if reasons:
-        raise ValueError("config.scoring='mma' does not cover: " + "; ".join(reasons))
+    mma_fragments.refuse(reasons_not_to_apply(*args, **kwargs))
 
 
 def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
