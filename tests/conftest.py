@@ -69,6 +69,24 @@ def compile_cubin_sm90(source_path, defines: dict) -> bytes:
     return cubin
 
 
+def replayed_from_cuda_graph(call) -> torch.Tensor:
+    """``call()``'s output as a CUDA graph replays it: warmed up on a side stream, captured, the
+    captured output poisoned with NaN, then replayed (a call that copies from pageable host
+    memory, or keeps a tensor the graph does not, fails or scores wrong here)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return captured
+
+
 def property_examples(on_cpu: int) -> int:
     """Hypothesis examples for a property test that draws launch shapes or configurations: on a
     GPU each new combination is a kernel compile (seconds), so the GPU run draws fewer of them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ON_GPU, compile_cubin_sm90
+from tests.conftest import ON_GPU, compile_cubin_sm90, replayed_from_cuda_graph
 from tests.kernels.test_maxsim_dense import _packed_from_lengths, _rand
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
@@ -232,17 +232,8 @@ def test_kernel_replays_from_a_cuda_graph(device):
     D, offsets = _packed_from_lengths(LENGTHS * 20, 128, torch.float16, device)
     Q = _rand(2, 40, 128, dtype=torch.float16, device=device)
     eager = maxsim_packed(Q, D, offsets, config=MMA)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        maxsim_packed(Q, D, offsets, config=MMA)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = maxsim_packed(Q, D, offsets, config=MMA, validate=False)
-    captured.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = replayed_from_cuda_graph(
+        lambda: maxsim_packed(Q, D, offsets, config=MMA, validate=False))
     assert torch.equal(captured, eager)
 
 

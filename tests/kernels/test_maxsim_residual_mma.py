@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ON_GPU, compile_cubin_sm90
+from tests.conftest import ON_GPU, compile_cubin_sm90, replayed_from_cuda_graph
 from tests.kernels.test_maxsim_residual import (  # noqa: F401
     DOC_LENGTHS,
     expected,
@@ -297,17 +297,8 @@ def test_kernel_replays_from_a_cuda_graph(device, nbits):
     inv_norms = norms_of(index, nbits)
     Q = unit_queries(2, 40, 128, torch.float16, device)
     eager = score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = score(Q, index, nbits, inv_norms=inv_norms, config=MMA)
-    captured.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = replayed_from_cuda_graph(
+        lambda: score(Q, index, nbits, inv_norms=inv_norms, config=MMA))
     assert torch.equal(captured, eager)
 
 
