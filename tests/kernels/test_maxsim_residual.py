@@ -285,51 +285,77 @@ def test_permute_registers_lay_out_the_weights_as_the_codec(device, nbits, weigh
         assert out.cpu().tolist()[2:] == [0, 0]
 
 
+PERMUTE = ResidualConfig(decode="permute")
+PERMUTE_DIMS = [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)]
+
+
 @pytest.mark.parametrize("nbits", [2, 4])
-@pytest.mark.parametrize("dim", [pytest.param(d, id=f"d{d}") for d in (96, 128, 384)])
+@pytest.mark.parametrize("dim", PERMUTE_DIMS)
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="fp16"),
                                    pytest.param(torch.bfloat16, id="bf16")])
 def test_permute_decode_like_pairs(device, poisoned_outputs, dim, dtype, nbits):
     """decode="permute" (weights by byte permutes, columns in the operand's register order)
     scores like the pair decoder and the float64 reference: the table path, the gather path
-    (centroid rows read in the same column order), split_query, and d = 384's dynamic chunk
-    loop; configurations it cannot serve are refused."""
+    (centroid rows read in the same column order), one warp's persistent walk, and d = 384's
+    dynamic chunk loop."""
     index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
     norms = norms_of(index, nbits)
     Q = unit_queries(2, 19, dim, dtype, device)
     for extra in (dict(inv_norms=norms), {}):
-        permute = score(Q, index, nbits, config=ResidualConfig(decode="permute"), **extra)
+        permute = score(Q, index, nbits, config=PERMUTE, **extra)
         pairs = score(Q, index, nbits, config=ResidualConfig(decode="pairs"), **extra)
         assert_close(permute, expected(Q, index, nbits), "maxsim_residual", dtype)
         assert_close(permute, pairs, "maxsim_residual", dtype)
-    # The kernel reads bucket_weights itself: a strided view scores as its contiguous copy.
-    weights = index["bucket_weights"]
-    strided = torch.stack([weights, -weights], 1)[:, 0]
-    permute = ResidualConfig(decode="permute")
-    assert torch.equal(score(Q, dict(index, bucket_weights=strided), nbits, inv_norms=norms,
-                             config=permute),
-                       score(Q, index, nbits, inv_norms=norms, config=permute))
     one_warp = ResidualConfig(decode="permute", num_warps=1, block_t=32, docs_per_program=2,
                               persistent=True)
     out = score(Q[:1], index, nbits, inv_norms=norms, config=one_warp)
     assert_close(out, expected(Q[:1], index, nbits), "maxsim_residual", dtype)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+@pytest.mark.parametrize("dim", PERMUTE_DIMS)
+def test_permute_splits_fp32_queries(device, poisoned_outputs, dim, nbits):
+    """An fp32 query scores by byte permutes with split_query (two fp16 halves) and is refused
+    without it (permutes multiply 16-bit products only)."""
+    index = random_index(device, dim, nbits, centroid_dtype=torch.float16)
+    norms = norms_of(index, nbits)
     Q32 = unit_queries(1, 19, dim, torch.float32, device)
-    split = score(Q32, index, nbits, inv_norms=norms, split_query=True,
-                  config=ResidualConfig(decode="permute"))
+    split = score(Q32, index, nbits, inv_norms=norms, split_query=True, config=PERMUTE)
     assert_close(split, expected(Q32, index, nbits), "maxsim_residual_split", torch.float32)
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q32, index, nbits, inv_norms=norms, config=ResidualConfig(decode="permute"))
-    other = random_index(device, dim, 1)
+        score(Q32, index, nbits, inv_norms=norms, config=PERMUTE)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_permute_reads_strided_bucket_weights(device, poisoned_outputs, nbits):
+    """The permute kernel reads bucket_weights itself: a strided view scores as its contiguous
+    copy, bit for bit."""
+    index = random_index(device, 128, nbits, centroid_dtype=torch.float16)
+    norms = norms_of(index, nbits)
+    Q = unit_queries(2, 19, 128, torch.float16, device)
+    weights = index["bucket_weights"]
+    strided = torch.stack([weights, -weights], 1)[:, 0]
+    assert torch.equal(score(Q, dict(index, bucket_weights=strided), nbits, inv_norms=norms,
+                             config=PERMUTE),
+                       score(Q, index, nbits, inv_norms=norms, config=PERMUTE))
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_permute_refuses_what_it_cannot_serve(device, nbits):
+    """nbits = 1 and residual rows that are not word-aligned (one byte into a wider buffer)
+    are refused naming the config, not read as bytes."""
+    Q = unit_queries(2, 19, 128, torch.float16, device)
+    other = random_index(device, 128, 1)
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q, other, 1, inv_norms=norms_of(other, 1), config=ResidualConfig(decode="permute"))
-    # Rows one byte into a wider buffer are not word-aligned: refused, not read as bytes.
-    row_bytes = dim * nbits // 8
+        score(Q, other, 1, inv_norms=norms_of(other, 1), config=PERMUTE)
+    index = random_index(device, 128, nbits, centroid_dtype=torch.float16)
+    row_bytes = 128 * nbits // 8
     wide = torch.zeros(index["residuals"].shape[0], row_bytes + 1, dtype=torch.uint8,
                        device=device)
     wide[:, 1:] = index["residuals"]
     with pytest.raises(ValueError, match="config.decode='permute'"):
-        score(Q, dict(index, residuals=wide[:, 1:]), nbits, inv_norms=norms,
-              config=ResidualConfig(decode="permute"))
+        score(Q, dict(index, residuals=wide[:, 1:]), nbits, inv_norms=norms_of(index, nbits),
+              config=PERMUTE)
 
 
 @pytest.mark.parametrize("nbits,aligned", [pytest.param(2, False, id="nbits2-unaligned"),
