@@ -350,6 +350,17 @@ def grid(work: Path, opts) -> list[Step]:
                                      "--no-plots", "--out", str(work / "grid-full")), 560)]
 
 
+def predictions(work: Path, opts) -> list[Step]:
+    """The open predictions of results/PERFORMANCE_LOG.md that one device call can check: the
+    dense mma kernel's GPU tests and its cells (dense-mma), the residual op's default beside its
+    other kernel and dense on the decoded documents at C = 2^16 and 2^18 and the table's build
+    (residual-mma, whose tests ran on an sm_90 card at the same commit's sources), and the flat
+    walk's short-document cells (dense-flat, without its tests); about 7 minutes."""
+    return [*dense_mma(work, opts),
+            *(s for s in residual_mma(work, opts) if s.name != "residual-tests"),
+            *(s for s in dense_flat(work, opts) if s.name != "flat-tests")]
+
+
 # The last full shape grid: profile-batched takes its lowest B >= 4 cells.
 BATCHED_GRID = "results/grid/h200-c165218-full/grid.json"
 
@@ -495,6 +506,8 @@ SUITES = {
                         "as one loop and a loop per document, short documents", dense_flat),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
+    "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "
+                         "dense-flat without the residual and flat-walk tests", predictions),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

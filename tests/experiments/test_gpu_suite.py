@@ -199,6 +199,11 @@ EXPECTED = {
                               "W/distributed"],
     },
 }
+# The open predictions' one call: three suites above in order, without the residual and flat-walk
+# tests.
+EXPECTED["predictions"] = {name: argv for suite in ("dense-mma", "residual-mma", "dense-flat")
+                           for name, argv in EXPECTED[suite].items()
+                           if name not in ("residual-tests", "flat-tests")}
 HEADLINE = {
     "dense": ["-m", "experiments.bench", "--no-sweeps", "--providers", "tilemaxsim", "--out", None],
     "compressed": ["-m", "experiments.bench_compressed", "--out", None],
