@@ -16,12 +16,14 @@ Schemas read (all written by ``experiments/harness.write_results`` unless stated
   A row is ``suite, shape, provider, ms, docs_per_s, pct_read_bw, ...``.
 - ``reproduce.py``'s per-condition folder: ``latency.json`` (``condition``, ``systems.<name>.summary``,
   ``provenance``) with ``evaluation.json`` beside it (``quality``, ``identity``).
-- a benchmark's ``.csv`` with no ``.json`` beside it: the same rows, with the provenance of the git
-  commit that added the file (no GPU or versions recorded).
+- a benchmark's ``.csv`` with no ``.json`` beside it: the same rows, with the provenance its
+  run's log printed (``<name>.log`` beside it, a ``provenance: {...}`` line), else that of the
+  git commit that added the file (no GPU or versions recorded).
 
-The command of a measurement is ``meta.argv`` where the writer records it, else the first command
-in a code span of the nearest ``README.md`` at or above the file (each results folder's README is
-the command that made it).
+The command of a measurement is ``meta.argv`` where the writer records it, else a command in a
+code span of the nearest ``README.md`` at or above the file: the one on a line naming the file (by
+name or by its path from the README's folder) or a folder on the way down to it, else the
+README's first (each results folder's README is the command that made it).
 """
 
 from __future__ import annotations
@@ -92,6 +94,20 @@ def _sibling(path: Path, name: str) -> Path | None:
     for candidate in (path.parent / name, path.parent / f"{name}.gz"):
         if candidate.exists():
             return candidate
+    return None
+
+
+def _log_provenance(path: Path) -> dict | None:
+    """The ``provenance: {...}`` line a benchmark printed into ``<name>.log`` beside ``path``."""
+    log_path = _sibling(path, _plain_name(path).rsplit(".", 1)[0] + ".log")
+    if log_path is None:
+        return None
+    for line in _read_text(log_path).splitlines():
+        if line.startswith("provenance: {"):
+            try:
+                return json.loads(line.split(": ", 1)[1])
+            except json.JSONDecodeError:
+                return None
     return None
 
 
@@ -187,7 +203,8 @@ def _readme_command(path: Path, root: Path, cache: dict) -> str:
             readme = folder / "README.md"
             cache[folder] = _readme_commands(readme) if readme.exists() else {}
         commands = cache[folder]
-        for name in below:
+        relative = path.parent.relative_to(folder) / _plain_name(path)
+        for name in (*below, relative.as_posix()):
             for pattern, command in commands.items():
                 if pattern and fnmatch.fnmatchcase(name, pattern):
                     return command
@@ -306,8 +323,10 @@ def load_measurements(root: Path) -> list[Measurement]:
         if name.endswith(".csv"):
             if str(path.parent / name[:-4]) + ".json" in names:
                 continue  # the .json beside it carries the same rows with their provenance
-            commit, date = history.file_added(path)
-            provenance = {"commit": commit, "date": date, "gpu": "not recorded"}
+            provenance = _log_provenance(path)
+            if provenance is None:
+                commit, date = history.file_added(path)
+                provenance = {"commit": commit, "date": date, "gpu": "not recorded"}
             doc = {"provenance": provenance, "meta": {},
                    "rows": [{k: _number(v) for k, v in r.items()}
                             for r in csv.DictReader(io.StringIO(_read_text(path)))]}

@@ -48,6 +48,19 @@ def test_commands_come_from_argv_then_readme_lines(fixture_measurements):
     assert rerank.command.startswith("python -m experiments.bench_plaid run ")
 
 
+def test_a_csv_takes_its_logs_provenance_and_the_readme_line_naming_its_path(fixture_measurements):
+    """A CSV with no JSON beside it: GPU, versions and commit from the ``provenance:`` line of its
+    run's log, the command from the README line naming it by its path from the README's folder
+    (not the README's first command, the tests')."""
+    row = next(m for m in fixture_measurements
+               if m.key == ("bench_compressed", "compressed", "1q N=10k mean70 C=4096 nbits=2 d=128",
+                            "tilemaxsim_residual"))
+    assert row.provenance["gpu"] == "NVIDIA H200" and row.provenance["torch"] == "2.11.0+cu130"
+    assert row.provenance["commit"].startswith("346c7f6")
+    assert row.command == "python3 -m experiments.bench_compressed --out c16"
+    assert row.values["ms"] == pytest.approx(0.0612)
+
+
 def _headline_table(text: str) -> dict[str, list[str]]:
     body = text.split("## Headline", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in body.splitlines() if line.startswith("|")]
@@ -102,6 +115,9 @@ def test_every_headline_has_a_row_over_the_committed_results(tmp_path):
     rows = _headline_table(out.read_text())
     assert set(rows) == {h.name for h in rt.HEADLINES}
     assert all(row["measured (latest)"] != "—" and row["commit"] != "—" for row in rows.values())
+    # Every headline figure names its GPU (a speed figure without one is not reported).
+    assert all(row["GPU"] not in ("—", "not recorded") for row in rows.values()), \
+        [name for name, row in rows.items() if row["GPU"] in ("—", "not recorded")]
 
 
 def test_readme_headline_block_is_rewritten_between_its_markers(tmp_path):
