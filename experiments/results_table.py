@@ -203,8 +203,8 @@ def _readme_command(path: Path, root: Path, cache: dict) -> str:
             readme = folder / "README.md"
             cache[folder] = _readme_commands(readme) if readme.exists() else {}
         commands = cache[folder]
-        relative = path.parent.relative_to(folder) / _plain_name(path)
-        for name in (*below, relative.as_posix()):
+        relative = path.parent.relative_to(folder).as_posix()
+        for name in (*below, f"{relative}/{_plain_name(path)}", f"{relative}/{path.name}"):
             for pattern, command in commands.items():
                 if pattern and fnmatch.fnmatchcase(name, pattern):
                     return command
