@@ -127,8 +127,8 @@ def test_scoring_is_a_checked_config_field():
 @on_gpu
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
 def test_kernel_fits_its_registers_without_spills(device, blocks):
-    warps, _ = dense_mma.pipeline(blocks)
-    kernel = dense_mma.kernel(device, torch.float16, 128, blocks)
+    warps, depth = dense_mma.pipeline(blocks)
+    kernel = dense_mma.kernel(device, torch.float16, 128, blocks, warps, depth)
     assert kernel.num_regs * 32 * warps <= 65536
     assert kernel.local_bytes == 0
 

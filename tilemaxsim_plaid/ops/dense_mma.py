@@ -75,9 +75,8 @@ def check_applies(Q3: torch.Tensor, D: torch.Tensor) -> None:
 
 
 @lru_cache(maxsize=None)
-def kernel(device: torch.device, dtype: torch.dtype, dim: int,
-           query_blocks: int) -> nvrtc.CudaKernel:
-    warps, depth = pipeline(query_blocks)
+def kernel(device: torch.device, dtype: torch.dtype, dim: int, query_blocks: int, warps: int,
+           depth: int) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
                              {"WARPS": warps, "ELEM": ELEMENT_NAMES[dtype], "DIM": dim,
                               "QUERY_BLOCKS": query_blocks, "DEPTH": depth},
@@ -108,10 +107,10 @@ def launch_dense_mma(Q3: torch.Tensor, D: torch.Tensor, offsets: torch.Tensor,
     for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_ROWS)):
         chunk = Q3[:, start:start + MAX_QUERY_ROWS]
         query_blocks = -(-chunk.shape[1] // 16)
-        launch = kernel(device, Q3.dtype, dim, query_blocks)
+        warps, depth = pipeline(query_blocks)
+        launch = kernel(device, Q3.dtype, dim, query_blocks, warps, depth)
         scores = out if start == 0 else torch.empty_like(out)
-        launch((nvrtc.multiprocessors(device), B, 1),
-               (32 * pipeline(query_blocks)[0], 1, 1),
+        launch((nvrtc.multiprocessors(device), B, 1), (32 * warps, 1, 1),
                [chunk, ctypes.c_longlong(chunk.stride(0)), ctypes.c_longlong(chunk.stride(1)),
                 ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), D,
                 ctypes.c_longlong(D.stride(0)), offsets, pids64, scores,
