@@ -3,6 +3,7 @@ configuration's fields obey, and the outer layer every MaxSim host function shar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -198,3 +199,35 @@ def _launch_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch, c
         out = scores if out is None else out.add_(scores)
         start += size
     return out
+
+
+class _NoBackward(torch.autograd.Function):
+    """The scores of an op whose inputs require grad: a node that refuses the backward pass."""
+
+    @staticmethod
+    def forward(ctx, op_name: str, scores: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.op_name = op_name
+        return scores.view_as(scores)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(
+            f"{ctx.op_name} has no backward: the kernels score without a gradient. For "
+            f"inference, call it under torch.no_grad() or torch.inference_mode() (or detach the "
+            f"inputs); to train, score with torch ops, e.g. tilemaxsim_plaid.reference.{ctx.op_name}")
+
+
+def no_backward(op: Callable) -> Callable:
+    """The kernels have no backward pass. Where grad mode is on and an input requires grad, the
+    op's scores still come back, as a tensor whose backward raises a RuntimeError naming the op:
+    a loss built on them fails loudly instead of training without their gradient."""
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        scores = op(*args, **kwargs)
+        if torch.is_grad_enabled():
+            wanting = [t for t in (*args, *kwargs.values())
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            if wanting:
+                return _NoBackward.apply(op.__name__, scores, *wanting)
+        return scores
+    return call

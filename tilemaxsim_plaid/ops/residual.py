@@ -29,6 +29,7 @@ from tilemaxsim_plaid.ops.launch import (
     interpreter_upcast,
     interpreting,
     launch_in_query_chunks,
+    no_backward,
     one_of,
     optional,
     optional_range,
@@ -742,6 +743,7 @@ def check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights
             )
 
 
+@no_backward
 @checks.rerun_if_stale
 def maxsim_residual(
     Q: torch.Tensor,
