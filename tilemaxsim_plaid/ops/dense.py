@@ -10,7 +10,7 @@ from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim
                                                    _maxsim_packed_slots_kernel)
 from tilemaxsim_plaid.ops import checks, dense_mma
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
-                                         launch_in_query_chunks, no_backward, pow2)
+                                         launch_in_query_chunks, pow2, scoring_op)
 
 __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
            "maxsim_packed", "tail_joins_head"]
@@ -477,7 +477,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     return out
 
 
-@no_backward
+@scoring_op
 @checks.rerun_if_stale
 def maxsim_padded(
     Q: torch.Tensor,
@@ -537,7 +537,7 @@ def maxsim_padded(
     return out[0] if Q.dim() == 2 else out
 
 
-@no_backward
+@scoring_op
 @checks.rerun_if_stale
 def maxsim_packed(
     Q: torch.Tensor,

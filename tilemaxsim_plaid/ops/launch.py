@@ -217,13 +217,24 @@ class _NoBackward(torch.autograd.Function):
             f"inputs); to train, score with torch ops, e.g. tilemaxsim_plaid.reference.{ctx.op_name}")
 
 
-def no_backward(op: Callable) -> Callable:
-    """The kernels have no backward pass. Where grad mode is on and an input requires grad, the
-    op's scores still come back, as a tensor whose backward raises a RuntimeError naming the op:
-    a loss built on them fails loudly instead of training without their gradient."""
+def scoring_op(op: Callable) -> Callable:
+    """The public ops' outer layer, around their checks and launches.
+
+    - On Q's GPU: Triton launches a kernel on torch's current device, whatever device its
+      tensors are on, so an op called with tensors on another GPU (a model on ``cuda:1``) runs
+      with that GPU made current for the call.
+    - No backward: the kernels have none. Where grad mode is on and an input requires grad, the
+      scores still come back, as a tensor whose backward raises a RuntimeError naming the op,
+      so a loss built on them fails loudly instead of training without their gradient."""
     @functools.wraps(op)
     def call(*args, **kwargs):
-        scores = op(*args, **kwargs)
+        Q = args[0] if args else kwargs.get("Q")
+        if (isinstance(Q, torch.Tensor) and Q.is_cuda
+                and Q.device.index != torch.cuda.current_device()):
+            with torch.cuda.device(Q.device):
+                scores = op(*args, **kwargs)
+        else:
+            scores = op(*args, **kwargs)
         if torch.is_grad_enabled():
             wanting = [t for t in (*args, *kwargs.values())
                        if isinstance(t, torch.Tensor) and t.requires_grad]

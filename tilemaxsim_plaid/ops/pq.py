@@ -31,7 +31,7 @@ from tilemaxsim_plaid.ops import checks, nvrtc, pq_lut_shared, pq_mma
 from tilemaxsim_plaid.ops.launch import (FLAG, NUM_STAGES, NUM_WARPS, OPTIONAL_FLAG, at_least,
                                          cdiv, check_config_fields, document_grid, dot_precision,
                                          interpreter_upcast, interpreting, launch_in_query_chunks,
-                                         no_backward, one_of, optional_range, pow2, power_of_two)
+                                         one_of, optional_range, pow2, power_of_two, scoring_op)
 from tilemaxsim_plaid.ops.residual import MAX_MAXNREG, MIN_MAXNREG, query_centroid_scores
 from tilemaxsim_plaid.triton_support import triton_version
 
@@ -375,7 +375,7 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
-@no_backward
+@scoring_op
 @checks.rerun_if_stale
 def maxsim_pq(
     Q: torch.Tensor,

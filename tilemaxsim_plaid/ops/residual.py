@@ -29,12 +29,12 @@ from tilemaxsim_plaid.ops.launch import (
     interpreter_upcast,
     interpreting,
     launch_in_query_chunks,
-    no_backward,
     one_of,
     optional,
     optional_range,
     pow2,
     power_of_two,
+    scoring_op,
 )
 
 logger = logging.getLogger(__name__)
@@ -743,7 +743,7 @@ def check_residual_index(Q, codes, residuals, offsets, centroids, bucket_weights
             )
 
 
-@no_backward
+@scoring_op
 @checks.rerun_if_stale
 def maxsim_residual(
     Q: torch.Tensor,

@@ -1,12 +1,16 @@
-"""The ops under autograd: the kernels have no backward, so scores of inputs that require grad
-come back with a backward that raises naming the op (never scores that silently train nothing),
-and scores of inputs that do not, or under no_grad / inference_mode, carry no graph."""
+"""The public ops' outer layer (ops/launch.scoring_op).
+
+Autograd: the kernels have no backward, so scores of inputs that require grad come back with a
+backward that raises naming the op (never scores that silently train nothing), and scores of
+inputs that do not, or under no_grad / inference_mode, carry no graph. Devices: tensors on a GPU
+other than the current one are scored there (Triton launches on the current device)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.conftest import ON_GPU
 from tests.kernels.test_maxsim_pq import random_pq_index
 from tests.kernels.test_maxsim_residual import norms_of, random_index
 from tilemaxsim_plaid import maxsim_packed, maxsim_padded, maxsim_pq, maxsim_residual, reference
@@ -80,3 +84,18 @@ def test_the_named_reference_trains(device, make):
     scores = ref(Q, *args[1:], **kwargs)
     scores.nan_to_num(neginf=0.0).sum().backward()
     assert Q.grad is not None and torch.isfinite(Q.grad).all() and Q.grad.abs().sum() > 0
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("make", OPS)
+def test_tensors_on_another_gpu_are_scored_there(make):
+    """Inputs on cuda:1 while cuda:0 is current score as the same inputs on cuda:0, and the
+    current device is left as it was."""
+    op, _, args, kwargs, _ = make(torch.device("cuda", 0))
+    want = op(*args, **kwargs)
+    move = lambda t: t.to("cuda:1") if isinstance(t, torch.Tensor) else t  # noqa: E731
+    with torch.cuda.device(0):
+        got = op(*map(move, args), **{k: move(v) for k, v in kwargs.items()})
+        assert torch.cuda.current_device() == 0
+    assert got.device == torch.device("cuda", 1)
+    torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0, equal_nan=True)
