@@ -59,9 +59,9 @@ class MaxSimConfig:
             d in one chunk.
         scoring: "tiles" (the Triton kernels, kernels/maxsim_dense.py, which every other field
             configures) or "mma" (kernels/maxsim_dense_mma.cu by NVRTC, packed documents only:
-            each lane loads the tensor-core operand it multiplies straight from the rows, at any
-            d that is a multiple of 16; fp16 or bf16: ops/dense_mma.py). With "mma" only
-            docs_per_program (documents a warp takes per grab) applies.
+            each lane loads the tensor-core operand it multiplies straight from the rows; d a
+            multiple of 64 up to dense_mma.MAX_DIM, fp16 or bf16: ops/dense_mma.py). With "mma"
+            only docs_per_program (documents a warp takes per grab) applies.
     """
 
     block_t: int = 64
