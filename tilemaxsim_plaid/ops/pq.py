@@ -375,6 +375,8 @@ def _launch_kernel(Q3, pq_codes, offsets, codebooks, pids, centroid_codes, centr
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return out
+
+
 @scoring_op
 @checks.rerun_if_stale
 def maxsim_pq(
