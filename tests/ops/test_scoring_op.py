@@ -99,3 +99,44 @@ def test_tensors_on_another_gpu_are_scored_there(make):
         assert torch.cuda.current_device() == 0
     assert got.device == torch.device("cuda", 1)
     torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_call_switches_to_a_gpu_that_is_not_current(monkeypatch):
+    """The device rule without a second GPU: an input that reports cuda:1 while cuda:0 is
+    current is scored inside torch.cuda.device(cuda:1), and one on the current device (or on
+    the CPU) without a switch."""
+    import contextlib
+
+    from tilemaxsim_plaid.ops.launch import scoring_op
+
+    switched = []
+
+    @contextlib.contextmanager
+    def device(d):
+        switched.append(torch.device(d))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", device)
+
+    class OnGpu(torch.Tensor):
+        index = 1
+
+        @property
+        def is_cuda(self):
+            return True
+
+        @property
+        def device(self):
+            return torch.device("cuda", self.index)
+
+    inside = []
+    op = scoring_op(lambda Q, *rest: inside.append(list(switched)) or torch.zeros(1))
+    Q = torch.zeros(2).as_subclass(OnGpu)
+    op(Q)
+    assert inside[-1] == [torch.device("cuda", 1)]
+    switched.clear()
+    OnGpu.index = 0
+    op(Q)
+    op(torch.zeros(2))
+    assert switched == []
