@@ -18,11 +18,10 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
 * ``validate=False``: the default launch without the checks' host work;
-* ``mma``, ``mma grab 2``, ``mma more warps``: the packed call with ``MaxSimConfig(scoring="mma")``
+* ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
-  document stream), taking 4 (its default) or 2 documents a grab, or with more warps per SM
-  for queries of 33-64 rows (CONFIG_VARIANTS); skipped, with a line saying so, on a cell it
-  does not cover (d not a multiple of 64).
+  document stream), taking 4 (its default) or 2 documents a grab; skipped, with a line saying
+  so, on a cell it does not cover (d not a multiple of 64).
 
 The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
 alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
@@ -44,7 +43,7 @@ import torch
 
 from experiments import bench, harness
 from experiments import bench_grid as bg
-from tilemaxsim_plaid.ops import dense, dense_mma
+from tilemaxsim_plaid.ops import dense
 
 SUITE = "dense_variants"
 # Cells where the grid moved most between runs (d = 192-768 at short and long documents), the
@@ -153,26 +152,10 @@ VARIANTS = {"default": contextlib.nullcontext,
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False)}
 
-@contextlib.contextmanager
-def _mma_pipeline_switch(rule):
-    saved = dense_mma.pipeline
-    dense_mma.pipeline = rule
-    try:
-        yield
-    finally:
-        dense_mma.pipeline = saved
-
-
-# Variants that are another config of the same call (with a switch around it), not a switch
-# around the default's. "mma more warps": 16 warps up to 48 query rows and 12 at 64, two steps
-# ahead, where the kernel's pipeline takes 8 warps four steps ahead; their registers fit without
-# spills (results/sass_budget/sm90-nvrtc-aae1a42-dense-mma-pipelines).
-MMA = dense.MaxSimConfig(scoring="mma")
+# Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {
-    "mma": (MMA, contextlib.nullcontext),
-    "mma grab 2": (dense.MaxSimConfig(scoring="mma", docs_per_program=2), contextlib.nullcontext),
-    "mma more warps": (MMA, lambda: _mma_pipeline_switch(
-        lambda query_blocks: (16, 2) if query_blocks <= 3 else (12, 2))),
+    "mma": dense.MaxSimConfig(scoring="mma"),
+    "mma grab 2": dense.MaxSimConfig(scoring="mma", docs_per_program=2),
 }
 
 
@@ -202,11 +185,10 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
     calls = {}
     for variant in dict.fromkeys(("default", *variants)):
         if variant in CONFIG_VARIANTS:
-            config, switch = CONFIG_VARIANTS[variant]
-            fn = bg.provider_ours(cell, x, config=config)
+            switch, fn = contextlib.nullcontext, bg.provider_ours(
+                cell, x, config=CONFIG_VARIANTS[variant])
             try:
-                with switch():
-                    got = fn()  # compiles the kernel outside the timed rounds
+                got = fn()  # compiles the kernel outside the timed rounds
             except ValueError as err:  # a config that does not cover this cell
                 print(f"{cell.name}: variant {variant!r} skipped: {err}", flush=True)
                 continue

@@ -316,16 +316,14 @@ def dense_flat(work: Path, opts) -> list[Step]:
 
 def dense_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
-    beside it (4 and 2 documents a grab, more warps for 33-64 query rows) and the peers on one
-    query's packed cells furthest below the read roof and the headline, 3 alternated rounds
-    (about 4 minutes)."""
+    beside it (4 and 2 documents a grab) and the peers on one query's packed cells furthest below
+    the read roof and the headline, 3 alternated rounds (about 4 minutes)."""
     from experiments.bench_dense_variants import MMA_CELLS
 
     return [Step("mma-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense_mma.py"),
                  100),
             Step("dense-mma", module("experiments.bench_dense_variants", "--cells", *MMA_CELLS,
-                                     "--variants", "mma", "mma grab 2", "mma more warps",
-                                     "--rounds", "3",
+                                     "--variants", "mma", "mma grab 2", "--rounds", "3",
                                      "--out", str(work / "dense-mma")), 300)]
 
 

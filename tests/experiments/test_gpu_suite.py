@@ -145,8 +145,7 @@ EXPECTED = {
                       "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64", "d192-Lq64",
                       "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70",
                       "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31",
-                      "--variants", "mma", "mma grab 2", "mma more warps", "--rounds", "3",
-                      "--out", "W/dense-mma"],
+                      "--variants", "mma", "mma grab 2", "--rounds", "3", "--out", "W/dense-mma"],
     },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",

@@ -95,8 +95,8 @@ def test_kernel_source_compiles_for_sm90():
 
 
 def test_pipeline_keeps_registers_within_the_warps():
-    assert dense_mma.pipeline(1) == dense_mma.pipeline(2) == (16, 2)
-    assert dense_mma.pipeline(3) == dense_mma.pipeline(4) == (8, 4)
+    assert dense_mma.pipeline(1) == dense_mma.pipeline(2) == dense_mma.pipeline(3) == (16, 2)
+    assert dense_mma.pipeline(4) == (12, 2)
 
 
 def test_reasons_name_what_does_not_apply():

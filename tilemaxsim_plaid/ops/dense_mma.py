@@ -35,10 +35,11 @@ DEFAULT_GRAB = 4
 
 def pipeline(query_blocks: int) -> tuple[int, int]:
     """(warps of the one block per SM, steps a warp's loads run ahead of its products: 2 KiB a
-    step). 16 warps while a lane's registers fit 128 (up to 32 query rows), else 8 (up to 255),
-    with twice the steps: about 64 KiB of loads in flight per SM (sm_90 builds: 120 registers
-    at 32 rows, 218 at 64)."""
-    return (16, 2) if query_blocks <= 2 else (8, 4)
+    step). As many warps as a lane's registers allow without spilling, two steps ahead: 16 up
+    to 48 query rows (128 registers), 12 at 64 (170). More warps beat more steps in flight:
+    16 x 2 / 12 x 2 were 1.15-1.23x 8 x 4 at 48 / 64 rows (results/PERFORMANCE_LOG.md, run 160;
+    registers: results/sass_budget/sm90-nvrtc-aae1a42-dense-mma-pipelines)."""
+    return (16, 2) if query_blocks <= 3 else (12, 2)
 
 
 def mma_column_order(dim: int) -> torch.Tensor:
