@@ -19,7 +19,7 @@ default's scores (bit for bit where it decodes with the same decoder).
 With ``--pipeline-codes`` the default launch and each decoder's are timed a second time with
 ``ResidualConfig.pipeline_codes`` (each tile's codes loaded a tile ahead) the other way round,
 checked the same way. Where the mma kernel applies (``scoring="mma"``: nbits 2 and 4) the op's
-other kernel is timed beside its default (``MMA_DEFAULT`` where the default is the Triton
+other kernel is timed beside its default (``ops/residual.mma_default`` where the default is the Triton
 kernel's launch, that launch where it is the mma kernel's: ``MMA_NBITS``), and the options above
 vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped, with its L2
 cache policies the other way (``ops/residual_mma.l2_hints``) and, with ``--mma-grabs G ...``, with G
@@ -93,15 +93,15 @@ def op_default(nbits: int, num_docs: int, element_size: int):
                                    nbits=nbits)
 
 
-def mma_variants(grabs):
-    """(provider, config) for the mma kernel with each number of documents per grab of
-    ``grabs`` other than the default's, and the default with its L2 prefetch flipped."""
-    from tilemaxsim_plaid.ops.residual import MMA_DEFAULT
+def mma_variants(grabs, default):
+    """(provider, config) for the mma kernel's launch ``default`` (ops/residual.mma_default)
+    with each number of documents per grab of ``grabs`` other than its own, and with its L2
+    prefetch flipped."""
     return [(f"maxsim_residual validate=False scoring=mma grab={grab}",
-             dataclasses.replace(MMA_DEFAULT, docs_per_program=grab))
-            for grab in dict.fromkeys(grabs) if grab != MMA_DEFAULT.docs_per_program] + [
-        (f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}",
-         dataclasses.replace(MMA_DEFAULT, prefetch=not MMA_DEFAULT.prefetch))]
+             dataclasses.replace(default, docs_per_program=grab))
+            for grab in dict.fromkeys(grabs) if grab != default.docs_per_program] + [
+        (f"maxsim_residual validate=False scoring=mma prefetch={not default.prefetch}",
+         dataclasses.replace(default, prefetch=not default.prefetch))]
 
 
 def with_l2_hints(call, hints: bool):
@@ -143,8 +143,7 @@ def main(argv=None) -> int:
     from tilemaxsim_plaid.codecs.pq import PQCodec
     from tilemaxsim_plaid.codecs.residual import decompress_residuals
     from tilemaxsim_plaid.ops import nvrtc, residual_mma
-    from tilemaxsim_plaid.ops.mma_fragments import MAX_QUERY_TOKENS
-    from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, MMA_NBITS
+    from tilemaxsim_plaid.ops.residual import MMA_NBITS, mma_default
 
     device = torch.device("cuda")
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -195,25 +194,26 @@ def main(argv=None) -> int:
                 index["centroids"])
             if mma:
                 # The op's other kernel beside its default: the Triton launch where the default
-                # is the mma kernel (MMA_NBITS), else MMA_DEFAULT; then the mma kernel's variants.
+                # is the mma kernel (MMA_NBITS), else the mma launch; then the mma kernel's variants.
+                hinted = residual_mma.takes_l2_hints(Q[None], index["centroids"])
+                mma_default_config = mma_default(hinted)
                 other = (("scoring=decode", default) if nbits in MMA_NBITS
-                         else ("scoring=mma", MMA_DEFAULT))
-                mma_want = with_config(MMA_DEFAULT)()
+                         else ("scoring=mma", mma_default_config))
+                mma_want = with_config(mma_default_config)()
                 triton_want = with_config(default)()
                 if not torch.allclose(triton_want, mma_want, rtol=1e-3, atol=1e-3):
                     raise SystemExit(f"the Triton and mma kernels score differently at {shape}")
                 variants.append((f"maxsim_residual validate=False {other[0]}",
                                  with_config(other[1])))
-                for provider, config in mma_variants(args.mma_grabs):
+                for provider, config in mma_variants(args.mma_grabs, mma_default_config):
                     if not torch.equal(with_config(config)(), mma_want):
-                        raise SystemExit(f"{provider} does not score as MMA_DEFAULT at {shape}")
+                        raise SystemExit(f"{provider} does not score as the mma default at {shape}")
                     variants.append((provider, with_config(config)))
-                other_hints = not residual_mma.l2_hints(C * MAX_QUERY_TOKENS * 2)
-                hints = with_l2_hints(with_config(MMA_DEFAULT), other_hints)
+                hints = with_l2_hints(with_config(mma_default_config), not hinted)
                 if not torch.equal(hints(), mma_want):
-                    raise SystemExit(f"the L2 hints flipped do not score as MMA_DEFAULT at {shape}")
+                    raise SystemExit(f"the L2 hints flipped do not score as the mma default at {shape}")
                 variants.append((f"maxsim_residual validate=False scoring=mma l2_hints="
-                                 f"{other_hints}", hints))
+                                 f"{not hinted}", hints))
                 variants.append(("mma centroid-score table alone", lambda: residual_mma.
                                  permuted_table(Q[None], index["centroids"], torch.float16)))
                 want = triton_want

@@ -1,8 +1,11 @@
 """The register-cap and decoder variants of bench_residual_scale (timing needs a GPU)."""
 
+import pytest
+
 from experiments.bench_residual_scale import (cap_variants, decoder_variants, mma_variants,
                                              op_default, pipelined_variants, scores_as_default)
-from tilemaxsim_plaid.ops.residual import MMA_DEFAULT, ResidualConfig, default_residual_config
+from tilemaxsim_plaid.ops.residual import (MMA_DEFAULT, ResidualConfig, default_residual_config,
+                                            mma_default)
 
 
 def test_cap_variants_replace_only_the_cap_and_skip_the_defaults_own():
@@ -67,16 +70,18 @@ def test_the_same_decoder_must_score_bit_for_bit_another_within_rounding():
     assert not scores_as_default(pairs, permute, want + 0.1, want)
 
 
-def test_mma_variants_are_the_mma_default_with_other_grabs():
-    grabs = [g for g in (1, 4, 8) if g != MMA_DEFAULT.docs_per_program][:2]
-    variants = mma_variants([grabs[0], MMA_DEFAULT.docs_per_program, grabs[1], grabs[0]])
+@pytest.mark.parametrize("hinted", [False, True])
+def test_mma_variants_are_the_mma_default_with_other_grabs(hinted):
+    default = mma_default(hinted)
+    grabs = [g for g in (1, 4, 8) if g != default.docs_per_program][:2]
+    variants = mma_variants([grabs[0], default.docs_per_program, grabs[1], grabs[0]], default)
     assert [name for name, _ in variants] == [
         f"maxsim_residual validate=False scoring=mma grab={grabs[0]}",
         f"maxsim_residual validate=False scoring=mma grab={grabs[1]}",
-        f"maxsim_residual validate=False scoring=mma prefetch={not MMA_DEFAULT.prefetch}"]
+        f"maxsim_residual validate=False scoring=mma prefetch={hinted}"]
     for (_, config), grab in zip(variants, grabs):
-        assert config == ResidualConfig(**{**vars(MMA_DEFAULT), "docs_per_program": grab})
-    assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": False})
+        assert config == ResidualConfig(**{**vars(default), "docs_per_program": grab})
+    assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": hinted})
 
 
 def test_with_l2_hints_sets_the_override_for_the_call_only():

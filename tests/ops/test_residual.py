@@ -515,10 +515,10 @@ def test_tiled_table_log_line(device, monkeypatch, caplog):
 
 
 def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
-    """config=None takes MMA_DEFAULT where scoring="mma" applies at an nbits of MMA_NBITS and
-    NVRTC loads, from MANY_DOCS scored documents on (here lowered to 4); the Triton kernel below
-    that, at other nbits or where the mma kernel does not apply (no kernel runs: both launches
-    are recorded)."""
+    """config=None takes mma_default (MMA_DEFAULT, no prefetch where the L2 policies are taken)
+    where scoring="mma" applies at an nbits of MMA_NBITS and NVRTC loads, from MANY_DOCS scored
+    documents on (here lowered to 4); the Triton kernel below that, at other nbits or where the
+    mma kernel does not apply (no kernel runs: both launches are recorded)."""
     from tilemaxsim_plaid.ops import residual_mma
 
     taken, reasons = [], ["a reason"]
@@ -538,6 +538,11 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     reasons.clear()
     score(Q, index, 2, inv_norms=norms)
     assert taken == [(residual_mma.DEFAULT_GRAB, True)] and len(triton.launches) == 1
+    monkeypatch.setattr(residual_mma, "L2_HINTS", True)  # as for a table of C = 2^18: no prefetch
+    score(Q, index, 2, inv_norms=norms)
+    assert taken[1:] == [(residual_mma.DEFAULT_GRAB, False)]
+    taken.pop()
+    monkeypatch.setattr(residual_mma, "L2_HINTS", None)
     score(Q, index, 2, pids=torch.tensor([0, 1, 2], device=device), inv_norms=norms)  # 3 < 4
     assert len(taken) == 1 and len(triton.launches) == 2
     monkeypatch.setattr(residual, "MMA_NBITS", ())

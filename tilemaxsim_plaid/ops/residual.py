@@ -39,7 +39,7 @@ from tilemaxsim_plaid.ops.launch import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResidualConfig", "MMA_DEFAULT", "MMA_NBITS", "centroid_table_fits",
+__all__ = ["ResidualConfig", "MMA_DEFAULT", "MMA_NBITS", "mma_default", "centroid_table_fits",
            "centroid_table_tiles", "check_config", "decode_table", "default_residual_config",
            "maxsim_residual", "query_centroid_scores", "split_query_centroid_scores",
            "split_query_centroid_probe"]
@@ -209,6 +209,13 @@ CONFIG_FIELDS = {
 MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB,
                              prefetch=True)
 MMA_NBITS: tuple[int, ...] = (2, 4)
+
+
+def mma_default(l2_hints: bool) -> ResidualConfig:
+    """MMA_DEFAULT, without its L2 prefetch where the launch takes the L2 policies
+    (``residual_mma.takes_l2_hints``): the prefetch pays beside a table that L2 holds without
+    them and costs beside one it is told to keep (results/PERFORMANCE_LOG.md, runs 153 and 160)."""
+    return dataclasses.replace(MMA_DEFAULT, prefetch=False) if l2_hints else MMA_DEFAULT
 
 
 def check_config(cfg: ResidualConfig) -> None:
@@ -796,7 +803,7 @@ def maxsim_residual(
             products on an fp32 tile; about 3x faster. The centroid part stays exact fp32; the
             residual weights' rounding to fp16 leaves about 1e-5 per score (tf32x3: about 1e-6),
             nothing when they are fp16 values (colbert-ai's GPU codec): then about 2e-6.
-        config: a fixed :class:`ResidualConfig`; None: ``MMA_DEFAULT`` where scoring="mma"
+        config: a fixed :class:`ResidualConfig`; None: :func:`mma_default` where scoring="mma"
             applies at an nbits of MMA_NBITS and at least MANY_DOCS documents are scored, else
             :func:`default_residual_config`'s launch of the Triton kernel.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
@@ -864,7 +871,7 @@ def maxsim_residual(
     if (config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS and nvrtc.available()
             and not residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms,
                                                       centroids, split_query, centroid_scores)):
-        config = MMA_DEFAULT
+        config = mma_default(residual_mma.takes_l2_hints(Q3, centroids, centroid_scores))
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
                   query_lengths, num_out, config, centroid_scores, split_query)
     batch.finish()

@@ -50,6 +50,12 @@ def l2_hints(table_bytes: int) -> bool:
     return L2_HINTS if L2_HINTS is not None else table_bytes >= L2_HINTS_MIN_TABLE_BYTES
 
 
+def takes_l2_hints(Q3, centroids, centroid_scores=None, half_table=None) -> bool:
+    """l2_hints for this input's centroid-score table (C x B x 32 entries in its dtype)."""
+    dtype = _table_dtype(Q3.dtype, centroid_scores, half_table)
+    return l2_hints(centroids.shape[0] * Q3.shape[0] * MAX_QUERY_TOKENS * dtype.itemsize)
+
+
 def mma_column_order() -> torch.Tensor:
     """[128] int64: column j of the kernel's product order holds dimension order[j].
 
@@ -189,7 +195,7 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
         inv_norms = checks.derived(inv_norms, "fp32", inv_norms.float)
     lengths = query_lengths.to(torch.int32) if query_lengths is not None else None
     pids64 = pids.to(torch.int64) if pids is not None else None
-    hints = l2_hints(centroids.shape[0] * B * MAX_QUERY_TOKENS * table_dtype.itemsize)
+    hints = takes_l2_hints(Q3, centroids, centroid_scores, half_table)
     launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
                     codes.dtype == torch.int64, prefetch, hints)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
