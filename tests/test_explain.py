@@ -109,6 +109,33 @@ def test_default_configs_come_from_the_ops(clean_env):
     assert shown == explain._non_defaults(few)
 
 
+def test_residual_mma_default_is_shown_where_it_applies(clean_env):
+    """Where the mma kernel applies (a GPU stood in for here), maxsim_residual's many-document
+    row names mma_default at each C: the L2 prefetch at C = 2^16, not beside the L2 policies a
+    C = 2^18 table takes; at nbits 1 the reason is named instead."""
+    pytest.importorskip("triton")
+    from tilemaxsim_plaid.ops import mma_fragments, nvrtc, residual
+
+    clean_env.setenv("TRITON_INTERPRET", "1")
+    clean_env.setattr(mma_fragments, "device_reasons", lambda device: [])
+    clean_env.setattr(nvrtc, "available", lambda: True)
+    entry = explain.explain(query_tokens=32, device="cpu")["ops"]["maxsim_residual"]
+    assert entry["mma"] == "applies" and "mma from" in entry["path"]
+    rows = entry["default_config"]
+    many = f">= {residual.MANY_DOCS:,} docs"
+    assert rows[f"fp16 nbits 2, C = 65,536, {many}"] == (
+        f"mma (CUDA C++ by NVRTC, {explain._non_defaults(residual.mma_default(False))})")
+    assert rows[f"fp16 nbits 2, C = 262,144, {many}"] == (
+        f"mma (CUDA C++ by NVRTC, {explain._non_defaults(residual.mma_default(True))})")
+    assert "prefetch=True" in rows[f"fp16 nbits 2, C = 65,536, {many}"]
+    assert "prefetch" not in rows[f"fp16 nbits 2, C = 262,144, {many}"]
+    facts = explain.IndexFacts(path="index", num_centroids=1 << 18, nbits=1, dim=128,
+                               num_documents=10, max_doclen=8, bucket_weights=(0.0, 1.0))
+    entry = explain._ops(torch.device("cpu"), 32, facts, [])["maxsim_residual"]
+    assert entry["mma"].startswith("needs nbits = 1 (2 or 4)")
+    assert not any(name.startswith("fp16 nbits") for name in entry["default_config"])
+
+
 @pytest.mark.parametrize("name, value, expected", [
     pytest.param(environment.BACKEND_ENV_VAR, "cuda", "must be one of ('triton', 'torch')",
                  id="backend"),

@@ -156,7 +156,7 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
     if not runs:
         return {op: {"path": "unavailable", "why": why}
                 for op in ("maxsim_packed", "maxsim_padded", "maxsim_residual", "maxsim_pq")}
-    from tilemaxsim_plaid.ops import dense, nvrtc, pq, pq_lut_shared, pq_mma, residual
+    from tilemaxsim_plaid.ops import dense, nvrtc, pq, pq_lut_shared, pq_mma, residual, residual_mma
 
     dim = index.dim if index else 128
     half, single = 2, 4  # bytes per query element: fp16/bf16, fp32
@@ -180,8 +180,29 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
             (f"fp16, >= {residual.MANY_DOCS:,} docs", False, MANY_DOCS, half),
             (f"fp32 split_query, >= {residual.MANY_DOCS:,} docs", True, MANY_DOCS, single),
             ("fp32 (tf32x3)", False, MANY_DOCS, single))}
-    entry = {"path": "Triton fused residual kernel (decoded in registers)", "why": why,
-             "default_config": configs}
+    # The mma kernel: fp16 queries at the index's d and nbits (else d = 128, nbits = 2), at its C
+    # (else the two C the log measures), where at least residual.MANY_DOCS documents are scored.
+    nbits = index.nbits if index else 2
+    Q3 = torch.empty(1, lq, dim, dtype=torch.float16, device=device)
+    rows = torch.empty(1, dim * nbits // 8, dtype=torch.uint8, device=device)
+    codes, norms = (torch.empty(1, dtype=t, device=device) for t in (torch.int32, torch.float32))
+    mma_reasons = residual_mma.reasons_not_to_apply(
+        Q3, codes, rows, nbits, norms, torch.empty(1, dim, device="meta"))
+    if nbits in residual_mma.NBITS and nbits not in residual.MMA_NBITS:
+        mma_reasons.append(f"nbits in {residual.MMA_NBITS} to be the default")
+    if not nvrtc.available():
+        mma_reasons.append("NVRTC (it comes with PyTorch's CUDA builds)")
+    entry = {"path": "Triton fused residual kernel (decoded in registers)"
+                     + (f"; mma from {residual.MANY_DOCS:,} documents" if not mma_reasons else ""),
+             "why": why, "default_config": configs,
+             "mma": "applies" if not mma_reasons else "needs " + "; ".join(mma_reasons)}
+    if not mma_reasons:
+        for C in (index.num_centroids,) if index else (1 << 16, 1 << 18):
+            hints = residual_mma.takes_l2_hints(Q3, torch.empty(C, dim, device="meta"))
+            configs[f"fp16 nbits {nbits}, C = {C:,}, >= {residual.MANY_DOCS:,} docs"] = (
+                f"mma (CUDA C++ by NVRTC, {_non_defaults(residual.mma_default(hints))})")
+        restated.append("maxsim_residual: config=None takes mma_default from MANY_DOCS documents "
+                        "where the mma kernel applies (inline in ops/residual.maxsim_residual)")
     restated.append("maxsim_residual: a default decode='permute' becomes 'pairs' where byte "
                     "permutes do not apply (inline in ops/residual._launch_kernel)")
     ops["maxsim_residual"] = entry
