@@ -136,7 +136,7 @@ def _repeat_switch(repeat: bool):
 @contextlib.contextmanager
 def _flat_switch(flat: bool):
     saved = dense._flat_documents
-    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens, dim:
+    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
                              flat and dense._flat_applies(config, packed, tail_tokens))
     try:
         yield

@@ -32,13 +32,13 @@ def test_variants_switch_repeated_rows_and_restore_the_rule():
 def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     rule = dense._flat_documents
     held = dense.MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1)
-    assert rule(1, held, True, 0, 30.0, 128) and not rule(1, held, True, 0, 70.0, 128)
+    assert rule(1, held, True, 0, 30.0) and not rule(1, held, True, 0, 70.0)
     with dv.VARIANTS["flat documents"]():
-        assert dense._flat_documents(1, held, True, 0, 70.0, 128)
-        assert dense._flat_documents(4, held, True, 0, 30.0, 256)
-        assert not dense._flat_documents(1, held, False, 0, 30.0, 128)
+        assert dense._flat_documents(1, held, True, 0, 70.0)
+        assert dense._flat_documents(4, held, True, 0, 30.0)
+        assert not dense._flat_documents(1, held, False, 0, 30.0)
     with dv.VARIANTS["loop per document"]():
-        assert not dense._flat_documents(1, held, True, 0, 30.0, 128)
+        assert not dense._flat_documents(1, held, True, 0, 30.0)
     assert dense._flat_documents is rule
 
 

@@ -66,7 +66,7 @@ _COMPILE = textwrap.dedent("""
     # documents), one query and four.
     def flat(Qf):
         saved = dense._flat_documents
-        dense._flat_documents = lambda q, cfg, packed, tail, mean, dim: dense._flat_applies(
+        dense._flat_documents = lambda q, cfg, packed, tail, mean: dense._flat_applies(
             cfg, packed, tail)
         try:
             return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, validate=False)

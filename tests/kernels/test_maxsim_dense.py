@@ -241,10 +241,15 @@ FLAT_CONFIGS = [
                                          hold_query=True, block_d=32), id="held-chunks"),
     pytest.param(2, 9, 64, MaxSimConfig(block_t=16, docs_per_program=1, hold_query=True),
                  id="one-document-a-program"),
+    # One query's default at d = 144 (the last 32-column chunk half masked) and d = 256.
+    pytest.param(1, 32, 144, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
+                                          num_warps=1, block_d=32), id="one-warp-d144"),
+    pytest.param(1, 24, 256, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
+                                          num_warps=1, block_d=64), id="one-warp-d256"),
 ]
 
 
-def flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens, dim):
+def flat_where_it_applies(num_queries, config, packed, tail_tokens, mean_tokens):
     """ops.dense._flat_documents forced on wherever the flat kernel applies."""
     return dense._flat_applies(config, packed, tail_tokens)
 
@@ -297,20 +302,20 @@ def test_flat_documents_cover_the_held_query_over_packed_documents():
 def test_flat_documents_for_one_query_held_by_one_warp_over_short_documents():
     one_warp = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1)
     short = dense.FLAT_MAX_MEAN_TOKENS
-    assert dense._flat_documents(1, one_warp, True, 0, short, 128)
-    assert dense._flat_documents(1, one_warp, True, 0, short, 64)
-    assert not dense._flat_documents(1, one_warp, True, 0, short + 1, 128)
-    assert not dense._flat_documents(2, one_warp, True, 0, short, 128)
-    assert not dense._flat_documents(1, one_warp, True, 0, short, 192)
-    assert not dense._flat_documents(1, dataclasses.replace(one_warp, num_warps=4), True, 0, 30,
-                                     128)
-    assert not dense._flat_documents(1, one_warp, False, 0, 30, 128)
-    # The default at lognormal-30-like lengths takes it (d = 96 in 32-column chunks too), the
-    # headline's lengths do not.
-    for d in (64, 96, 128):
+    assert dense._flat_documents(1, one_warp, True, 0, short)
+    assert not dense._flat_documents(1, one_warp, True, 0, short + 1)
+    assert not dense._flat_documents(2, one_warp, True, 0, short)
+    assert not dense._flat_documents(1, dataclasses.replace(one_warp, num_warps=4), True, 0, 30)
+    assert not dense._flat_documents(1, one_warp, False, 0, 30)
+    # The default at lognormal-30-like lengths takes it wherever it holds one query in one warp
+    # (d = 96 and 144 in 32-column chunks, 192 and 256 in 64-column ones), the headline's
+    # lengths do not; d = 384 is not held.
+    for d in (64, 96, 128, 144, 192, 256):
         config = dense.default_config(1, 32, None, d, True, dense.MANY_DOCS)
-        assert dense._flat_documents(1, config, True, 0, 30.0, d)
-        assert not dense._flat_documents(1, config, True, 0, 70.0, d)
+        assert dense._flat_documents(1, config, True, 0, 30.0)
+        assert not dense._flat_documents(1, config, True, 0, 70.0)
+    config = dense.default_config(1, 32, None, 384, True, dense.MANY_DOCS)
+    assert not dense._flat_documents(1, config, True, 0, 30.0)
 
 
 def test_rows_repeat_for_several_queries_or_narrow_rows():

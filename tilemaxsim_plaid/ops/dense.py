@@ -295,16 +295,16 @@ def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
 
 
 def _flat_documents(num_queries: int, cfg: MaxSimConfig, packed: bool, tail_tokens: int,
-                    mean_tokens: float, dim: int) -> bool:
+                    mean_tokens: float) -> bool:
     """Whether the launch walks its documents' tiles as one loop (_maxsim_packed_flat_kernel,
     rows past a document's end repeated) instead of a loop per document: where _flat_applies,
-    for one query held by one warp at d <= MAX_BLOCK_D over documents of at most
-    FLAT_MAX_MEAN_TOKENS tokens on average (``mean_tokens``: the packed tensor's rows per
-    document). There the loop per document drains its software pipeline every two or three
-    tiles. Wider held queries (d = 144-256 in 32- and 64-column chunks) stay with the loop per
-    document until timed on the H200 (results/PERFORMANCE_LOG.md, run 150)."""
-    return (num_queries == 1 and cfg.num_warps == 1 and dim <= MAX_BLOCK_D
-            and mean_tokens <= FLAT_MAX_MEAN_TOKENS and _flat_applies(cfg, packed, tail_tokens))
+    for one query held by one warp over documents of at most FLAT_MAX_MEAN_TOKENS tokens on
+    average (``mean_tokens``: the packed tensor's rows per document). There the loop per
+    document drains its software pipeline every two or three tiles (d <= 128: results/
+    PERFORMANCE_LOG.md, run 147; d = 144-256, the held query in 32- and 64-column chunks: runs
+    150 and 160, an H100)."""
+    return (num_queries == 1 and cfg.num_warps == 1 and mean_tokens <= FLAT_MAX_MEAN_TOKENS
+            and _flat_applies(cfg, packed, tail_tokens))
 
 
 # A split query's tail joins the head's launch only as a block of at least this many rows (its
@@ -413,8 +413,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     if cfg.slots and not packed:
         raise ValueError("config.slots is for the packed layout (maxsim_packed)")
     mean_tokens = D.shape[0] / max(1, offsets.shape[0] - 1) if packed else 0.0
-    if cfg.slots or (D.shape[0] and _flat_documents(B, cfg, packed, tail_tokens, mean_tokens,
-                                                      dim)):
+    if cfg.slots or (D.shape[0] and _flat_documents(B, cfg, packed, tail_tokens, mean_tokens)):
         # The packed-only kernels: documents side by side, or the flat walk.
         args = (Q3, D, offsets, pids if pids is not None else dummy,
                 query_lengths if query_lengths is not None else dummy, out,
