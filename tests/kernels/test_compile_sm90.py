@@ -143,7 +143,7 @@ _COMPILE = textwrap.dedent("""
             torch.arange(8), torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
             8, 0, 5, 1, torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
             torch.zeros(8, dtype=torch.int32), 8, 0, 5, BLOCK=4096, KIND_A=OFFSETS,
-            CLAMP_A=True, KIND_B=RANGE, CLAMP_B=False), ())
+            CLAMP_A=True, KIND_B=RANGE, CLAMP_B=False, WIDE=False), ())
     out = {}
     for name, (kernel, call, skip) in calls.items():
         launch = sb.capture_launch(kernel, call, name, skip=skip)

@@ -12,27 +12,31 @@ from tilemaxsim_plaid.ops import checks
 BLOCK = 64  # several blocks on small inputs
 
 
-def value_range(t: torch.Tensor, programs: int, clamp=None) -> tuple[list[int], torch.Tensor]:
-    """(merged [min, max], clamped copy) from ``programs`` programs."""
+def value_range(t: torch.Tensor, programs: int, clamp=None,
+                wide: bool = False) -> tuple[list[int], torch.Tensor]:
+    """(merged [min, max], clamped copy) from ``programs`` programs, indexing in int64 with
+    ``wide`` (as for a tensor past 2**31 elements)."""
     out = torch.full((2 * programs,), -7, dtype=torch.int64, device=t.device)  # no start needed
     clamped = torch.full_like(t, -7)
     lo, hi = clamp or (0, 0)
     _stats_kernel[(programs,)](t, out, clamped, t.numel(), lo, hi, programs,
                                t, out, clamped, t.numel(), lo, hi, BLOCK=BLOCK,
-                               KIND_A=RANGE, CLAMP_A=clamp is not None, KIND_B=0, CLAMP_B=False)
+                               KIND_A=RANGE, CLAMP_A=clamp is not None, KIND_B=0, CLAMP_B=False,
+                               WIDE=wide)
     return checks._merge("range", out.tolist()), clamped
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64])
 @pytest.mark.parametrize("n,programs", [(1, 1), (63, 1), (64, 1), (65, 2), (300, 5), (300, 2)])
-def test_min_and_max_over_every_block(device, dtype, n, programs):
+def test_min_and_max_over_every_block(device, dtype, n, programs, wide):
     g = torch.Generator().manual_seed(n)
     info = torch.iinfo(dtype)
     t = torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
     t[torch.randint(0, n, (1,), generator=g)] = info.max  # the extremes of the dtype survive
     t[torch.randint(0, n, (1,), generator=g)] = info.min
     lo, hi = torch.aminmax(t)
-    assert value_range(t.to(device), programs)[0] == [int(lo), int(hi)]
+    assert value_range(t.to(device), programs, wide=wide)[0] == [int(lo), int(hi)]
 
 
 def test_the_checks_read_a_strided_view_by_its_strides(device):
@@ -41,12 +45,13 @@ def test_the_checks_read_a_strided_view_by_its_strides(device):
         assert checks._merge("range", checks._kernel_stats("range", view, None)[0].tolist()) == [1, 36]
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n,programs", [(1, 1), (65, 2), (300, 2), (300, 5)])
-def test_the_clamped_copy_is_torch_clamp(device, dtype, n, programs):
+def test_the_clamped_copy_is_torch_clamp(device, dtype, n, programs, wide):
     g = torch.Generator().manual_seed(n)
     t = torch.randint(-50, 150, (n,), generator=g).to(dtype).to(device)
-    stats, clamped = value_range(t, programs, clamp=(0, 99))
+    stats, clamped = value_range(t, programs, clamp=(0, 99), wide=wide)
     assert torch.equal(clamped, t.clamp(0, 99))
     lo, hi = torch.aminmax(t)
     assert stats == [int(lo), int(hi)]  # the stats are of t, not of its clamped copy
@@ -77,8 +82,9 @@ def torch_offsets_stats(off: torch.Tensor) -> list[int]:
     return [int(off[0]), int(off[-1]), int((steps < 0).sum()), int(steps.max())]
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("n,programs", [(2, 1), (3, 1), (64, 1), (65, 2), (300, 5), (300, 2)])
-def test_offsets_stats_and_clamp_over_every_block(device, n, programs):
+def test_offsets_stats_and_clamp_over_every_block(device, n, programs, wide):
     g = torch.Generator().manual_seed(n)
     off = torch.randint(0, 40, (n,), generator=g).cumsum(0)
     off[torch.randint(0, n, (n // 7,), generator=g)] -= 30  # some decreasing steps
@@ -87,7 +93,8 @@ def test_offsets_stats_and_clamp_over_every_block(device, n, programs):
     clamped = torch.full_like(off, -7)
     _stats_kernel[(programs,)](off, out, clamped, n, 0, 100, programs,
                                off, out, clamped, n, 0, 100, BLOCK=BLOCK,
-                               KIND_A=OFFSETS, CLAMP_A=True, KIND_B=0, CLAMP_B=False)
+                               KIND_A=OFFSETS, CLAMP_A=True, KIND_B=0, CLAMP_B=False,
+                               WIDE=wide)
     assert checks._merge("offsets", out.tolist()) == torch_offsets_stats(off.cpu())
     assert torch.equal(clamped, off.clamp(0, 100))
 
@@ -100,6 +107,12 @@ def test_the_checks_offsets_stats_by_kernel(device):
     assert clamped.tolist() == [0, 4, 4, 2, 9, 10]
     strided = torch.stack([off, off], 1)[:, 0]
     assert checks._merge("offsets", checks._offsets_stats(strided).tolist()) == [0, 15, 1, 7]
+
+
+def test_indices_are_int64_only_where_a_block_start_can_pass_int32():
+    limit = 2**31 - checks.RANGE_BLOCK * checks.RANGE_PROGRAMS
+    assert not checks._wide(7_000_000) and not checks._wide(limit - 1)
+    assert checks._wide(limit) and checks._wide(2**31)
 
 
 def test_programs_walk_every_block():

@@ -22,30 +22,43 @@ OFFSETS = tl.constexpr(2)  # offsets' first and last entries, decreasing steps, 
 
 
 @triton.jit
+def _blocks(pid, programs, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """(first element, step) of program ``pid``'s walk over every ``programs``-th block: int64
+    with WIDE (a tensor past 2**31 elements), else int32, which holds half the registers a lane
+    spends on its indices."""
+    if WIDE:
+        start, step = pid.to(tl.int64) * BLOCK, programs.to(tl.int64) * BLOCK
+    else:
+        start, step = pid * BLOCK, programs * BLOCK
+    return start, step
+
+
+@triton.jit
 def _range_part(p_x, p_out, p_clamped, n, lo, hi, pid, programs, BLOCK: tl.constexpr,
-                CLAMP: tl.constexpr):
+                CLAMP: tl.constexpr, WIDE: tl.constexpr):
     """p_out[2 * pid] = the min and p_out[2 * pid + 1] = the max (int64) of this program's
-    blocks of x (n >= 1); with CLAMP, p_clamped[i] = min(max(x[i], lo), hi) in x's dtype."""
+    blocks of x (n >= 1); with CLAMP, p_clamped[i] = min(max(x[i], lo), hi) in x's dtype. The
+    running min and max stay in x's dtype (no int64 copy of every element)."""
     # Lanes past n take element 0, which moves neither the min nor the max.
-    first = tl.load(p_x).to(tl.int64)
-    low = tl.full([BLOCK], 0, tl.int64) + first
+    first = tl.load(p_x)
+    low = tl.zeros([BLOCK], p_x.dtype.element_ty) + first
     high = low
-    for start in range(pid.to(tl.int64) * BLOCK, n, programs.to(tl.int64) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    start, step = _blocks(pid, programs, BLOCK, WIDE)
+    for block in range(start, n, step):
+        offs = block + tl.arange(0, BLOCK)
         mask = offs < n
-        raw = tl.load(p_x + offs, mask=mask, other=0)
+        x = tl.load(p_x + offs, mask=mask, other=first)
         if CLAMP:
-            tl.store(p_clamped + offs, tl.minimum(tl.maximum(raw, lo), hi).to(raw.dtype), mask=mask)
-        x = tl.where(mask, raw.to(tl.int64), first)
+            tl.store(p_clamped + offs, tl.minimum(tl.maximum(x, lo), hi).to(x.dtype), mask=mask)
         low = tl.minimum(low, x)
         high = tl.maximum(high, x)
-    tl.store(p_out + 2 * pid, tl.min(low, 0))
-    tl.store(p_out + 2 * pid + 1, tl.max(high, 0))
+    tl.store(p_out + 2 * pid, tl.min(low, 0).to(tl.int64))
+    tl.store(p_out + 2 * pid + 1, tl.max(high, 0).to(tl.int64))
 
 
 @triton.jit
 def _offsets_part(p_off, p_out, p_clamped, n, hi, pid, programs, BLOCK: tl.constexpr,
-                  CLAMP: tl.constexpr):
+                  CLAMP: tl.constexpr, WIDE: tl.constexpr):
     """Over the steps off[i+1] - off[i] (i < n - 1, n >= 2) of this program's blocks:
     p_out[2 + 2 * pid] = the number of negative steps, p_out[3 + 2 * pid] = the longest step;
     program 0 writes p_out[0] = off[0] and p_out[1] = off[n-1]. With CLAMP, p_clamped = off
@@ -54,8 +67,9 @@ def _offsets_part(p_off, p_out, p_clamped, n, hi, pid, programs, BLOCK: tl.const
     first_step = tl.load(p_off + 1) - tl.load(p_off)
     negative = tl.zeros([BLOCK], tl.int64)
     longest = tl.full([BLOCK], 0, tl.int64) + first_step
-    for start in range(pid.to(tl.int64) * BLOCK, n, programs.to(tl.int64) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    start, step = _blocks(pid, programs, BLOCK, WIDE)
+    for block in range(start, n, step):
+        offs = block + tl.arange(0, BLOCK)
         here = tl.load(p_off + offs, mask=offs < n, other=0)
         if CLAMP:
             tl.store(p_clamped + offs, tl.minimum(tl.maximum(here, 0), hi), mask=offs < n)
@@ -72,28 +86,29 @@ def _offsets_part(p_off, p_out, p_clamped, n, hi, pid, programs, BLOCK: tl.const
 
 @triton.jit
 def _slot(p_x, p_out, p_clamped, n, lo, hi, pid, programs, BLOCK: tl.constexpr,
-          KIND: tl.constexpr, CLAMP: tl.constexpr):
+          KIND: tl.constexpr, CLAMP: tl.constexpr, WIDE: tl.constexpr):
     if KIND == RANGE:
-        _range_part(p_x, p_out, p_clamped, n, lo, hi, pid, programs, BLOCK, CLAMP)
+        _range_part(p_x, p_out, p_clamped, n, lo, hi, pid, programs, BLOCK, CLAMP, WIDE)
     else:
-        _offsets_part(p_x, p_out, p_clamped, n, hi, pid, programs, BLOCK, CLAMP)
+        _offsets_part(p_x, p_out, p_clamped, n, hi, pid, programs, BLOCK, CLAMP, WIDE)
 
 
 @triton.jit(do_not_specialize=["programs_a"])
 def _stats_kernel(pa_x, pa_out, pa_clamped, n_a, lo_a, hi_a, programs_a,
                   pb_x, pb_out, pb_clamped, n_b, lo_b, hi_b,
                   BLOCK: tl.constexpr, KIND_A: tl.constexpr, CLAMP_A: tl.constexpr,
-                  KIND_B: tl.constexpr, CLAMP_B: tl.constexpr):
+                  KIND_B: tl.constexpr, CLAMP_B: tl.constexpr, WIDE: tl.constexpr = True):
     """Slot A's stats (``_range_part`` or ``_offsets_part`` by KIND_A) over programs
     [0, programs_a), slot B's over the rest (KIND_B = 0: no slot B, its arguments unread)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if KIND_B == 0:
-        _slot(pa_x, pa_out, pa_clamped, n_a, lo_a, hi_a, pid, programs, BLOCK, KIND_A, CLAMP_A)
+        _slot(pa_x, pa_out, pa_clamped, n_a, lo_a, hi_a, pid, programs, BLOCK, KIND_A, CLAMP_A,
+              WIDE)
     else:
         if pid < programs_a:
             _slot(pa_x, pa_out, pa_clamped, n_a, lo_a, hi_a, pid, programs_a, BLOCK,
-                  KIND_A, CLAMP_A)
+                  KIND_A, CLAMP_A, WIDE)
         else:
             _slot(pb_x, pb_out, pb_clamped, n_b, lo_b, hi_b, pid - programs_a,
-                  programs - programs_a, BLOCK, KIND_B, CLAMP_B)
+                  programs - programs_a, BLOCK, KIND_B, CLAMP_B, WIDE)

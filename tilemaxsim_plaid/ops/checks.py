@@ -228,7 +228,13 @@ def _launch_stats(slots: list) -> None:
         args_b, kind_b, clamp_b = second[0] if second else (args_a, 0, False)
         _stats_kernel[(args_a[-1] + (args_b[-1] if second else 0),)](
             *args_a, *args_b[:-1], BLOCK=RANGE_BLOCK, KIND_A=kind_a, CLAMP_A=clamp_a,
-            KIND_B=kind_b, CLAMP_B=clamp_b)
+            KIND_B=kind_b, CLAMP_B=clamp_b, WIDE=_wide(max(args_a[3], args_b[3])))
+
+
+def _wide(n: int) -> bool:
+    """Whether _stats_kernel indexes a tensor of ``n`` elements in int64: where a program's
+    next block start can pass 2**31 - 1."""
+    return n + RANGE_BLOCK * RANGE_PROGRAMS >= 2**31
 
 
 def _finite_stats(t: torch.Tensor) -> torch.Tensor:
