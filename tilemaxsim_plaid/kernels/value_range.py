@@ -65,7 +65,7 @@ def _offsets_part(p_off, p_out, p_clamped, n, hi, pid, programs, BLOCK: tl.const
     clamped into [0, hi]."""
     # Lanes past the last step take the first step, which moves no max.
     first_step = tl.load(p_off + 1) - tl.load(p_off)
-    negative = tl.zeros([BLOCK], tl.int64)
+    negative = tl.zeros([BLOCK], tl.int32)  # a lane counts at most one step a block
     longest = tl.full([BLOCK], 0, tl.int64) + first_step
     start, step = _blocks(pid, programs, BLOCK, WIDE)
     for block in range(start, n, step):
@@ -75,9 +75,9 @@ def _offsets_part(p_off, p_out, p_clamped, n, hi, pid, programs, BLOCK: tl.const
             tl.store(p_clamped + offs, tl.minimum(tl.maximum(here, 0), hi), mask=offs < n)
         step_mask = offs < n - 1
         steps = tl.load(p_off + offs + 1, mask=step_mask, other=0) - here
-        negative += tl.where(step_mask & (steps < 0), 1, 0).to(tl.int64)
+        negative += tl.where(step_mask & (steps < 0), 1, 0)
         longest = tl.maximum(longest, tl.where(step_mask, steps, first_step))
-    tl.store(p_out + 2 + 2 * pid, tl.sum(negative, 0))
+    tl.store(p_out + 2 + 2 * pid, tl.sum(negative.to(tl.int64), 0))
     tl.store(p_out + 3 + 2 * pid, tl.max(longest, 0))
     if pid == 0:
         tl.store(p_out, tl.load(p_off))
