@@ -314,6 +314,20 @@ def dense_flat(work: Path, opts) -> list[Step]:
                                       "--rounds", "5", "--out", str(work / "dense-flat")), 300)]
 
 
+def dense_tma(work: Path, opts) -> list[Step]:
+    """The GPU tests of the dense kernel's document tiles by tensor descriptor, then the dense
+    default beside the same launches with descriptor (TMA) and pointer loads, and with rows past
+    a document's end masked (what the descriptor loads do), and the peers: one query of 48-64
+    tokens, wide d, several queries, the headline, 3 alternated rounds (about 3 minutes)."""
+    from experiments.bench_dense_variants import TMA_CELLS
+
+    return [Step("tma-tests", (*PYTEST, *parallel_workers(), "-k", "tma",
+                               "tests/kernels/test_maxsim_dense.py"), 100),
+            Step("dense-tma", module("experiments.bench_dense_variants", "--cells", *TMA_CELLS,
+                                     "--variants", "tma loads", "pointer loads", "masked rows",
+                                     "--rounds", "3", "--out", str(work / "dense-tma")), 300)]
+
+
 def dense_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
     beside it (4 and 2 documents a grab) and the peers on one query's packed cells furthest below
@@ -504,6 +518,8 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
+    "dense-tma": Suite("GPU tests of the dense kernel's descriptor loads; the dense default "
+                       "beside them, pointer loads and masked rows, alternated", dense_tma),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
     "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "

@@ -139,6 +139,14 @@ EXPECTED = {
                        "d64-heavy-512", "--variants", "flat documents", "loop per document",
                        "--rounds", "5", "--out", "W/dense-flat"],
     },
+    "dense-tma": {
+        "tma-tests": [*PYTEST, *XDIST, "-k", "tma", "tests/kernels/test_maxsim_dense.py"],
+        "dense-tma": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "Lq64",
+                      "d64-Lq64", "d96-Lq48", "d144-Lq48", "d192-Lq64", "d256-Lq48",
+                      "d384-lognormal-70", "d768-lognormal-30", "B4", "B4-Lq33", "B32-Lq33",
+                      "--variants", "tma loads", "pointer loads", "masked rows", "--rounds", "3",
+                      "--out", "W/dense-tma"],
+    },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
         "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",

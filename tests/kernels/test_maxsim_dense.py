@@ -289,6 +289,71 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
+def tma_where_it_applies(num_queries, config, packed, D):
+    """ops.dense._tma_loads forced on wherever a tensor descriptor can address D."""
+    return True
+
+
+# The dense kernel's paths a packed launch can take with document tiles by tensor descriptor:
+# the held query (one query of 48 tokens, four queries' 128-row block, chunks of d with a
+# masked last one), the query read per document, a running max, single tiles, a tail block.
+TMA_CONFIGS = [
+    pytest.param(1, 48, 128, MaxSimConfig(block_t=32, docs_per_program=8, hold_query=True),
+                 id="held-64-rows"),
+    pytest.param(4, 32, 128, MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8,
+                                          hold_query=True), id="held-4-queries"),
+    pytest.param(1, 32, 144, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
+                                          block_d=32), id="held-d144-chunks"),
+    pytest.param(3, 19, 80, MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=3),
+                 id="streamed-d80"),
+    pytest.param(2, 9, 64, MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True,
+                                        running_max=True), id="running-max"),
+    pytest.param(5, 8, 64, MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=3,
+                                        single_tile=True), id="single-tile"),
+]
+
+
+@pytest.mark.parametrize("B,Lq,d,config", TMA_CONFIGS)
+def test_tma_loads_score_as_pointer_loads(B, Lq, d, config, device, monkeypatch):
+    """Document tiles read through a tensor descriptor (TMA_LOADS: a tile's rows past its
+    document are the next documents' or the packed tensor's NaN rows past its last document,
+    and rows past the tensor read as 0) score as pointer loads: empty documents, one-token ones, pids, query lengths, a
+    row stride wider than d; where no descriptor can address D (rows not 16-byte aligned, a
+    column stride) the launch keeps its pointer loads."""
+    lengths = [0, 3, 0, 50, 1, 17, 64, 2, 33, 5, 0]
+    extra = {"max_doc_len": config.block_t} if config.single_tile else {}
+    if config.single_tile:
+        lengths = [min(n, config.block_t) for n in lengths]
+    # The rows past the last document are NaN: the last document's tiles read them.
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    pids = torch.tensor([10, 3, 0, 2, 6, 6, 9, 4, 5], device=device)
+    q_lengths = torch.tensor([Lq, 0, 5, 1, 7][:B], device=device)
+    wide = torch.zeros(D.shape[0], d + 8, dtype=D.dtype, device=device)
+    wide[:, :d] = D
+    calls = [((Q, D, offsets), {}), ((Q, D, offsets, pids), {"query_lengths": q_lengths}),
+             ((Q, wide[:, :d], offsets), {})]
+    for args, kwargs in calls:
+        assert dense._tma_applies(True, args[1]) == (dense.TensorDescriptor is not None)
+        monkeypatch.setattr(dense, "_tma_loads", tma_where_it_applies)
+        tma = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
+        monkeypatch.setattr(dense, "_tma_loads", lambda *a: False)
+        pointers = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
+        ref = reference.maxsim_packed(*args, **kwargs)
+        assert_close(tma, ref, "maxsim_dense", torch.float16)
+        assert_close(pointers, ref, "maxsim_dense", torch.float16)
+    # No descriptor: rows 8 bytes apart from a 16-byte boundary, a column stride.
+    misaligned = torch.empty(D.numel() + 4, dtype=D.dtype, device=device)[4:].view_as(D)
+    misaligned.copy_(D)
+    assert not dense._tma_applies(True, misaligned)
+    assert not dense._tma_applies(True, _strided(D))
+    assert not dense._tma_applies(False, D)
+    monkeypatch.setattr(dense, "_tma_loads", tma_where_it_applies)
+    for D_view in (misaligned, _strided(D)):
+        assert_close(maxsim_packed(Q, D_view, offsets, config=config, validate=False, **extra),
+                     reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+
+
 def test_flat_documents_cover_the_held_query_over_packed_documents():
     held = MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True)
     assert dense._flat_applies(held, True, 0)
