@@ -200,8 +200,8 @@ def _maxsim_dense_kernel(
     to -inf in every product: a select per product saved, at the cost of re-reading that row
     (an empty document is -inf by one select per query row).
     TMA_LOADS (packed, without REPEAT_ROWS): document tiles come from ``d_desc``, a tensor
-    descriptor of D (None otherwise): the tile's rows past the document are the next ones and
-    are masked in the products."""
+    descriptor of D (None otherwise): a tile's rows past the document are the next ones, and
+    only a document's last, partial tile is masked."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -316,7 +316,11 @@ def _maxsim_dense_kernel(
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
                                 NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS,
                                 d_desc, row0, TMA_LOADS)
-                            if not REPEAT_ROWS:
+                            if TMA_LOADS:
+                                if t0 + BLOCK_T > doc_len:  # the partial tile's rows only
+                                    sim_tail = tl.where(mask_t[None, :], sim_tail,
+                                                        float("-inf"))
+                            elif not REPEAT_ROWS:
                                 sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
                             tail_max = maximum_nan(tail_max, max_nan(sim_tail, 1))
                         else:
@@ -326,7 +330,12 @@ def _maxsim_dense_kernel(
                                             NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
                                             INPUT_PRECISION, UPCAST, REPEAT_ROWS, d_desc, row0,
                                             TMA_LOADS)
-                        if not REPEAT_ROWS:
+                        if TMA_LOADS:
+                            # Only a document's last, partial tile holds other documents' rows:
+                            # a uniform branch instead of a select on every product.
+                            if t0 + BLOCK_T > doc_len:
+                                sim = tl.where(mask_t[None, :], sim, float("-inf"))
+                        elif not REPEAT_ROWS:
                             sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
                 if TAIL_LQ > 0:
