@@ -18,9 +18,11 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
 * ``tma loads`` / ``pointer loads``: the same launch with the dense kernel's document tiles read
-  through a tensor descriptor (TMA on Hopper; rows past a document's end masked in the products,
-  as the descriptor cannot repeat a row) or by pointer loads (the default); the flat walk and
-  the slots kernel take pointer loads either way;
+  through a tensor descriptor (TMA on Hopper; rows past a document's end masked on its last,
+  partial tile, as the descriptor cannot repeat a row) or by pointer loads (the default); the
+  flat walk and the slots kernel take pointer loads either way;
+* ``last-tile masks``: the same launch with rows past a document's end masked (not repeated)
+  on its last, partial tile only, behind a uniform branch, instead of on every tile;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -162,6 +164,17 @@ def _tma_switch(tma: bool):
         dense._tma_loads = saved
 
 
+@contextlib.contextmanager
+def _last_tile_switch():
+    saved = dense._last_tile_masks
+    dense._last_tile_masks = lambda num_queries, config, dim: True
+    try:
+        with _repeat_switch(False):
+            yield
+    finally:
+        dense._last_tile_masks = saved
+
+
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
@@ -170,7 +183,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False),
             "tma loads": lambda: _tma_switch(True),
-            "pointer loads": lambda: _tma_switch(False)}
+            "pointer loads": lambda: _tma_switch(False),
+            "last-tile masks": _last_tile_switch}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

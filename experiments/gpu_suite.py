@@ -315,17 +315,19 @@ def dense_flat(work: Path, opts) -> list[Step]:
 
 
 def dense_tma(work: Path, opts) -> list[Step]:
-    """The GPU tests of the dense kernel's document tiles by tensor descriptor, then the dense
-    default beside the same launches with descriptor (TMA) and pointer loads, and with rows past
-    a document's end masked (what the descriptor loads do), and the peers: one query of 48-64
-    tokens, wide d, several queries, the headline, 3 alternated rounds (about 3 minutes)."""
+    """The GPU tests of the dense kernel's document tiles by tensor descriptor and of masks on a
+    document's last tile only, then the dense default beside the same launches with descriptor
+    (TMA) and pointer loads, with rows past a document's end masked on every tile and on its last
+    only, and the peers: one query of 48-64 tokens, wide d, several queries, the headline, 3
+    alternated rounds (about 3 minutes)."""
     from experiments.bench_dense_variants import TMA_CELLS
 
-    return [Step("tma-tests", (*PYTEST, *parallel_workers(), "-k", "tma",
+    return [Step("tma-tests", (*PYTEST, *parallel_workers(), "-k", "tma or tail_joining",
                                "tests/kernels/test_maxsim_dense.py"), 100),
             Step("dense-tma", module("experiments.bench_dense_variants", "--cells", *TMA_CELLS,
                                      "--variants", "tma loads", "pointer loads", "masked rows",
-                                     "--rounds", "3", "--out", str(work / "dense-tma")), 300)]
+                                     "last-tile masks", "--rounds", "3",
+                                     "--out", str(work / "dense-tma")), 300)]
 
 
 def dense_mma(work: Path, opts) -> list[Step]:

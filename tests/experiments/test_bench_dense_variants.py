@@ -51,6 +51,12 @@ def test_tma_switch_restores_the_rule():
     with dv.VARIANTS["pointer loads"]():
         assert not dense._tma_loads(1, dense.MaxSimConfig(), True, D)
     assert dense._tma_loads is rule
+    masks, repeat = dense._last_tile_masks, dense._repeat_rows
+    assert not masks(1, dense.MaxSimConfig(), 128)  # every tile masked by default
+    with dv.VARIANTS["last-tile masks"]():
+        assert dense._last_tile_masks(1, dense.MaxSimConfig(), 128)
+        assert not dense._repeat_rows(4, dense.MaxSimConfig(), 128)
+    assert dense._last_tile_masks is masks and dense._repeat_rows is repeat
 
 
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():

@@ -289,9 +289,18 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
-def tma_where_it_applies(num_queries, config, packed, D):
-    """ops.dense._tma_loads forced on wherever a tensor descriptor can address D."""
-    return True
+def force_tile_loads(monkeypatch, way: str) -> None:
+    """The dense kernel's document tiles as ``way`` says: "tma" (descriptor loads wherever a
+    descriptor can address D), "last-tile masks" (pointer loads, rows past a document's end
+    masked on its last tile only) or "pointers" (pointer loads, every tile masked, rows never
+    repeated); "default": the host's rules."""
+    monkeypatch.setattr(dense, "_tma_loads", lambda *args: way == "tma")
+    monkeypatch.setattr(dense, "_last_tile_masks", lambda *args: way == "last-tile masks")
+    if way != "default":
+        monkeypatch.setattr(dense, "_repeat_rows", lambda *args: False)
+
+
+TILE_LOADS = ("tma", "last-tile masks", "pointers")
 
 
 # The dense kernel's paths a packed launch can take with document tiles by tensor descriptor:
@@ -314,20 +323,23 @@ TMA_CONFIGS = [
 
 
 @pytest.mark.parametrize("B,Lq,d,config", TMA_CONFIGS)
-def test_tma_loads_score_as_pointer_loads(B, Lq, d, config, device, monkeypatch):
+def test_tma_loads_and_last_tile_masks_score_as_the_reference(B, Lq, d, config, device,
+                                                              monkeypatch):
     """Document tiles read through a tensor descriptor (TMA_LOADS: a tile's rows past its
     document are the next documents' or the packed tensor's NaN rows past its last document,
-    and rows past the tensor read as 0) score as pointer loads: empty documents, one-token ones, pids, query lengths, a
-    row stride wider than d; where no descriptor can address D (rows not 16-byte aligned, a
-    column stride) the launch keeps its pointer loads."""
-    lengths = [0, 3, 0, 50, 1, 17, 64, 2, 33, 5, 0]
+    and rows past the tensor read as 0), pointer loads masking a document's last tile only, and
+    pointer loads masking every tile score as the reference: empty documents, one-token ones,
+    documents of whole tiles, pids, query lengths, a row stride wider than d; where no
+    descriptor can address D (rows not 16-byte aligned, a column stride) the launch keeps its
+    pointer loads."""
+    lengths = [0, 3, 0, 50, 1, 17, 64, 2, 33, 5, 31, 32, 0]
     extra = {"max_doc_len": config.block_t} if config.single_tile else {}
     if config.single_tile:
         lengths = [min(n, config.block_t) for n in lengths]
-    # The rows past the last document are NaN: the last document's tiles read them.
+    # The rows past the last document are NaN: the last documents' tiles read them.
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
     Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
-    pids = torch.tensor([10, 3, 0, 2, 6, 6, 9, 4, 5], device=device)
+    pids = torch.tensor([12, 3, 0, 2, 6, 6, 9, 4, 5, 10, 11], device=device)
     q_lengths = torch.tensor([Lq, 0, 5, 1, 7][:B], device=device)
     wide = torch.zeros(D.shape[0], d + 8, dtype=D.dtype, device=device)
     wide[:, :d] = D
@@ -335,20 +347,18 @@ def test_tma_loads_score_as_pointer_loads(B, Lq, d, config, device, monkeypatch)
              ((Q, wide[:, :d], offsets), {})]
     for args, kwargs in calls:
         assert dense._tma_applies(True, args[1]) == (dense.TensorDescriptor is not None)
-        monkeypatch.setattr(dense, "_tma_loads", tma_where_it_applies)
-        tma = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
-        monkeypatch.setattr(dense, "_tma_loads", lambda *a: False)
-        pointers = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
         ref = reference.maxsim_packed(*args, **kwargs)
-        assert_close(tma, ref, "maxsim_dense", torch.float16)
-        assert_close(pointers, ref, "maxsim_dense", torch.float16)
+        for way in TILE_LOADS:
+            force_tile_loads(monkeypatch, way)
+            out = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
+            assert_close(out, ref, "maxsim_dense", torch.float16)
     # No descriptor: rows 8 bytes apart from a 16-byte boundary, a column stride.
     misaligned = torch.empty(D.numel() + 4, dtype=D.dtype, device=device)[4:].view_as(D)
     misaligned.copy_(D)
     assert not dense._tma_applies(True, misaligned)
     assert not dense._tma_applies(True, _strided(D))
     assert not dense._tma_applies(False, D)
-    monkeypatch.setattr(dense, "_tma_loads", tma_where_it_applies)
+    force_tile_loads(monkeypatch, "tma")
     for D_view in (misaligned, _strided(D)):
         assert_close(maxsim_packed(Q, D_view, offsets, config=config, validate=False, **extra),
                      reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
@@ -452,15 +462,18 @@ def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packe
     assert_close(out, ref, "maxsim_dense", torch.float16)
 
 
+@pytest.mark.parametrize("way", ["default", *TILE_LOADS])
 @pytest.mark.parametrize("B,Lq,d,q_lengths", [
     (4, 33, 128, None), (4, 40, 64, [40, 20, 33, 1]), (5, 48, 96, [48, 33, 32, 0, 47]),
     (4, 65, 64, [65, 64, 64, 3]), (8, 96, 64, None)])
-def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, device, monkeypatch):
+def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, way, device, monkeypatch):
     """Where the head's default launch holds its query block (many packed documents), a query
     of 33-48 (65-96) tokens is scored in one launch: the tail tokens of every query of a block
     as a second held block over the same tiles. Query lengths end some queries in the head,
     some in the tail, one before it starts; Q, D_packed, offsets and query_lengths are strided
-    views; a last block is partly empty."""
+    views; a last block is partly empty. Rows past a document's end repeated (the default),
+    masked on every tile or the last one, document tiles by descriptor."""
+    force_tile_loads(monkeypatch, way)
     monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
     monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)  # every tail block joins here
     head, tail = default_query_chunks(B, Lq)

@@ -179,6 +179,7 @@ def _maxsim_dense_kernel(
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
     REPEAT_ROWS: tl.constexpr = False, TMA_LOADS: tl.constexpr = False,
+    LAST_TILE_MASKS: tl.constexpr = False,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -200,8 +201,10 @@ def _maxsim_dense_kernel(
     to -inf in every product: a select per product saved, at the cost of re-reading that row
     (an empty document is -inf by one select per query row).
     TMA_LOADS (packed, without REPEAT_ROWS): document tiles come from ``d_desc``, a tensor
-    descriptor of D (None otherwise): a tile's rows past the document are the next ones, and
-    only a document's last, partial tile is masked."""
+    descriptor of D (None otherwise): a tile's rows past the document are the next ones.
+    LAST_TILE_MASKS (the tiled path without REPEAT_ROWS or RUNNING_MAX): only a document's last,
+    partial tile has its rows past the document's end masked, behind a uniform branch; whole
+    tiles take no select."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -316,7 +319,7 @@ def _maxsim_dense_kernel(
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
                                 NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS,
                                 d_desc, row0, TMA_LOADS)
-                            if TMA_LOADS:
+                            if LAST_TILE_MASKS:
                                 if t0 + BLOCK_T > doc_len:  # the partial tile's rows only
                                     sim_tail = tl.where(mask_t[None, :], sim_tail,
                                                         float("-inf"))
@@ -330,9 +333,9 @@ def _maxsim_dense_kernel(
                                             NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
                                             INPUT_PRECISION, UPCAST, REPEAT_ROWS, d_desc, row0,
                                             TMA_LOADS)
-                        if TMA_LOADS:
-                            # Only a document's last, partial tile holds other documents' rows:
-                            # a uniform branch instead of a select on every product.
+                        if LAST_TILE_MASKS:
+                            # Only a document's last, partial tile holds rows past its end: a
+                            # uniform branch instead of a select on every product.
                             if t0 + BLOCK_T > doc_len:
                                 sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         elif not REPEAT_ROWS:

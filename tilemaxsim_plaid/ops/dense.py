@@ -309,6 +309,14 @@ def _tma_loads(num_queries: int, cfg: MaxSimConfig, packed: bool, D: torch.Tenso
     return False
 
 
+def _last_tile_masks(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
+    """The dense kernel's LAST_TILE_MASKS, where rows past a document's end are masked: a
+    select on the products of a document's last, partial tile only, behind a uniform branch,
+    instead of on every tile's. Off by default until timed on the GPU (`bench_dense_variants`'
+    ``last-tile masks``); the descriptor loads always take it."""
+    return False
+
+
 def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
     """What _maxsim_packed_flat_kernel covers: the held query over packed documents, no running
     max, no tail block, a power of two of documents a program."""
@@ -465,6 +473,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     block_t = max(MIN_DOT_DIM, cfg.block_t)
     tma = (not cfg.slots and _tma_applies(packed, D) and _tma_loads(B, cfg, packed, D))
     d_desc = TensorDescriptor(D, list(D.shape), list(D.stride()), [block_t, block_d]) if tma else None
+    repeat = not tma and _repeat_rows(B, cfg, dim)
     tokens_i32 = _tokens_i32(
         (max_doc_len if max_doc_len is not None else D.shape[-2]) + max(MIN_DOT_DIM, cfg.block_t),
         num_d_tiles, block_d, stride_dt, stride_dd)
@@ -495,8 +504,10 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
-        REPEAT_ROWS=not tma and _repeat_rows(B, cfg, dim),
+        REPEAT_ROWS=repeat,
         TMA_LOADS=tma,
+        LAST_TILE_MASKS=(not repeat and not cfg.running_max
+                         and (tma or _last_tile_masks(B, cfg, dim))),
         **common,
     )
     return out
