@@ -734,11 +734,15 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     kind=st.sampled_from(["plain", "single_tile", "slots", "hold_query"]),
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
+    tile_loads=st.sampled_from(["default", *TILE_LOADS]),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
-                                        docs_per_program, kind, with_pids, block_d, device):
-    """Over the whole MaxSimConfig space: a launch either matches the float64 reference in every
-    element or is refused with a ValueError naming the config, never a silent partial result."""
+                                        docs_per_program, kind, with_pids, block_d, tile_loads,
+                                        device, monkeypatch):
+    """Over the whole MaxSimConfig space, and each way of reading document tiles: a launch
+    either matches the float64 reference in every element or is refused with a ValueError
+    naming the config, never a silent partial result."""
+    force_tile_loads(monkeypatch, tile_loads)
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None
