@@ -17,10 +17,6 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
-* ``tma loads`` / ``pointer loads``: the same launch with the dense kernel's document tiles read
-  through a tensor descriptor (TMA on Hopper; rows past a document's end masked on its last,
-  partial tile, as the descriptor cannot repeat a row) or by pointer loads (the default); the
-  flat walk and the slots kernel take pointer loads either way;
 * ``last-tile masks``: the same launch with rows past a document's end masked (not repeated)
   on its last, partial tile only, behind a uniform branch, instead of on every tile;
 * ``validate=False``: the default launch without the checks' host work;
@@ -109,10 +105,11 @@ SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
 # One query's packed cells at d a multiple of 64 furthest below the read roof in grid
 # h200-975e3d8-full (65-85 %), beside the headline: where the mma kernel is weighed against the
 # default.
-# The dense kernel's launches the descriptor loads are weighed on: one query of 48-64 tokens
-# (4-warp programs of 32-token tiles), wide d, several queries' held blocks, the headline.
-TMA_CELLS = ("headline", "Lq64", "d64-Lq64", "d96-Lq48", "d144-Lq48", "d192-Lq64", "d256-Lq48",
-             "d384-lognormal-70", "d768-lognormal-30", "B4", "B4-Lq33", "B32-Lq33")
+# The dense kernel's launches that mask rows past a document's end, where masks on its last
+# tile only are weighed: one query of 48-64 tokens (4-warp programs of 32-token tiles), wide d,
+# several queries' held blocks (rows repeated by default), the headline.
+MASK_CELLS = ("headline", "Lq64", "d96-Lq48", "d144-Lq48", "d192-Lq64", "d256-Lq48",
+              "d384-lognormal-70", "d768-lognormal-30", "B4")
 MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64",
              "d192-Lq64", "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30",
              "d384-lognormal-70", "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31")
@@ -155,16 +152,6 @@ def _flat_switch(flat: bool):
 
 
 @contextlib.contextmanager
-def _tma_switch(tma: bool):
-    saved = dense._tma_loads
-    dense._tma_loads = lambda num_queries, config, packed, D: tma
-    try:
-        yield
-    finally:
-        dense._tma_loads = saved
-
-
-@contextlib.contextmanager
 def _last_tile_switch():
     saved = dense._last_tile_masks
     dense._last_tile_masks = lambda num_queries, config, dim: True
@@ -182,8 +169,6 @@ VARIANTS = {"default": contextlib.nullcontext,
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False),
-            "tma loads": lambda: _tma_switch(True),
-            "pointer loads": lambda: _tma_switch(False),
             "last-tile masks": _last_tile_switch}
 
 # Variants that are another config of the same call, not a switch around the default's.

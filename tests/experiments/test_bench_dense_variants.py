@@ -42,15 +42,7 @@ def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     assert dense._flat_documents is rule
 
 
-def test_tma_switch_restores_the_rule():
-    rule = dense._tma_loads
-    D = torch.zeros(64, 128, dtype=torch.float16)
-    assert not rule(1, dense.MaxSimConfig(), True, D)  # pointer loads by default
-    with dv.VARIANTS["tma loads"]():
-        assert dense._tma_loads(4, dense.MaxSimConfig(), True, D)
-    with dv.VARIANTS["pointer loads"]():
-        assert not dense._tma_loads(1, dense.MaxSimConfig(), True, D)
-    assert dense._tma_loads is rule
+def test_last_tile_switch_masks_rows_and_restores_the_rules():
     masks, repeat = dense._last_tile_masks, dense._repeat_rows
     assert not masks(1, dense.MaxSimConfig(), 128)  # every tile masked by default
     with dv.VARIANTS["last-tile masks"]():
@@ -74,11 +66,11 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
                        ("masked rows", "repeated rows", "flat documents", "loop per document",
-                        "tma loads"))
+                        "last-tile masks"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
-                                            "flat documents", "loop per document", "tma loads",
-                                            "validate=False"]
-    assert all(name in dv.CELLS for name in dv.TMA_CELLS)
+                                            "flat documents", "loop per document",
+                                            "last-tile masks", "validate=False"]
+    assert all(name in dv.CELLS for name in dv.MASK_CELLS)
 
 
 def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):

@@ -74,21 +74,16 @@ _COMPILE = textwrap.dedent("""
             dense._flat_documents = saved
     for name, Qf in (("dense flat documents", Q), ("dense B=4 flat documents", Q4[:, :32])):
         calls[name] = (_maxsim_packed_flat_kernel, lambda Qf=Qf: flat(Qf), ())
-    # Document tiles by tensor descriptor (TMA copies) where the triton has host descriptors:
-    # one query of 48 tokens (4 warps) and four queries' held block; pointer loads masking a
-    # document's last tile only.
-    def forced(Qt, rule):
-        saved = getattr(dense, rule)
-        setattr(dense, rule, lambda *args: True)
+    # Rows past a document's end masked on its last tile only, one query of 48 tokens.
+    def last_tile_masks(Qt):
+        saved = dense._last_tile_masks
+        dense._last_tile_masks = lambda *args: True
         try:
             return maxsim_packed(Qt, D, offsets, max_doc_len=max_len, validate=False)
         finally:
-            setattr(dense, rule, saved)
+            dense._last_tile_masks = saved
     Q48 = torch.randn(48, 128, generator=g).half()
-    for name, Qt, rule in (("dense tma loads Lq=48", Q48, "_tma_loads"),
-                           ("dense B=4 tma loads", Q4[:, :32], "_tma_loads"),
-                           ("dense last-tile masks Lq=48", Q48, "_last_tile_masks")):
-        calls[name] = (_maxsim_dense_kernel, lambda Qt=Qt, rule=rule: forced(Qt, rule), ())
+    calls["dense last-tile masks Lq=48"] = (_maxsim_dense_kernel, lambda: last_tile_masks(Q48), ())
     padded = torch.zeros(1, 64, 128, dtype=torch.float16)
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
@@ -174,9 +169,7 @@ _COMPILE = textwrap.dedent("""
                      "repeat_rows": launch.constexprs.get("REPEAT_ROWS"),
                      "single_tile": launch.constexprs.get("SINGLE_TILE"),
                      "pipeline_codes": launch.constexprs.get("PIPELINE_CODES"),
-                     "tma_loads": launch.constexprs.get("TMA_LOADS"),
                      "last_tile_masks": launch.constexprs.get("LAST_TILE_MASKS")}
-    out["descriptors"] = dense.TensorDescriptor is not None
     json.dump(out, open(sys.argv[1], "w"))
 """)
 
@@ -192,11 +185,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 5, 3 several-query defaults, 2 flat, 2 descriptor loads and last-tile masks; pq: 4;
-    # residual: 8 decoder choices x table / gather, 3 pipelined; the mma kernel's permuted table;
-    # last: value range (2 dtypes x clamp), offsets stats (clamp), the two in one launch
-    compiled = {name: kernel for name, kernel in compiled.items() if name != "descriptors"}
-    assert len(compiled) == 5 + 3 + 2 + 3 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
+    # dense: 5, 3 several-query defaults, 2 flat and last-tile masks; pq: 4; residual: 8 decoder
+    # choices x table / gather, 3 pipelined; the mma kernel's permuted table; last: value range
+    # (2 dtypes x clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 5 + 3 + 2 + 1 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -208,22 +200,8 @@ def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
         assert compiled[name]["repeat_rows"] is True, name
     assert compiled["dense B=8 padded single tile"]["single_tile"] is True
     assert compiled["dense d=128"]["repeat_rows"] is False
-
-
-def test_descriptor_loads_compile_to_tma_copies(compiled):
-    """Where the triton has host tensor descriptors, the dense kernel's descriptor loads are TMA
-    copies (no per-thread async copies of document rows) and rows past a document's end are
-    masked, not repeated; elsewhere the launch keeps its pointer loads."""
-    for name in ("dense tma loads Lq=48", "dense B=4 tma loads"):
-        kernel = compiled[name]
-        assert kernel["tma_loads"] is compiled["descriptors"], name
-        assert ("UTMALDG" in kernel["opcodes"]) is compiled["descriptors"], name
-        if compiled["descriptors"]:
-            assert "LDGSTS" not in kernel["opcodes"] and kernel["repeat_rows"] is False, name
-            assert kernel["last_tile_masks"] is True, name
-    pointers = compiled["dense last-tile masks Lq=48"]
-    assert pointers["last_tile_masks"] is True and pointers["tma_loads"] is False
-    assert "LDGSTS" in pointers["opcodes"] and "UTMALDG" not in pointers["opcodes"]
+    assert compiled["dense d=128"]["last_tile_masks"] is False
+    assert compiled["dense last-tile masks Lq=48"]["last_tile_masks"] is True
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):

@@ -289,24 +289,22 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
-def force_tile_loads(monkeypatch, way: str) -> None:
-    """The dense kernel's document tiles as ``way`` says: "tma" (descriptor loads wherever a
-    descriptor can address D), "last-tile masks" (pointer loads, rows past a document's end
-    masked on its last tile only) or "pointers" (pointer loads, every tile masked, rows never
-    repeated); "default": the host's rules."""
-    monkeypatch.setattr(dense, "_tma_loads", lambda *args: way == "tma")
+def force_row_masks(monkeypatch, way: str) -> None:
+    """Rows past a document's end as ``way`` says: "last-tile masks" (masked on a document's
+    last tile only), "every tile" (masked on every tile, never repeated) or "default" (the
+    host's rules)."""
     monkeypatch.setattr(dense, "_last_tile_masks", lambda *args: way == "last-tile masks")
     if way != "default":
         monkeypatch.setattr(dense, "_repeat_rows", lambda *args: False)
 
 
-TILE_LOADS = ("tma", "last-tile masks", "pointers")
+ROW_MASKS = ("last-tile masks", "every tile")
 
 
-# The dense kernel's paths a packed launch can take with document tiles by tensor descriptor:
-# the held query (one query of 48 tokens, four queries' 128-row block, chunks of d with a
-# masked last one), the query read per document, a running max, single tiles, a tail block.
-TMA_CONFIGS = [
+# The dense kernel's paths that mask rows past a document's end: the held query (one query of
+# 48 tokens, four queries' 128-row block, chunks of d with a masked last one), the query read
+# per document.
+MASK_CONFIGS = [
     pytest.param(1, 48, 128, MaxSimConfig(block_t=32, docs_per_program=8, hold_query=True),
                  id="held-64-rows"),
     pytest.param(4, 32, 128, MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8,
@@ -315,53 +313,31 @@ TMA_CONFIGS = [
                                           block_d=32), id="held-d144-chunks"),
     pytest.param(3, 19, 80, MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=3),
                  id="streamed-d80"),
-    pytest.param(2, 9, 64, MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True,
-                                        running_max=True), id="running-max"),
-    pytest.param(5, 8, 64, MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=3,
-                                        single_tile=True), id="single-tile"),
 ]
 
 
-@pytest.mark.parametrize("B,Lq,d,config", TMA_CONFIGS)
-def test_tma_loads_and_last_tile_masks_score_as_the_reference(B, Lq, d, config, device,
-                                                              monkeypatch):
-    """Document tiles read through a tensor descriptor (TMA_LOADS: a tile's rows past its
-    document are the next documents' or the packed tensor's NaN rows past its last document,
-    and rows past the tensor read as 0), pointer loads masking a document's last tile only, and
-    pointer loads masking every tile score as the reference: empty documents, one-token ones,
-    documents of whole tiles, pids, query lengths, a row stride wider than d; where no
-    descriptor can address D (rows not 16-byte aligned, a column stride) the launch keeps its
-    pointer loads."""
+@pytest.mark.parametrize("B,Lq,d,config", MASK_CONFIGS)
+def test_last_tile_masks_score_as_every_tile_masked(B, Lq, d, config, device, monkeypatch):
+    """Rows past a document's end masked on its last, partial tile only (LAST_TILE_MASKS) and
+    on every tile score as the reference: empty documents, one-token ones, documents of whole
+    tiles and one row short of one, the packed tensor's NaN rows past its last document, pids,
+    query lengths, a row stride wider than d, every product negative."""
     lengths = [0, 3, 0, 50, 1, 17, 64, 2, 33, 5, 31, 32, 0]
-    extra = {"max_doc_len": config.block_t} if config.single_tile else {}
-    if config.single_tile:
-        lengths = [min(n, config.block_t) for n in lengths]
-    # The rows past the last document are NaN: the last documents' tiles read them.
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
     Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
     pids = torch.tensor([12, 3, 0, 2, 6, 6, 9, 4, 5, 10, 11], device=device)
     q_lengths = torch.tensor([Lq, 0, 5, 1, 7][:B], device=device)
     wide = torch.zeros(D.shape[0], d + 8, dtype=D.dtype, device=device)
     wide[:, :d] = D
+    # Every product negative: an unmasked row past a document's end (read as 0) would win.
     calls = [((Q, D, offsets), {}), ((Q, D, offsets, pids), {"query_lengths": q_lengths}),
-             ((Q, wide[:, :d], offsets), {})]
+             ((Q, wide[:, :d], offsets), {}), ((Q.abs(), -D.abs(), offsets, pids), {})]
     for args, kwargs in calls:
-        assert dense._tma_applies(True, args[1]) == (dense.TensorDescriptor is not None)
         ref = reference.maxsim_packed(*args, **kwargs)
-        for way in TILE_LOADS:
-            force_tile_loads(monkeypatch, way)
-            out = maxsim_packed(*args, config=config, validate=False, **kwargs, **extra)
+        for way in ROW_MASKS:
+            force_row_masks(monkeypatch, way)
+            out = maxsim_packed(*args, config=config, validate=False, **kwargs)
             assert_close(out, ref, "maxsim_dense", torch.float16)
-    # No descriptor: rows 8 bytes apart from a 16-byte boundary, a column stride.
-    misaligned = torch.empty(D.numel() + 4, dtype=D.dtype, device=device)[4:].view_as(D)
-    misaligned.copy_(D)
-    assert not dense._tma_applies(True, misaligned)
-    assert not dense._tma_applies(True, _strided(D))
-    assert not dense._tma_applies(False, D)
-    force_tile_loads(monkeypatch, "tma")
-    for D_view in (misaligned, _strided(D)):
-        assert_close(maxsim_packed(Q, D_view, offsets, config=config, validate=False, **extra),
-                     reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
 
 
 def test_flat_documents_cover_the_held_query_over_packed_documents():
@@ -462,7 +438,7 @@ def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packe
     assert_close(out, ref, "maxsim_dense", torch.float16)
 
 
-@pytest.mark.parametrize("way", ["default", *TILE_LOADS])
+@pytest.mark.parametrize("way", ["default", *ROW_MASKS])
 @pytest.mark.parametrize("B,Lq,d,q_lengths", [
     (4, 33, 128, None), (4, 40, 64, [40, 20, 33, 1]), (5, 48, 96, [48, 33, 32, 0, 47]),
     (4, 65, 64, [65, 64, 64, 3]), (8, 96, 64, None)])
@@ -472,8 +448,8 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, way, device,
     as a second held block over the same tiles. Query lengths end some queries in the head,
     some in the tail, one before it starts; Q, D_packed, offsets and query_lengths are strided
     views; a last block is partly empty. Rows past a document's end repeated (the default),
-    masked on every tile or the last one, document tiles by descriptor."""
-    force_tile_loads(monkeypatch, way)
+    masked on every tile or on the last one."""
+    force_row_masks(monkeypatch, way)
     monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
     monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)  # every tail block joins here
     head, tail = default_query_chunks(B, Lq)
@@ -734,15 +710,15 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     kind=st.sampled_from(["plain", "single_tile", "slots", "hold_query"]),
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
-    tile_loads=st.sampled_from(["default", *TILE_LOADS]),
+    row_masks=st.sampled_from(["default", *ROW_MASKS]),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
-                                        docs_per_program, kind, with_pids, block_d, tile_loads,
+                                        docs_per_program, kind, with_pids, block_d, row_masks,
                                         device, monkeypatch):
-    """Over the whole MaxSimConfig space, and each way of reading document tiles: a launch
-    either matches the float64 reference in every element or is refused with a ValueError
-    naming the config, never a silent partial result."""
-    force_tile_loads(monkeypatch, tile_loads)
+    """Over the whole MaxSimConfig space, and each way of masking rows past a document's end: a
+    launch either matches the float64 reference in every element or is refused with a
+    ValueError naming the config, never a silent partial result."""
+    force_row_masks(monkeypatch, row_masks)
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None

@@ -61,16 +61,10 @@ def _load_query_tile(p_q, offs_b, offs_i, mask_r, d0, dim, stride_qb, stride_qt,
 @triton.jit
 def _load_doc_tile(p_doc, t0, doc_len, d0, dim, stride_dt, stride_dd,
                    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                   FULL: tl.constexpr = False, REPEAT_ROWS: tl.constexpr = False,
-                   d_desc=None, row0=0, TMA_LOADS: tl.constexpr = False):
+                   FULL: tl.constexpr = False, REPEAT_ROWS: tl.constexpr = False):
     """[BLOCK_T, BLOCK_D] rows t0.. of a document; FULL: every row is within the document.
     REPEAT_ROWS: rows past the document's end are its last row again (an empty document's are
-    masked), so no product needs a mask; with FULL the document is not empty.
-    TMA_LOADS (packed, without REPEAT_ROWS): rows row0 + t0.. of the packed tensor from its
-    tensor descriptor ``d_desc`` (a TMA copy on Hopper): rows past the document are the next
-    documents' (the caller masks their products), columns past d and rows past the tensor 0."""
-    if TMA_LOADS:
-        return d_desc.load([(row0 + t0).to(tl.int32), d0])
+    masked), so no product needs a mask; with FULL the document is not empty."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if REPEAT_ROWS:
         offs_t = tl.minimum(offs_t, tl.maximum(doc_len - 1, 0))
@@ -92,18 +86,16 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
               ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
               NUM_D_TILES: tl.constexpr, HOLD_QUERY: tl.constexpr, EVEN_D: tl.constexpr,
               FULL: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-              REPEAT_ROWS: tl.constexpr = False, d_desc=None, row0=0,
-              TMA_LOADS: tl.constexpr = False):
+              REPEAT_ROWS: tl.constexpr = False):
     """[ROWS, BLOCK_T] fp32 products of the query block with document rows t0 .. t0 + BLOCK_T
     (rows past the document are 0 here, and the caller masks them, or with REPEAT_ROWS the last
-    row's products again). FULL: all rows are in it. d_desc, row0, TMA_LOADS: _load_doc_tile."""
+    row's products again). FULL: all rows are in it."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
     if HOLD_QUERY:
         # The held chunks are a tuple: indexed by a compile-time k.
         for k in tl.static_range(NUM_D_TILES):
             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS, d_desc, row0,
-                                    TMA_LOADS)
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS)
             sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
     else:
         # A dynamic loop (like a GEMM's K loop) so Triton software-pipelines the loads of the
@@ -112,8 +104,7 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
             q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
                                       stride_qb, stride_qt, stride_qd, BLOCK_D)
             d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS, d_desc, row0,
-                                    TMA_LOADS)
+                                    BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS)
             # [ROWS, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [ROWS, BLOCK_T]
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
     return sim
@@ -124,16 +115,14 @@ def _tile_sim_with_tail(q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stri
                         ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr, EVEN_D: tl.constexpr,
                         INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                        REPEAT_ROWS: tl.constexpr = False, d_desc=None, row0=0,
-                        TMA_LOADS: tl.constexpr = False):
+                        REPEAT_ROWS: tl.constexpr = False):
     """_tile_sim of a held query block and of a held block of the same queries' tail tokens,
     from one read of the document tile: ([ROWS, BLOCK_T], [TAIL_ROWS, BLOCK_T])."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
     sim_tail = tl.zeros([TAIL_ROWS, BLOCK_T], tl.float32)
     for k in tl.static_range(NUM_D_TILES):
         d_tile = _load_doc_tile(p_doc, t0, doc_len, k * BLOCK_D, dim, stride_dt, stride_dd,
-                                BLOCK_T, BLOCK_D, EVEN_D, REPEAT_ROWS, REPEAT_ROWS, d_desc,
-                                row0, TMA_LOADS)
+                                BLOCK_T, BLOCK_D, EVEN_D, REPEAT_ROWS, REPEAT_ROWS)
         sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
         sim_tail += tile_dot(q_tail[k], d_tile, INPUT_PRECISION, UPCAST)
     return sim, sim_tail
@@ -170,7 +159,7 @@ def _maxsim_dense_kernel(
     stride_qb, stride_qt, stride_qd,
     stride_dn, stride_dt, stride_dd,
     stride_ob, stride_on,
-    num_qgroups, d_desc,
+    num_qgroups,
     PACKED: tl.constexpr, HAS_DOC_LENGTHS: tl.constexpr, HAS_PIDS: tl.constexpr,
     HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
@@ -178,8 +167,7 @@ def _maxsim_dense_kernel(
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
-    REPEAT_ROWS: tl.constexpr = False, TMA_LOADS: tl.constexpr = False,
-    LAST_TILE_MASKS: tl.constexpr = False,
+    REPEAT_ROWS: tl.constexpr = False, LAST_TILE_MASKS: tl.constexpr = False,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -200,8 +188,6 @@ def _maxsim_dense_kernel(
     document's end load its last row again, which cannot change a max, instead of being masked
     to -inf in every product: a select per product saved, at the cost of re-reading that row
     (an empty document is -inf by one select per query row).
-    TMA_LOADS (packed, without REPEAT_ROWS): document tiles come from ``d_desc``, a tensor
-    descriptor of D (None otherwise): a tile's rows past the document are the next ones.
     LAST_TILE_MASKS (the tiled path without REPEAT_ROWS or RUNNING_MAX): only a document's last,
     partial tile has its rows past the document's end masked, behind a uniform branch; whole
     tiles take no select."""
@@ -241,7 +227,6 @@ def _maxsim_dense_kernel(
                                                       HAS_PIDS)
             doc_len = end - start
             p_doc = p_d + start * stride_dt
-            row0 = start
         else:
             # Padded documents are scored in order; a slot past the end is an empty document
             # whose score is never stored (branch-free, as packed_doc_bounds).
@@ -251,7 +236,6 @@ def _maxsim_dense_kernel(
             else:
                 doc_len = tl.where(valid_doc, padded_doc_len, 0).to(tl.int64)
             p_doc = p_d + out_idx * stride_dn
-            row0 = 0
         if TOKENS_I32:
             # Every row offset within a document fits 32 bits (the host checks): the tile loop's
             # addresses and masks in half the integer instructions of 64-bit ones.
@@ -260,8 +244,7 @@ def _maxsim_dense_kernel(
         if SINGLE_TILE:
             # [BLOCK_T, BLOCK_D]: read from HBM once, reused by every query block below.
             d_tile = _load_doc_tile(p_doc, 0, doc_len, 0, dim, stride_dt, stride_dd, BLOCK_T, BLOCK_D,
-                                    EVEN_D, REPEAT_ROWS=REPEAT_ROWS, d_desc=d_desc, row0=row0,
-                                    TMA_LOADS=TMA_LOADS)
+                                    EVEN_D, REPEAT_ROWS=REPEAT_ROWS)
             mask_t = tl.arange(0, BLOCK_T) < doc_len
             for qb in tl.static_range(Q_BLOCKS_PER_PROGRAM):
                 pid_qblock = pid_qgroup * Q_BLOCKS_PER_PROGRAM + qb
@@ -294,13 +277,12 @@ def _maxsim_dense_kernel(
                             q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
                             stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS, BLOCK_T,
                             BLOCK_D, NUM_D_TILES, HOLD_QUERY, EVEN_D, True, INPUT_PRECISION,
-                            UPCAST, d_desc=d_desc, row0=row0, TMA_LOADS=TMA_LOADS))
+                            UPCAST))
                     if full_end < doc_len:
                         sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, full_end,
                                         doc_len, dim, stride_qb, stride_qt, stride_qd, stride_dt,
                                         stride_dd, ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES,
-                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST,
-                                        d_desc=d_desc, row0=row0, TMA_LOADS=TMA_LOADS)
+                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST)
                         mask_t = (full_end + tl.arange(0, BLOCK_T)) < doc_len
                         run = maximum_nan(run, tl.where(mask_t[None, :], sim, float("-inf")))
                     row_max = max_nan(run, 1)
@@ -317,8 +299,7 @@ def _maxsim_dense_kernel(
                             sim, sim_tail = _tile_sim_with_tail(
                                 q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
-                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS,
-                                d_desc, row0, TMA_LOADS)
+                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
                             if LAST_TILE_MASKS:
                                 if t0 + BLOCK_T > doc_len:  # the partial tile's rows only
                                     sim_tail = tl.where(mask_t[None, :], sim_tail,
@@ -331,8 +312,7 @@ def _maxsim_dense_kernel(
                                             doc_len, dim, stride_qb, stride_qt, stride_qd,
                                             stride_dt, stride_dd, ROWS, BLOCK_T, BLOCK_D,
                                             NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
-                                            INPUT_PRECISION, UPCAST, REPEAT_ROWS, d_desc, row0,
-                                            TMA_LOADS)
+                                            INPUT_PRECISION, UPCAST, REPEAT_ROWS)
                         if LAST_TILE_MASKS:
                             # Only a document's last, partial tile holds rows past its end: a
                             # uniform branch instead of a select on every product.

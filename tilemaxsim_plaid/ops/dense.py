@@ -12,11 +12,6 @@ from tilemaxsim_plaid.ops import checks, dense_mma
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
                                          launch_in_query_chunks, pow2, scoring_op)
 
-try:  # host-side tensor descriptors (TMA)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # an older triton: pointer loads only
-    TensorDescriptor = None
-
 __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
            "maxsim_packed", "tail_joins_head"]
 
@@ -292,28 +287,11 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
 
 
-def _tma_applies(packed: bool, D: torch.Tensor) -> bool:
-    """Whether the dense kernel can read D's document tiles through a tensor descriptor (its
-    TMA_LOADS): packed rows, contiguous within a row, whose start and row stride are multiples
-    of 16 bytes, fewer than 2**31 of them (a descriptor's coordinates are int32), under a triton
-    that has host descriptors."""
-    return (packed and TensorDescriptor is not None and D.dim() == 2 and 0 < D.shape[0] < 2**31
-            and D.stride(1) == 1 and D.stride(0) * D.element_size() % 16 == 0
-            and D.data_ptr() % 16 == 0)
-
-
-def _tma_loads(num_queries: int, cfg: MaxSimConfig, packed: bool, D: torch.Tensor) -> bool:
-    """The dense kernel's TMA_LOADS (document tiles by tensor descriptor, rows past a document
-    masked): off by default until timed on the GPU against the pointer loads
-    (`bench_dense_variants`' ``tma loads`` / ``pointer loads``)."""
-    return False
-
-
 def _last_tile_masks(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     """The dense kernel's LAST_TILE_MASKS, where rows past a document's end are masked: a
     select on the products of a document's last, partial tile only, behind a uniform branch,
     instead of on every tile's. Off by default until timed on the GPU (`bench_dense_variants`'
-    ``last-tile masks``); the descriptor loads always take it."""
+    ``last-tile masks``)."""
     return False
 
 
@@ -470,10 +448,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
-    block_t = max(MIN_DOT_DIM, cfg.block_t)
-    tma = (not cfg.slots and _tma_applies(packed, D) and _tma_loads(B, cfg, packed, D))
-    d_desc = TensorDescriptor(D, list(D.shape), list(D.stride()), [block_t, block_d]) if tma else None
-    repeat = not tma and _repeat_rows(B, cfg, dim)
+    repeat = _repeat_rows(B, cfg, dim)
     tokens_i32 = _tokens_i32(
         (max_doc_len if max_doc_len is not None else D.shape[-2]) + max(MIN_DOT_DIM, cfg.block_t),
         num_d_tiles, block_d, stride_dt, stride_dd)
@@ -488,7 +463,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         Q3.stride(0), Q3.stride(1), Q3.stride(2),
         stride_dn, stride_dt, stride_dd,
         out.stride(0), out.stride(1),
-        num_qgroups, d_desc,
+        num_qgroups,
         PACKED=packed,
         HAS_DOC_LENGTHS=doc_lengths is not None,
         HAS_PIDS=pids is not None,
@@ -496,7 +471,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         LQ=lq,
         QUERIES_PER_BLOCK=queries_per_block,
         Q_BLOCKS_PER_PROGRAM=q_blocks_per_program,
-        BLOCK_T=block_t,
+        BLOCK_T=max(MIN_DOT_DIM, cfg.block_t),
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
         HOLD_QUERY=cfg.hold_query,
@@ -505,9 +480,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
         REPEAT_ROWS=repeat,
-        TMA_LOADS=tma,
-        LAST_TILE_MASKS=(not repeat and not cfg.running_max
-                         and (tma or _last_tile_masks(B, cfg, dim))),
+        LAST_TILE_MASKS=not repeat and not cfg.running_max and _last_tile_masks(B, cfg, dim),
         **common,
     )
     return out
