@@ -310,7 +310,7 @@ def _flat_documents(num_queries: int, cfg: MaxSimConfig, packed: bool, tail_toke
     average (``mean_tokens``: the packed tensor's rows per document). There the loop per
     document drains its software pipeline every two or three tiles (d <= 128: results/
     PERFORMANCE_LOG.md, run 147; d = 144-256, the held query in 32- and 64-column chunks: runs
-    150 and 160, an H100)."""
+    150, 160 and 164, an H100)."""
     return (num_queries == 1 and cfg.num_warps == 1 and mean_tokens <= FLAT_MAX_MEAN_TOKENS
             and _flat_applies(cfg, packed, tail_tokens))
 
