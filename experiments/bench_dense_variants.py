@@ -25,8 +25,9 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   document stream), taking 4 (its default) or 2 documents a grab; skipped, with a line saying
   so, on a cell it does not cover (d not a multiple of 64).
 
-The default's row also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
-alone): where ``ms`` exceeds it, the call is bound by the host's work, not the kernel.
+Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
+alone, captured under its switch): where ``ms`` exceeds it, the call is bound by the host's
+work, not the kernel, and variants within the rounds' spread are compared by it.
 
 Every switch's scores are checked equal to the default's up to fp32 rounding (the switches
 change addressing, not arithmetic); the mma kernel's, which sums each product in another order,
@@ -245,7 +246,11 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
             num_docs=cell.N * cell.B, nbytes=nbytes, flops=flops, ceilings=ceilings,
             variant=name if name in ours_names else None, rounds=[t[0] for t in samples]))
     if device.type == "cuda":
-        rows[0]["graph_ms"] = harness.graph_replay_ms(ours)
+        for row in rows:
+            if row["variant"] is not None:
+                switch, fn = calls[row["variant"]]
+                with switch():
+                    row["graph_ms"] = harness.graph_replay_ms(fn)
     base = next(r["ms"] for r in rows if r["variant"] == "default")
     peers = [r["ms"] for r in rows if r["variant"] is None]
     for row in rows:
