@@ -17,8 +17,6 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
-* ``last-tile masks``: the same launch with rows past a document's end masked (not repeated)
-  on its last, partial tile only, behind a uniform branch, instead of on every tile;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -106,11 +104,6 @@ SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
 # One query's packed cells at d a multiple of 64 furthest below the read roof in grid
 # h200-975e3d8-full (65-85 %), beside the headline: where the mma kernel is weighed against the
 # default.
-# The dense kernel's launches that mask rows past a document's end, where masks on its last
-# tile only are weighed: one query of 48-64 tokens (4-warp programs of 32-token tiles), wide d,
-# several queries' held blocks (rows repeated by default), the headline.
-MASK_CELLS = ("headline", "Lq64", "d96-Lq48", "d144-Lq48", "d192-Lq64", "d256-Lq48",
-              "d384-lognormal-70", "d768-lognormal-30", "B4")
 MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64",
              "d192-Lq64", "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30",
              "d384-lognormal-70", "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31")
@@ -152,25 +145,13 @@ def _flat_switch(flat: bool):
         dense._flat_documents = saved
 
 
-@contextlib.contextmanager
-def _last_tile_switch():
-    saved = dense._last_tile_masks
-    dense._last_tile_masks = lambda num_queries, config, dim: True
-    try:
-        with _repeat_switch(False):
-            yield
-    finally:
-        dense._last_tile_masks = saved
-
-
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
             "masked rows": lambda: _repeat_switch(False),
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
-            "loop per document": lambda: _flat_switch(False),
-            "last-tile masks": _last_tile_switch}
+            "loop per document": lambda: _flat_switch(False)}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

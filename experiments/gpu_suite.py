@@ -314,20 +314,6 @@ def dense_flat(work: Path, opts) -> list[Step]:
                                       "--rounds", "5", "--out", str(work / "dense-flat")), 300)]
 
 
-def dense_masks(work: Path, opts) -> list[Step]:
-    """The GPU tests of masks on a document's last tile only, then the dense default beside the
-    same launches with rows past a document's end masked on every tile and on its last only,
-    and the peers: one query of 48-64 tokens, wide d, several queries, the headline, 5
-    alternated rounds (about 3 minutes)."""
-    from experiments.bench_dense_variants import MASK_CELLS
-
-    return [Step("mask-tests", (*PYTEST, *parallel_workers(), "-k", "last_tile or tail_joining",
-                                "tests/kernels/test_maxsim_dense.py"), 100),
-            Step("dense-masks", module("experiments.bench_dense_variants", "--cells", *MASK_CELLS,
-                                       "--variants", "masked rows", "last-tile masks",
-                                       "--rounds", "5", "--out", str(work / "dense-masks")), 300)]
-
-
 def dense_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
     beside it (4 and 2 documents a grab) and the peers on one query's packed cells furthest below
@@ -518,8 +504,6 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
-    "dense-masks": Suite("GPU tests of masks on a document's last tile only; the dense default "
-                         "beside them and masks on every tile, alternated", dense_masks),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
     "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "

@@ -42,15 +42,6 @@ def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     assert dense._flat_documents is rule
 
 
-def test_last_tile_switch_masks_rows_and_restores_the_rules():
-    masks, repeat = dense._last_tile_masks, dense._repeat_rows
-    assert not masks(1, dense.MaxSimConfig(), 128)  # every tile masked by default
-    with dv.VARIANTS["last-tile masks"]():
-        assert dense._last_tile_masks(1, dense.MaxSimConfig(), 128)
-        assert not dense._repeat_rows(4, dense.MaxSimConfig(), 128)
-    assert dense._last_tile_masks is masks and dense._repeat_rows is repeat
-
-
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     full = {c.key: c for c in bg.build_cells("full")}
     sizing = bg.Sizing(max_docs=3)
@@ -65,12 +56,10 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     assert rows[0]["ratio_to_default"] == 1.0
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
-                       ("masked rows", "repeated rows", "flat documents", "loop per document",
-                        "last-tile masks"))
+                       ("masked rows", "repeated rows", "flat documents", "loop per document"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
-                                            "last-tile masks", "validate=False"]
-    assert all(name in dv.CELLS for name in dv.MASK_CELLS)
+                                            "validate=False"]
 
 
 def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):

@@ -139,14 +139,6 @@ EXPECTED = {
                        "d64-heavy-512", "--variants", "flat documents", "loop per document",
                        "--rounds", "5", "--out", "W/dense-flat"],
     },
-    "dense-masks": {
-        "mask-tests": [*PYTEST, *XDIST, "-k", "last_tile or tail_joining",
-                       "tests/kernels/test_maxsim_dense.py"],
-        "dense-masks": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "Lq64",
-                        "d96-Lq48", "d144-Lq48", "d192-Lq64", "d256-Lq48", "d384-lognormal-70",
-                        "d768-lognormal-30", "B4", "--variants", "masked rows",
-                        "last-tile masks", "--rounds", "5", "--out", "W/dense-masks"],
-    },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
         "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",

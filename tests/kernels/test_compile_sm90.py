@@ -74,16 +74,6 @@ _COMPILE = textwrap.dedent("""
             dense._flat_documents = saved
     for name, Qf in (("dense flat documents", Q), ("dense B=4 flat documents", Q4[:, :32])):
         calls[name] = (_maxsim_packed_flat_kernel, lambda Qf=Qf: flat(Qf), ())
-    # Rows past a document's end masked on its last tile only, one query of 48 tokens.
-    def last_tile_masks(Qt):
-        saved = dense._last_tile_masks
-        dense._last_tile_masks = lambda *args: True
-        try:
-            return maxsim_packed(Qt, D, offsets, max_doc_len=max_len, validate=False)
-        finally:
-            dense._last_tile_masks = saved
-    Q48 = torch.randn(48, 128, generator=g).half()
-    calls["dense last-tile masks Lq=48"] = (_maxsim_dense_kernel, lambda: last_tile_masks(Q48), ())
     padded = torch.zeros(1, 64, 128, dtype=torch.float16)
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
@@ -168,8 +158,7 @@ _COMPILE = textwrap.dedent("""
                      "running_max": launch.constexprs.get("RUNNING_MAX"),
                      "repeat_rows": launch.constexprs.get("REPEAT_ROWS"),
                      "single_tile": launch.constexprs.get("SINGLE_TILE"),
-                     "pipeline_codes": launch.constexprs.get("PIPELINE_CODES"),
-                     "last_tile_masks": launch.constexprs.get("LAST_TILE_MASKS")}
+                     "pipeline_codes": launch.constexprs.get("PIPELINE_CODES")}
     json.dump(out, open(sys.argv[1], "w"))
 """)
 
@@ -185,10 +174,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 5, 3 several-query defaults, 2 flat and last-tile masks; pq: 4; residual: 8 decoder
-    # choices x table / gather, 3 pipelined; the mma kernel's permuted table; last: value range
-    # (2 dtypes x clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 5 + 3 + 2 + 1 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
+    # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
+    # table / gather, 3 pipelined; the mma kernel's permuted table; last: value range (2 dtypes x
+    # clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -200,8 +189,6 @@ def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
         assert compiled[name]["repeat_rows"] is True, name
     assert compiled["dense B=8 padded single tile"]["single_tile"] is True
     assert compiled["dense d=128"]["repeat_rows"] is False
-    assert compiled["dense d=128"]["last_tile_masks"] is False
-    assert compiled["dense last-tile masks Lq=48"]["last_tile_masks"] is True
 
 
 def test_the_ptx_paths_are_the_ones_compiled(compiled):

@@ -289,20 +289,18 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
+REPEAT_ROWS_RULE = dense._repeat_rows
+
+
 def force_row_masks(monkeypatch, way: str) -> None:
-    """Rows past a document's end as ``way`` says: "last-tile masks" (masked on a document's
-    last tile only), "every tile" (masked on every tile, never repeated) or "default" (the
-    host's rules)."""
-    monkeypatch.setattr(dense, "_last_tile_masks", lambda *args: way == "last-tile masks")
-    if way != "default":
-        monkeypatch.setattr(dense, "_repeat_rows", lambda *args: False)
+    """Rows past a document's end as ``way`` says: "masked" (never repeated) or "default" (the
+    host's rule: repeated for several queries and at d <= 64)."""
+    monkeypatch.setattr(dense, "_repeat_rows",
+                        REPEAT_ROWS_RULE if way == "default" else lambda *args: False)
 
 
-ROW_MASKS = ("last-tile masks", "every tile")
-
-
-# The dense kernel's paths that mask rows past a document's end: the held query (one query of
-# 48 tokens, four queries' 128-row block, chunks of d with a masked last one), the query read
+# The dense kernel's paths with rows past a document's end masked: the held query (one query
+# of 48 tokens, four queries' 128-row block, chunks of d with a masked last one), the query read
 # per document.
 MASK_CONFIGS = [
     pytest.param(1, 48, 128, MaxSimConfig(block_t=32, docs_per_program=8, hold_query=True),
@@ -317,11 +315,11 @@ MASK_CONFIGS = [
 
 
 @pytest.mark.parametrize("B,Lq,d,config", MASK_CONFIGS)
-def test_last_tile_masks_score_as_every_tile_masked(B, Lq, d, config, device, monkeypatch):
-    """Rows past a document's end masked on its last, partial tile only (LAST_TILE_MASKS) and
-    on every tile score as the reference: empty documents, one-token ones, documents of whole
-    tiles and one row short of one, the packed tensor's NaN rows past its last document, pids,
-    query lengths, a row stride wider than d, every product negative."""
+def test_masked_rows_past_a_document_never_win(B, Lq, d, config, device, monkeypatch):
+    """Rows past a document's end, masked or (the default for several queries) repeated, score
+    as the reference: empty documents, one-token ones, documents of whole tiles and one row
+    short of one, the packed tensor's NaN rows past its last document, pids, query lengths, a
+    row stride wider than d, every product negative (a masked row read as 0 must not win)."""
     lengths = [0, 3, 0, 50, 1, 17, 64, 2, 33, 5, 31, 32, 0]
     D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
     Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
@@ -334,7 +332,7 @@ def test_last_tile_masks_score_as_every_tile_masked(B, Lq, d, config, device, mo
              ((Q, wide[:, :d], offsets), {}), ((Q.abs(), -D.abs(), offsets, pids), {})]
     for args, kwargs in calls:
         ref = reference.maxsim_packed(*args, **kwargs)
-        for way in ROW_MASKS:
+        for way in ("default", "masked"):
             force_row_masks(monkeypatch, way)
             out = maxsim_packed(*args, config=config, validate=False, **kwargs)
             assert_close(out, ref, "maxsim_dense", torch.float16)
@@ -438,7 +436,7 @@ def test_default_split_of_several_queries_past_a_power_of_two_is_exact(Lq, packe
     assert_close(out, ref, "maxsim_dense", torch.float16)
 
 
-@pytest.mark.parametrize("way", ["default", *ROW_MASKS])
+@pytest.mark.parametrize("way", ["default", "masked"])
 @pytest.mark.parametrize("B,Lq,d,q_lengths", [
     (4, 33, 128, None), (4, 40, 64, [40, 20, 33, 1]), (5, 48, 96, [48, 33, 32, 0, 47]),
     (4, 65, 64, [65, 64, 64, 3]), (8, 96, 64, None)])
@@ -447,8 +445,8 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, way, device,
     of 33-48 (65-96) tokens is scored in one launch: the tail tokens of every query of a block
     as a second held block over the same tiles. Query lengths end some queries in the head,
     some in the tail, one before it starts; Q, D_packed, offsets and query_lengths are strided
-    views; a last block is partly empty. Rows past a document's end repeated (the default),
-    masked on every tile or on the last one."""
+    views; a last block is partly empty. Rows past a document's end repeated (the default) or
+    masked."""
     force_row_masks(monkeypatch, way)
     monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held default on a few documents
     monkeypatch.setattr(dense, "TAIL_JOIN_MIN_ROWS", 16)  # every tail block joins here
@@ -710,12 +708,12 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     kind=st.sampled_from(["plain", "single_tile", "slots", "hold_query"]),
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
-    row_masks=st.sampled_from(["default", *ROW_MASKS]),
+    row_masks=st.sampled_from(["default", "masked"]),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
                                         docs_per_program, kind, with_pids, block_d, row_masks,
                                         device, monkeypatch):
-    """Over the whole MaxSimConfig space, and each way of masking rows past a document's end: a
+    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked: a
     launch either matches the float64 reference in every element or is refused with a
     ValueError naming the config, never a silent partial result."""
     force_row_masks(monkeypatch, row_masks)

@@ -167,7 +167,7 @@ def _maxsim_dense_kernel(
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
-    REPEAT_ROWS: tl.constexpr = False, LAST_TILE_MASKS: tl.constexpr = False,
+    REPEAT_ROWS: tl.constexpr = False,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -187,10 +187,7 @@ def _maxsim_dense_kernel(
     REPEAT_ROWS (SINGLE_TILE, or the tiled path without RUNNING_MAX): a tile's rows past the
     document's end load its last row again, which cannot change a max, instead of being masked
     to -inf in every product: a select per product saved, at the cost of re-reading that row
-    (an empty document is -inf by one select per query row).
-    LAST_TILE_MASKS (the tiled path without REPEAT_ROWS or RUNNING_MAX): only a document's last,
-    partial tile has its rows past the document's end masked, behind a uniform branch; whole
-    tiles take no select."""
+    (an empty document is -inf by one select per query row)."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -300,11 +297,7 @@ def _maxsim_dense_kernel(
                                 q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
                                 NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-                            if LAST_TILE_MASKS:
-                                if t0 + BLOCK_T > doc_len:  # the partial tile's rows only
-                                    sim_tail = tl.where(mask_t[None, :], sim_tail,
-                                                        float("-inf"))
-                            elif not REPEAT_ROWS:
+                            if not REPEAT_ROWS:
                                 sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
                             tail_max = maximum_nan(tail_max, max_nan(sim_tail, 1))
                         else:
@@ -313,12 +306,7 @@ def _maxsim_dense_kernel(
                                             stride_dt, stride_dd, ROWS, BLOCK_T, BLOCK_D,
                                             NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
                                             INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-                        if LAST_TILE_MASKS:
-                            # Only a document's last, partial tile holds rows past its end: a
-                            # uniform branch instead of a select on every product.
-                            if t0 + BLOCK_T > doc_len:
-                                sim = tl.where(mask_t[None, :], sim, float("-inf"))
-                        elif not REPEAT_ROWS:
+                        if not REPEAT_ROWS:
                             sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
                 if TAIL_LQ > 0:

@@ -287,14 +287,6 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
 
 
-def _last_tile_masks(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
-    """The dense kernel's LAST_TILE_MASKS, where rows past a document's end are masked: a
-    select on the products of a document's last, partial tile only, behind a uniform branch,
-    instead of on every tile's. Off by default until timed on the GPU (`bench_dense_variants`'
-    ``last-tile masks``)."""
-    return False
-
-
 def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
     """What _maxsim_packed_flat_kernel covers: the held query over packed documents, no running
     max, no tail block, a power of two of documents a program."""
@@ -448,7 +440,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
-    repeat = _repeat_rows(B, cfg, dim)
     tokens_i32 = _tokens_i32(
         (max_doc_len if max_doc_len is not None else D.shape[-2]) + max(MIN_DOT_DIM, cfg.block_t),
         num_d_tiles, block_d, stride_dt, stride_dd)
@@ -479,8 +470,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
-        REPEAT_ROWS=repeat,
-        LAST_TILE_MASKS=not repeat and not cfg.running_max and _last_tile_masks(B, cfg, dim),
+        REPEAT_ROWS=_repeat_rows(B, cfg, dim),
         **common,
     )
     return out
