@@ -256,6 +256,8 @@ def main(argv=None) -> Path:
     ceilings = harness.measure_ceilings() if cuda else {}
     time_fn = (lambda fn: harness.time_ms(fn, warmup_ms=25, rep_ms=200)) if cuda else bg.wall_clock_ms
     sizing = bg.Sizing(max_docs=args.max_docs)
+    meta = {"rounds": args.rounds,
+            "variants": [*dict.fromkeys(["default", *args.variants]), "validate=False"]}
     rows = []
     for name in args.cells:
         cell = make_cell(name, sizing)
@@ -267,10 +269,9 @@ def main(argv=None) -> Path:
                 print(f"{cell.name:58s} {label:26s} {row['ms']:8.4f} ms  "
                       f"x default {row['ratio_to_default']:.3f}  x best peer "
                       f"{row['ratio_to_best_peer'] or float('nan'):.3f}{graph}", flush=True)
-    path = harness.write_results(rows, args.out, SUITE, ceilings=ceilings,
-                                 meta={"rounds": args.rounds,
-                                       "variants": [*dict.fromkeys(["default", *args.variants]),
-                                                    "validate=False"]})
+        # Written after every cell, so a run stopped early keeps the cells it finished.
+        path = harness.write_results(rows, args.out, SUITE, ceilings=ceilings,
+                                     meta={**meta, "cells_done": len({r["shape"] for r in rows})})
     print(harness.provenance_line(harness.provenance(), ceilings))
     print(f"wrote {path}")
     return path

@@ -286,6 +286,24 @@ def check(entry: dict) -> None:
             raise AssertionError(f"{entry['op']} {entry['input']} {way}: scores differ from validate=False")
 
 
+def summarize(entries: list[dict], times: dict, loops: dict, num_docs: int) -> list[dict]:
+    """One row per input and way: the medians of its rounds so far, and their ratios to the
+    way's baseline."""
+    rows = []
+    for i, entry in enumerate(entries):
+        for way in entry["ways"]:
+            base = baseline(way)
+            ms, loop = statistics.median(times[(i, way)]), statistics.median(loops[(i, way)])
+            rows.append({"suite": SUITE, "op": entry["op"], "input": entry["input"],
+                         "shape": f"1q Lq={QUERY_LEN} d={DIM} N={num_docs} {entry['input']}",
+                         "provider": way, "baseline": base, "ms": ms, "round_ms": times[(i, way)],
+                         "loop_ms": loop, "round_loop_ms": loops[(i, way)],
+                         "ratio_to_baseline": ms / statistics.median(times[(i, base)]),
+                         "loop_ratio_to_baseline": loop / statistics.median(loops[(i, base)]),
+                         "num_docs": num_docs})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_validate",
                                      description=__doc__.split("\n")[0])
@@ -304,6 +322,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="results/validate")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     device = torch.device(args.device)
     time_fn = _timer(device)
     g = torch.Generator().manual_seed(0)
@@ -318,12 +338,16 @@ def main(argv=None) -> int:
         print(f"checked {entry['op']} {entry['input']}: {', '.join(entry['ways'])}", flush=True)
     times = {(i, way): [] for i, e in enumerate(entries) for way in e["ways"]}
     loops = {key: [] for key in times}
+    meta = {"argv": sys.argv if argv is None else argv, "rounds": args.rounds}
     for r in range(args.rounds):
         for i, entry in enumerate(entries):
             for way, fn in entry["ways"].items():
                 times[(i, way)].append(time_fn(fn)[0])
                 loops[(i, way)].append(loop_ms(fn, device))
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
+        # Written after every round, so a run stopped early keeps the rounds it finished.
+        path = harness.write_results(summarize(entries, times, loops, args.num_docs), args.out,
+                                     SUITE, meta={**meta, "rounds_done": r + 1})
+        print(f"round {r + 1}/{args.rounds} done ({path})", flush=True)
     if args.profile:
         for entry in entries:
             for way, fn in entry["ways"].items():
@@ -334,20 +358,7 @@ def main(argv=None) -> int:
             for way, fn in entry["ways"].items():
                 print(f"\n== host profile {entry['op']} {entry['input']} {way}\n"
                       f"{host_profile(fn, device)}", flush=True)
-    rows = []
-    for i, entry in enumerate(entries):
-        for way in entry["ways"]:
-            base = baseline(way)
-            ms, loop = statistics.median(times[(i, way)]), statistics.median(loops[(i, way)])
-            rows.append({"suite": SUITE, "op": entry["op"], "input": entry["input"],
-                         "shape": f"1q Lq={QUERY_LEN} d={DIM} N={args.num_docs} {entry['input']}",
-                         "provider": way, "baseline": base, "ms": ms, "round_ms": times[(i, way)],
-                         "loop_ms": loop, "round_loop_ms": loops[(i, way)],
-                         "ratio_to_baseline": ms / statistics.median(times[(i, base)]),
-                         "loop_ratio_to_baseline": loop / statistics.median(loops[(i, base)]),
-                         "num_docs": args.num_docs})
-    path = harness.write_results(rows, args.out, SUITE,
-                                 meta={"argv": sys.argv if argv is None else argv, "rounds": args.rounds})
+    rows = summarize(entries, times, loops, args.num_docs)
     print(f"\n{'op':<16} {'input':<22} {'way':<24} {'ms':>8} {'ratio':>6} {'loop ms':>8} {'ratio':>6}")
     for row in rows:
         print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<24} {row['ms']:>8.4f} "

@@ -2,6 +2,9 @@
 the row-offset width or the rows past a document's end changed, and scores as the default
 (timing needs a GPU)."""
 
+import json
+
+import pytest
 import torch
 
 from experiments import bench_dense_variants as dv
@@ -71,3 +74,25 @@ def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):
     assert "variant 'mma' skipped: config.scoring='mma' does not cover" in capsys.readouterr().out
     # The cells the mma kernel is timed on are all ones it covers.
     assert all(dv.make_cell(name, bg.Sizing()).d % 64 == 0 for name in dv.MMA_CELLS)
+
+
+def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
+    """The results are written after every cell: a run killed in its second cell (a device
+    call's time limit) leaves the first cell's rows."""
+    real = dv.run_cell
+
+    class Stopped(Exception):
+        pass
+
+    def run_cell(cell, *args, **kwargs):
+        if cell.name != dv.make_cell("headline", bg.Sizing(max_docs=3)).name:
+            raise Stopped
+        return real(cell, *args, **kwargs)
+
+    monkeypatch.setattr(dv, "run_cell", run_cell)
+    with pytest.raises(Stopped):
+        dv.main(["--cells", "headline", "d64", "--variants", "masked rows", "--rounds", "1",
+                 "--max-docs", "3", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / f"{dv.SUITE}.json").read_text())
+    assert doc["meta"]["cells_done"] == 1
+    assert {r["variant"] for r in doc["rows"]} == {"default", "masked rows", "validate=False"}

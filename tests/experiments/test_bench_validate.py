@@ -34,6 +34,34 @@ def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
         assert row["loop_ratio_to_baseline"] == pytest.approx(row["loop_ms"] / base["loop_ms"])
 
 
+def test_a_run_stopped_early_keeps_the_rounds_it_finished(tmp_path, monkeypatch):
+    """The results are written after every round: a run killed in its second round (a device
+    call's time limit) leaves the first round's rows."""
+    monkeypatch.setattr(bv, "LOOP_CALLS", 1)
+    calls = []
+
+    class Stopped(Exception):
+        pass
+
+    def timer(device):
+        def time(fn):
+            calls.append(fn)
+            if len(calls) > 8:  # packed has 8 ways: the second round's first call
+                raise Stopped
+            return (bv.loop_ms(fn, device, 1),) * 3
+        return time
+
+    monkeypatch.setattr(bv, "_timer", timer)
+    with pytest.raises(Stopped):
+        bv.main(["--ops", "packed", "--num-docs", "6", "--rounds", "3", "--device", "cpu",
+                 "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "validate.json").read_text())
+    assert doc["meta"]["rounds_done"] == 1 and doc["meta"]["rounds"] == 3
+    assert len(doc["rows"]) == 8 and all(len(r["round_ms"]) == 1 for r in doc["rows"])
+    with pytest.raises(SystemExit):
+        bv.main(["--rounds", "0", "--device", "cpu", "--out", str(tmp_path)])
+
+
 def test_a_way_that_scores_differently_is_refused():
     entry = bv.packed_inputs(5, torch.device("cpu"), torch.Generator().manual_seed(0))[1]
     good = entry["ways"]["new pids validate=True"]
