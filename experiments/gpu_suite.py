@@ -635,6 +635,10 @@ def run_suite(suite: str, steps: list[Step], work: Path, bundle: Path, *, budget
     """Run ``steps`` into ``work`` within ``budget`` seconds, bundle ``work`` (and ``collect``) into
     ``bundle``; return 0 if every step exited 0, else 1."""
     start = time.monotonic()
+    asked = sum(step.timeout for step in steps)
+    if asked > budget:
+        print(f"the steps' limits add up to {asked:.0f} s; the {budget:.0f} s budget may cut the "
+              f"later ones short", flush=True)
     work.mkdir(parents=True, exist_ok=True)
     site = any(s.name == "wheels" for s in steps)
     (work / "commands.txt").write_text(command_text(steps, site))

@@ -395,7 +395,9 @@ def test_budget_caps_steps_and_skips_the_rest(tmp_path, fast_probe, monkeypatch,
     lines = [line.split()[:2] for line in (work / "steps.txt").read_text().splitlines()]
     assert lines == [["first", "ok"], ["long", "timeout"], ["never", "skipped"]]
     assert not (work / "never.log").exists()
-    assert "never: skipped, the suite's 2 s budget is spent" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "never: skipped, the suite's 2 s budget is spent" in out
+    assert out.startswith("the steps' limits add up to 360 s; the 2 s budget may cut")
 
 
 def test_before_after_comparison_table(tmp_path):
