@@ -345,8 +345,8 @@ def main(argv=None) -> int:
                 times[(i, way)].append(time_fn(fn)[0])
                 loops[(i, way)].append(loop_ms(fn, device))
         # Written after every round, so a run stopped early keeps the rounds it finished.
-        path = harness.write_results(summarize(entries, times, loops, args.num_docs), args.out,
-                                     SUITE, meta={**meta, "rounds_done": r + 1})
+        rows = summarize(entries, times, loops, args.num_docs)
+        path = harness.write_results(rows, args.out, SUITE, meta={**meta, "rounds_done": r + 1})
         print(f"round {r + 1}/{args.rounds} done ({path})", flush=True)
     if args.profile:
         for entry in entries:
@@ -358,7 +358,6 @@ def main(argv=None) -> int:
             for way, fn in entry["ways"].items():
                 print(f"\n== host profile {entry['op']} {entry['input']} {way}\n"
                       f"{host_profile(fn, device)}", flush=True)
-    rows = summarize(entries, times, loops, args.num_docs)
     print(f"\n{'op':<16} {'input':<22} {'way':<24} {'ms':>8} {'ratio':>6} {'loop ms':>8} {'ratio':>6}")
     for row in rows:
         print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<24} {row['ms']:>8.4f} "
