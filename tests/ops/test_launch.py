@@ -2,6 +2,7 @@
 cases, query chunks) and the config field rules."""
 
 import dataclasses
+import gc
 
 import pytest
 import torch
@@ -126,3 +127,39 @@ def test_host_cdiv_and_pow2_are_tritons():
     for x in range(1, 5000):
         assert launch_ops.pow2(x) == triton.next_power_of_2(x)
     assert launch_ops.pow2(0) == launch_ops.pow2(-3) == 1
+
+
+def test_a_frozen_config_that_passed_is_remembered_by_identity_not_equality():
+    """An equal config whose field has another type (1 == True) is checked on its own, a
+    config is remembered only against the rules it passed, and a mutable one not at all."""
+    good = Config(block_t=16, flag=True)
+    check(good)
+    assert launch_ops._passed_configs[id(good)][0]() is good
+    same_values_wrong_type = Config(block_t=16, flag=1)
+    assert same_values_wrong_type == good and hash(same_values_wrong_type) == hash(good)
+    with pytest.raises(ValueError, match="config.flag must be True or False, got 1"):
+        check(same_values_wrong_type)
+    with pytest.raises(ValueError, match="config.block_t must be a power of two >= 32"):
+        check_config_fields(good, {"block_t": launch_ops.power_of_two(32), "flag": launch_ops.FLAG})
+
+    @dataclasses.dataclass
+    class Mutable:
+        block_t: int = 16
+        flag: bool = False
+
+    mutable = Mutable()
+    check(mutable)
+    assert id(mutable) not in launch_ops._passed_configs
+    mutable.block_t = 12
+    with pytest.raises(ValueError, match="config.block_t must be a power of two >= 16, got 12"):
+        check(mutable)
+
+
+def test_a_remembered_config_is_forgotten_with_it():
+    config = Config(block_t=64)
+    check(config)
+    key = id(config)
+    assert key in launch_ops._passed_configs
+    del config
+    gc.collect()
+    assert key not in launch_ops._passed_configs

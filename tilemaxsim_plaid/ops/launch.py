@@ -4,6 +4,7 @@ configuration's fields obey, and the outer layer every MaxSim host function shar
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -122,13 +123,28 @@ NUM_WARPS: FieldRule = power_of_two(1)
 NUM_STAGES: FieldRule = at_least(1)
 
 
+# Frozen configs whose fields passed a set of rules, by identity: id -> (weak reference, rules).
+# A frozen dataclass cannot change after its check, so an op's default, passed on every call,
+# is checked once. Not by equality: 1 == True would let a field its rule refuses through.
+_passed_configs: dict[int, tuple[weakref.ref, Mapping]] = {}
+
+
 def check_config_fields(config, rules: Mapping[str, FieldRule]) -> None:
     """A ValueError naming the first field of ``config`` that its rule refuses, with what the
-    rule accepts. ``rules`` holds one rule per field of the config class."""
+    rule accepts. ``rules`` holds one rule per field of the config class. A frozen dataclass
+    that passed is remembered (``_passed_configs``) and not checked again."""
+    key = id(config)
+    entry = _passed_configs.get(key)
+    if entry is not None and entry[0]() is config and entry[1] is rules:
+        return
     for name, (accepts, allowed) in rules.items():
         value = getattr(config, name)
         if not accepts(value):
             raise ValueError(f"config.{name} must be {allowed}, got {value!r}")
+    params = getattr(type(config), "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        forget = lambda _, key=key: _passed_configs.pop(key, None)  # noqa: E731
+        _passed_configs[key] = (weakref.ref(config, forget), rules)
 
 
 def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch,

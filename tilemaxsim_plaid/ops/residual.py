@@ -209,13 +209,14 @@ CONFIG_FIELDS = {
 MMA_DEFAULT = ResidualConfig(scoring="mma", docs_per_program=residual_mma.DEFAULT_GRAB,
                              prefetch=True)
 MMA_NBITS: tuple[int, ...] = (2, 4)
+_MMA_DEFAULT_NO_PREFETCH = dataclasses.replace(MMA_DEFAULT, prefetch=False)
 
 
 def mma_default(l2_hints: bool) -> ResidualConfig:
     """MMA_DEFAULT, without its L2 prefetch where the launch takes the L2 policies
     (``residual_mma.takes_l2_hints``): the prefetch pays beside a table that L2 holds without
     them and costs beside one it is told to keep (results/PERFORMANCE_LOG.md, runs 153 and 160)."""
-    return dataclasses.replace(MMA_DEFAULT, prefetch=False) if l2_hints else MMA_DEFAULT
+    return _MMA_DEFAULT_NO_PREFETCH if l2_hints else MMA_DEFAULT
 
 
 def check_config(cfg: ResidualConfig) -> None:
