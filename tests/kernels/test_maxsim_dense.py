@@ -267,6 +267,13 @@ def test_slots_product_ahead_scores_as_the_default(d, block_d, device, monkeypat
             assert_close(ahead.masked_fill(nan, 0), ref.masked_fill(nan, 0), "maxsim_dense",
                          torch.float16)
         all_docs, by_pids = scores[True]
+        # Q, D, offsets, pids and query lengths as views with no unit stride: the same scores.
+        strided = maxsim_packed(_strided(Q), _strided(D), _strided(offsets), config=config,
+                                query_lengths=_strided(query_lengths), validate=False)
+        assert torch.equal(strided.isnan(), all_docs.isnan())
+        assert torch.equal(strided.nan_to_num(), all_docs.nan_to_num())
+        assert torch.equal(maxsim_packed(Q, _strided(D), offsets, _strided(pids), config=config,
+                                         validate=False).nan_to_num(), by_pids.nan_to_num())
         assert torch.isnan(all_docs[0, 8]) and torch.isnan(all_docs[2, 8])
         assert all_docs[1, 8] == 0  # a query of no tokens: the empty sum
         assert torch.isnan(by_pids[:, 0]).all() and not torch.isnan(by_pids[:, 1:]).any()
@@ -752,14 +759,17 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
     row_masks=st.sampled_from(["default", "masked"]),
+    product_ahead=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
                                         docs_per_program, kind, with_pids, block_d, row_masks,
-                                        device, monkeypatch):
-    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked: a
-    launch either matches the float64 reference in every element or is refused with a
-    ValueError naming the config, never a silent partial result."""
+                                        product_ahead, device, monkeypatch):
+    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked, slots'
+    products issued a chunk ahead or not: a launch either matches the float64 reference in
+    every element or is refused with a ValueError naming the config, never a silent partial
+    result."""
     force_row_masks(monkeypatch, row_masks)
+    monkeypatch.setattr(dense, "_product_ahead", lambda cfg: product_ahead)
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None
