@@ -20,9 +20,11 @@ Inputs: ``maxsim_packed`` over every document and over a permutation of them as 
 ``maxsim_padded`` on the documents padded to 128 tokens with doc_lengths; ``maxsim_residual``
 (nbits 1, 2, 4, C = 2^16, the table path with inv_norms) and ``maxsim_pq`` (M = 16, random
 codes), each over every document and over pids; flash-maxsim's default packed call in the same
-rounds where it is installed. Each way is timed twice a round: ``ms`` by ``triton.testing.do_bench``
-(L2 flushed between calls) and ``loop_ms``, LOOP_CALLS calls back to back over one
-synchronisation, divided (what a loop of calls sees, the host's work included). Before timing, every way's scores are checked equal to
+rounds where it is installed. Each way is timed three ways a round: ``ms`` by
+``triton.testing.do_bench`` (L2 flushed between calls), ``loop_ms``, LOOP_CALLS calls back to
+back over one synchronisation, divided (what a loop of calls sees, the host's work included),
+and ``host_ms``, each call alone from an idle GPU (:func:`host_ms`: the host's work per call,
+which a checked call must keep under the kernel's time). Before timing, every way's scores are checked equal to
 ``validate=False``'s, and those against the float64 reference on the first documents. Rows go
 to ``OUT/validate.json`` and ``.csv``; the table printed last gives each way's ratio to its
 baseline (:func:`baseline`) on the same input.
@@ -216,6 +218,26 @@ def baseline(way: str) -> str:
     return "inference tensors validate=False" if way == "inference tensors" else "validate=False"
 
 
+def host_ms(fn, device, calls: int | None = None) -> float:
+    """ms of the host's work per call: each of ``calls`` (default LOOP_CALLS) calls timed alone
+    from an idle GPU (synchronised before it, not after), so a call's time is its Python and
+    launches, and for a checked call its wait for its own check kernels (nothing else is
+    queued ahead of them). A checked call is read before it returns, so the host runs at most
+    one call ahead: where this passes the kernel's time, the GPU idles between calls and a
+    loop of calls takes the host's time, not the kernel's."""
+    calls = calls or LOOP_CALLS
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    total = 0.0
+    for _ in range(calls):
+        sync()
+        start = time.perf_counter()
+        fn()
+        total += time.perf_counter() - start
+    sync()
+    return total * 1e3 / calls
+
+
 def loop_ms(fn, device, calls: int | None = None) -> float:
     """ms per call of ``calls`` (default LOOP_CALLS) calls back to back, one synchronisation at
     the end."""
@@ -286,7 +308,8 @@ def check(entry: dict) -> None:
             raise AssertionError(f"{entry['op']} {entry['input']} {way}: scores differ from validate=False")
 
 
-def summarize(entries: list[dict], times: dict, loops: dict, num_docs: int) -> list[dict]:
+def summarize(entries: list[dict], times: dict, loops: dict, hosts: dict,
+              num_docs: int) -> list[dict]:
     """One row per input and way: the medians of its rounds so far, and their ratios to the
     way's baseline."""
     rows = []
@@ -298,6 +321,8 @@ def summarize(entries: list[dict], times: dict, loops: dict, num_docs: int) -> l
                          "shape": f"1q Lq={QUERY_LEN} d={DIM} N={num_docs} {entry['input']}",
                          "provider": way, "baseline": base, "ms": ms, "round_ms": times[(i, way)],
                          "loop_ms": loop, "round_loop_ms": loops[(i, way)],
+                         "host_ms": statistics.median(hosts[(i, way)]),
+                         "round_host_ms": hosts[(i, way)],
                          "ratio_to_baseline": ms / statistics.median(times[(i, base)]),
                          "loop_ratio_to_baseline": loop / statistics.median(loops[(i, base)]),
                          "num_docs": num_docs})
@@ -338,14 +363,16 @@ def main(argv=None) -> int:
         print(f"checked {entry['op']} {entry['input']}: {', '.join(entry['ways'])}", flush=True)
     times = {(i, way): [] for i, e in enumerate(entries) for way in e["ways"]}
     loops = {key: [] for key in times}
+    hosts = {key: [] for key in times}
     meta = {"argv": sys.argv if argv is None else argv, "rounds": args.rounds}
     for r in range(args.rounds):
         for i, entry in enumerate(entries):
             for way, fn in entry["ways"].items():
                 times[(i, way)].append(time_fn(fn)[0])
                 loops[(i, way)].append(loop_ms(fn, device))
+                hosts[(i, way)].append(host_ms(fn, device))
         # Written after every round, so a run stopped early keeps the rounds it finished.
-        rows = summarize(entries, times, loops, args.num_docs)
+        rows = summarize(entries, times, loops, hosts, args.num_docs)
         path = harness.write_results(rows, args.out, SUITE, meta={**meta, "rounds_done": r + 1})
         print(f"round {r + 1}/{args.rounds} done ({path})", flush=True)
     if args.profile:
@@ -358,10 +385,14 @@ def main(argv=None) -> int:
             for way, fn in entry["ways"].items():
                 print(f"\n== host profile {entry['op']} {entry['input']} {way}\n"
                       f"{host_profile(fn, device)}", flush=True)
-    print(f"\n{'op':<16} {'input':<22} {'way':<24} {'ms':>8} {'ratio':>6} {'loop ms':>8} {'ratio':>6}")
+    print(f"\n{'op':<16} {'input':<22} {'way':<24} {'ms':>8} {'ratio':>6} {'loop ms':>8} {'ratio':>6} "
+          f"{'host ms':>8}")
     for row in rows:
         print(f"{row['op']:<16} {row['input']:<22} {row['provider']:<24} {row['ms']:>8.4f} "
-              f"{row['ratio_to_baseline']:>6.3f} {row['loop_ms']:>8.4f} {row['loop_ratio_to_baseline']:>6.3f}")
+              f"{row['ratio_to_baseline']:>6.3f} {row['loop_ms']:>8.4f} {row['loop_ratio_to_baseline']:>6.3f} "
+              f"{row['host_ms']:>8.4f}")
+    print("host ms: a call's host work from an idle GPU; a checked way whose host ms passes its "
+          "baseline's ms leaves the GPU idle between calls (host_ms)")
     print(f"wrote {path}")
     return 0
 

@@ -26,6 +26,7 @@ def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
                     ("pids", "new pids validate=True")}
     for row in rows:
         assert row["ms"] > 0 and row["loop_ms"] > 0 and len(row["round_ms"]) == 1
+        assert row["host_ms"] > 0 and row["round_host_ms"] == [row["host_ms"]]
         base = next(r for r in rows if r["input"] == row["input"] and r["provider"] == row["baseline"])
         assert row["baseline"] == ("new pids validate=False" if "new" in row["provider"] else
                                    "inference tensors validate=False"
@@ -88,3 +89,15 @@ def test_host_profile_names_the_python_functions():
 
     table = bv.host_profile(call_me, torch.device("cpu"), calls=3)
     assert "call_me" in table and "function calls" in table
+
+
+def test_host_ms_times_each_call_alone_from_an_idle_device(monkeypatch):
+    """host_ms synchronises before every call and times the call alone: the device's queue is
+    drained before each call (outside the timed span), and one untimed call comes first."""
+    events = []
+    monkeypatch.setattr(bv.torch.cuda, "synchronize", lambda: events.append("sync"))
+    ticks = iter(range(100))
+    monkeypatch.setattr(bv.time, "perf_counter", lambda: float(next(ticks)))
+    ms = bv.host_ms(lambda: events.append("call"), torch.device("cuda"), calls=3)
+    assert events == ["call", "sync", "call", "sync", "call", "sync", "call", "sync"]
+    assert ms == pytest.approx(1e3)  # one tick (second) a call
