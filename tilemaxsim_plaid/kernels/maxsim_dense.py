@@ -463,6 +463,7 @@ def _maxsim_packed_slots_kernel(
     pid_qblock = pid % num_qgroups
     pid_docs = pid // num_qgroups
     BLOCK_R: tl.constexpr = DOCS_PER_TILE * SLOT_T
+    ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
 
     offs_g = pid_docs.to(tl.int64) * DOCS_PER_TILE + tl.arange(0, DOCS_PER_TILE)
     mask_g = offs_g < num_out_docs
@@ -484,37 +485,33 @@ def _maxsim_packed_slots_kernel(
 
     offs_b, offs_i, mask_q = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-    best = tl.full([QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE], float("-inf"), tl.float32)
+    best = tl.full([ROWS, DOCS_PER_TILE], float("-inf"), tl.float32)
     if PRODUCT_AHEAD:
         t_cur = tl.zeros_like(max_len)  # the loop's token type (int32 or int64)
         sim = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok, 0,
-                             dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                             QUERIES_PER_BLOCK * LQ, BLOCK_R, BLOCK_D, NUM_D_TILES,
-                             INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+                             dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS,
+                             BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
         for t0 in range(SLOT_T, max_len, SLOT_T):
             ahead = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok,
-                                   t0, dim, stride_qb, stride_qt, stride_qd, stride_dt,
-                                   stride_dd, QUERIES_PER_BLOCK * LQ, BLOCK_R, BLOCK_D,
-                                   NUM_D_TILES, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-            best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len,
-                                                      QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE,
-                                                      SLOT_T, REPEAT_ROWS))
+                                   t0, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
+                                   ROWS, BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST,
+                                   REPEAT_ROWS)
+            best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len, ROWS,
+                                                      DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
             sim = ahead
             t_cur = t0
         # The last chunk (with no documents, the first: rows masked or, repeated, ruled out
         # by the lengths below).
-        best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len,
-                                                  QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE,
-                                                  SLOT_T, REPEAT_ROWS))
+        best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len, ROWS,
+                                                  DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
     else:
         for t0 in range(0, max_len, SLOT_T):
             sim = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok,
                                  t0, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                                 QUERIES_PER_BLOCK * LQ, BLOCK_R, BLOCK_D, NUM_D_TILES,
-                                 INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-            best = maximum_nan(best, _slots_chunk_max(sim, t0 + row_tok, row_len,
-                                                      QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE,
-                                                      SLOT_T, REPEAT_ROWS))
+                                 ROWS, BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST,
+                                 REPEAT_ROWS)
+            best = maximum_nan(best, _slots_chunk_max(sim, t0 + row_tok, row_len, ROWS,
+                                                      DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
     if REPEAT_ROWS:
         best = tl.where(lengths[None, :] > 0, best, float("-inf"))
 

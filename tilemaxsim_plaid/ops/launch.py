@@ -143,8 +143,11 @@ def check_config_fields(config, rules: Mapping[str, FieldRule]) -> None:
             raise ValueError(f"config.{name} must be {allowed}, got {value!r}")
     params = getattr(type(config), "__dataclass_params__", None)
     if params is not None and params.frozen:
-        forget = lambda _, key=key: _passed_configs.pop(key, None)  # noqa: E731
-        _passed_configs[key] = (weakref.ref(config, forget), rules)
+        try:
+            ref = weakref.ref(config, lambda _, key=key: _passed_configs.pop(key, None))
+        except TypeError:  # a class with __slots__ and no __weakref__: checked every time
+            return
+        _passed_configs[key] = (ref, rules)
 
 
 def launch_in_query_chunks(Q3: torch.Tensor, query_lengths, num_out_docs: int, launch,
