@@ -327,19 +327,6 @@ def dense_mma(work: Path, opts) -> list[Step]:
                                      "--out", str(work / "dense-mma")), 300)]
 
 
-def slots_ahead(work: Path, opts) -> list[Step]:
-    """The GPU tests of the slots kernel (its products issued a chunk ahead among them), then the
-    dense default beside the same launches with PRODUCT_AHEAD, and the peers, on the B >= 4
-    packed cells, 3 alternated rounds (about 2 minutes)."""
-    from experiments.bench_dense_variants import SEVERAL_QUERY_CELLS
-
-    return [Step("slots-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
-                                 "-k", "slots or product_ahead"), 100),
-            Step("slots-ahead", module("experiments.bench_dense_variants", "--cells",
-                                       *SEVERAL_QUERY_CELLS, "--variants", "product ahead",
-                                       "--rounds", "3", "--out", str(work / "slots-ahead")), 240)]
-
-
 def dense_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the dense op's default launches where the grid is below its targets
     beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
@@ -517,9 +504,6 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
-    "slots-ahead": Suite("GPU tests of the slots kernel; the dense default beside its products "
-                         "issued a chunk ahead (PRODUCT_AHEAD) and the peers, B >= 4 packed",
-                         slots_ahead),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
     "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "

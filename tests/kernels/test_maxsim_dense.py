@@ -230,56 +230,6 @@ def test_slots_with_64_bit_lengths_score_as_32_bit_ones(device, monkeypatch):
         assert_close(wide, ref, "maxsim_dense", torch.float16)
 
 
-
-@pytest.mark.parametrize("d,block_d", [pytest.param(128, None, id="d128"),
-                                       pytest.param(96, 32, id="d96-3x32")])
-def test_slots_product_ahead_scores_as_the_default(d, block_d, device, monkeypatch):
-    """The slots loop with each chunk's product issued before the previous chunk's maxima
-    (PRODUCT_AHEAD) scores as the loop without it, bit for bit on a GPU, and as the reference:
-    tiles whose documents take no chunk (all empty), one chunk (the prologue's product alone)
-    and several, rows repeated and masked, pids, query lengths, and a NaN in one document's
-    last chunk that reaches its scores only."""
-    lengths = [0, 0, 3, 17, 1, 0, 33, 2, 40, 16, 15, 0]
-    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
-    D[int(offsets[9]) - 1, 5] = float("nan")  # document 8's last row: its fourth chunk
-    Q = _rand(3, 13, d, dtype=torch.float16, device=device)
-    query_lengths = torch.tensor([13, 0, 6], device=device)
-    pids = torch.tensor([8, 0, 1, 5, 3, 6, 11, 2], device=device)
-    config = MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2, slots=True,
-                          block_d=block_d)
-    for repeat in (True, False):
-        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim, r=repeat: r)
-        scores = {}
-        for ahead in (False, True):
-            monkeypatch.setattr(dense, "_product_ahead", lambda cfg, a=ahead: a)
-            scores[ahead] = (
-                maxsim_packed(Q, D, offsets, config=config, query_lengths=query_lengths,
-                              validate=False),
-                maxsim_packed(Q, D, offsets, pids, config=config, validate=False))
-        refs = (reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths),
-                reference.maxsim_packed(Q, D, offsets, pids))
-        for plain, ahead, ref in zip(scores[False], scores[True], refs):
-            if ahead.is_cuda:
-                assert torch.equal(ahead, plain)
-            ahead, ref = ahead.cpu(), ref.cpu()
-            nan = torch.isnan(ref)
-            assert torch.equal(torch.isnan(ahead), nan)
-            assert_close(ahead.masked_fill(nan, 0), ref.masked_fill(nan, 0), "maxsim_dense",
-                         torch.float16)
-        all_docs, by_pids = scores[True]
-        # Q, D, offsets, pids and query lengths as views with no unit stride: the same scores.
-        strided = maxsim_packed(_strided(Q), _strided(D), _strided(offsets), config=config,
-                                query_lengths=_strided(query_lengths), validate=False)
-        assert torch.equal(strided.isnan(), all_docs.isnan())
-        assert torch.equal(strided.nan_to_num(), all_docs.nan_to_num())
-        assert torch.equal(maxsim_packed(Q, _strided(D), offsets, _strided(pids), config=config,
-                                         validate=False).nan_to_num(), by_pids.nan_to_num())
-        assert torch.isnan(all_docs[0, 8]) and torch.isnan(all_docs[2, 8])
-        assert all_docs[1, 8] == 0  # a query of no tokens: the empty sum
-        assert torch.isnan(by_pids[:, 0]).all() and not torch.isnan(by_pids[:, 1:]).any()
-        assert torch.isinf(all_docs[0, 0]) and all_docs[0, 0] < 0
-
-
 FLAT_CONFIGS = [
     pytest.param(1, 32, 128, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
                                           num_warps=1), id="one-warp-32-rows"),
@@ -759,17 +709,14 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
     row_masks=st.sampled_from(["default", "masked"]),
-    product_ahead=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
                                         docs_per_program, kind, with_pids, block_d, row_masks,
-                                        product_ahead, device, monkeypatch):
-    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked, slots'
-    products issued a chunk ahead or not: a launch either matches the float64 reference in
-    every element or is refused with a ValueError naming the config, never a silent partial
-    result."""
+                                        device, monkeypatch):
+    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked: a
+    launch either matches the float64 reference in every element or is refused with a
+    ValueError naming the config, never a silent partial result."""
     force_row_masks(monkeypatch, row_masks)
-    monkeypatch.setattr(dense, "_product_ahead", lambda cfg: product_ahead)
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None

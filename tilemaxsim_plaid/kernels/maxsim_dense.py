@@ -396,43 +396,6 @@ def _maxsim_packed_flat_kernel(
 
 
 @triton.jit
-def _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok, t0, dim,
-                   stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                   ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                   NUM_D_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr, REPEAT_ROWS: tl.constexpr):
-    """[ROWS, BLOCK_R] fp32 products of the query block with token chunk t0 of a slot tile's
-    documents (_maxsim_packed_slots_kernel): rows past a document's end are 0 here, or with
-    REPEAT_ROWS its last row's products again."""
-    tok = t0 + row_tok
-    if REPEAT_ROWS:
-        tok = tl.minimum(tok, tl.maximum(row_len - 1, 0))  # masked: empty documents only
-    mask_row = tok < row_len
-    sim = tl.zeros([ROWS, BLOCK_R], tl.float32)
-    for k in range(NUM_D_TILES):
-        q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_q, k * BLOCK_D, dim,
-                                  stride_qb, stride_qt, stride_qd, BLOCK_D)
-        offs_d = k * BLOCK_D + tl.arange(0, BLOCK_D)
-        p_tile = p_d + (row_start + tok)[:, None] * stride_dt + offs_d[None, :] * stride_dd
-        # [BLOCK_R, BLOCK_D]: rows of the tile's documents, each row a contiguous load.
-        d_tile = tl.load(p_tile, mask=mask_row[:, None] & (offs_d[None, :] < dim), other=0.0)
-        # [ROWS, BLOCK_D] @ [BLOCK_D, BLOCK_R] -> [ROWS, BLOCK_R]
-        sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
-    return sim
-
-
-@triton.jit
-def _slots_chunk_max(sim, tok, row_len, ROWS: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
-                     SLOT_T: tl.constexpr, REPEAT_ROWS: tl.constexpr):
-    """[ROWS, DOCS_PER_TILE]: the max of each document's products in a chunk whose row r is
-    token tok[r] of its document (rows past its end -inf, or with REPEAT_ROWS its last row)."""
-    if not REPEAT_ROWS:
-        sim = tl.where((tok < row_len)[None, :], sim, float("-inf"))
-    # [ROWS, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
-    return max_nan(tl.reshape(sim, [ROWS, DOCS_PER_TILE, SLOT_T]), 2)
-
-
-@triton.jit
 def _maxsim_packed_slots_kernel(
     p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
     num_out_docs, num_queries, Lq, dim,
@@ -445,7 +408,7 @@ def _maxsim_packed_slots_kernel(
     SLOT_T: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
     BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REPEAT_ROWS: tl.constexpr = False,
-    TOKENS_I32: tl.constexpr = False, PRODUCT_AHEAD: tl.constexpr = False,
+    TOKENS_I32: tl.constexpr = False,
 ):
     """Packed documents side by side: one tile holds DOCS_PER_TILE documents, SLOT_T tokens of
     each ([DOCS_PER_TILE * SLOT_T, BLOCK_D] rows gathered from their own offsets), so one
@@ -454,16 +417,13 @@ def _maxsim_packed_slots_kernel(
     document's length are masked (never fetched) and are -inf in the max; with REPEAT_ROWS they
     load the document's last row again instead (no select per product; _maxsim_dense_kernel).
     TOKENS_I32: every document's length fits int32 (token positions in 32-bit compares; rows
-    are still addressed from 64-bit starts). PRODUCT_AHEAD: the next chunk's product is issued
-    before this chunk's maxima are taken, so the tensor cores multiply while the maxima are
-    reduced (two products live at once) instead of waiting for each other.
+    are still addressed from 64-bit starts).
 
     Shapes as _maxsim_dense_kernel (packed, optional pids); out: fp32 [B, M]."""
     pid = tl.program_id(0)
     pid_qblock = pid % num_qgroups
     pid_docs = pid // num_qgroups
     BLOCK_R: tl.constexpr = DOCS_PER_TILE * SLOT_T
-    ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
 
     offs_g = pid_docs.to(tl.int64) * DOCS_PER_TILE + tl.arange(0, DOCS_PER_TILE)
     mask_g = offs_g < num_out_docs
@@ -485,33 +445,27 @@ def _maxsim_packed_slots_kernel(
 
     offs_b, offs_i, mask_q = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-    best = tl.full([ROWS, DOCS_PER_TILE], float("-inf"), tl.float32)
-    if PRODUCT_AHEAD:
-        t_cur = tl.zeros_like(max_len)  # the loop's token type (int32 or int64)
-        sim = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok, 0,
-                             dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS,
-                             BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
-        for t0 in range(SLOT_T, max_len, SLOT_T):
-            ahead = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok,
-                                   t0, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                                   ROWS, BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST,
-                                   REPEAT_ROWS)
-            best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len, ROWS,
-                                                      DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
-            sim = ahead
-            t_cur = t0
-        # The last chunk (with no documents, the first: rows masked or, repeated, ruled out
-        # by the lengths below).
-        best = maximum_nan(best, _slots_chunk_max(sim, t_cur + row_tok, row_len, ROWS,
-                                                  DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
-    else:
-        for t0 in range(0, max_len, SLOT_T):
-            sim = _slots_product(p_q, p_d, offs_b, offs_i, mask_q, row_start, row_len, row_tok,
-                                 t0, dim, stride_qb, stride_qt, stride_qd, stride_dt, stride_dd,
-                                 ROWS, BLOCK_R, BLOCK_D, NUM_D_TILES, INPUT_PRECISION, UPCAST,
-                                 REPEAT_ROWS)
-            best = maximum_nan(best, _slots_chunk_max(sim, t0 + row_tok, row_len, ROWS,
-                                                      DOCS_PER_TILE, SLOT_T, REPEAT_ROWS))
+    best = tl.full([QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE], float("-inf"), tl.float32)
+    for t0 in range(0, max_len, SLOT_T):
+        tok = t0 + row_tok
+        if REPEAT_ROWS:
+            tok = tl.minimum(tok, tl.maximum(row_len - 1, 0))  # masked: empty documents only
+        mask_row = tok < row_len
+        sim = tl.zeros([QUERIES_PER_BLOCK * LQ, BLOCK_R], tl.float32)
+        for k in range(NUM_D_TILES):
+            q_tile = _load_query_tile(p_q, offs_b, offs_i, mask_q, k * BLOCK_D, dim,
+                                      stride_qb, stride_qt, stride_qd, BLOCK_D)
+            offs_d = k * BLOCK_D + tl.arange(0, BLOCK_D)
+            p_tile = p_d + (row_start + tok)[:, None] * stride_dt + offs_d[None, :] * stride_dd
+            # [BLOCK_R, BLOCK_D]: rows of DOCS_PER_TILE documents, each row a contiguous load.
+            d_tile = tl.load(p_tile, mask=mask_row[:, None] & (offs_d[None, :] < dim), other=0.0)
+            # [BLOCK_Q, BLOCK_D] @ [BLOCK_D, BLOCK_R] -> [BLOCK_Q, BLOCK_R]
+            sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
+        if not REPEAT_ROWS:
+            sim = tl.where(mask_row[None, :], sim, float("-inf"))
+        # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
+        chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), 2)
+        best = maximum_nan(best, chunk_max)
     if REPEAT_ROWS:
         best = tl.where(lengths[None, :] > 0, best, float("-inf"))
 
