@@ -133,9 +133,10 @@ def _colbert_config(corpus, nbits: int, path: pathlib.Path) -> dict:
     return exported
 
 
-def _centroids(corpus, num_centroids: int, seed: int, kmeans_iters: int,
-               device) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """``(centroids fp16 [C, d], heldout fp16 [<=50k, d], how)`` from fast-plaid's sample."""
+def _centroids(corpus, num_centroids: int, seed: int, kmeans_iters: int, device,
+               log: Callable[[str], None] = print) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``(centroids fp16 [C, d], heldout fp16 [<=50k, d], how)`` from fast-plaid's sample:
+    fast-plaid's own k-means on a GPU where it imports, else a torch one (logged on a GPU)."""
     sample = kmeans_sample_pids(corpus.num_passages, seed)
     chunk_of = sample // corpus.chunk_passages
     parts = []
@@ -149,15 +150,21 @@ def _centroids(corpus, num_centroids: int, seed: int, kmeans_iters: int,
     heldout = tokens[-min(HELDOUT_EMBEDDINGS, max(1, tokens.shape[0] // 20)):]
     try:
         from fast_plaid.search.fast_plaid import compute_kmeans
-    except ImportError:
-        compute_kmeans = None
+    except ImportError as err:
+        compute_kmeans, missing = None, err
     if compute_kmeans is not None and torch.device(device).type == "cuda":
         centroids = compute_kmeans(documents_embeddings=[tokens], dim=tokens.shape[1],
                                    device=str(torch.device(device)), kmeans_niters=kmeans_iters,
                                    max_points_per_centroid=256, seed=seed, n_samples_kmeans=1,
                                    num_partitions=num_centroids)
         return centroids.half(), heldout, "fast-plaid compute_kmeans"
+    if compute_kmeans is None and torch.device(device).type == "cuda":
+        log(f"fast-plaid's compute_kmeans cannot be imported ({missing}); torch k-means instead")
     return _spherical_kmeans(tokens, num_centroids, kmeans_iters, seed, device), heldout, "torch k-means"
+
+
+# Similarities of the torch k-means held at once (fp32): its assignment runs over blocks of rows.
+KMEANS_BLOCK_BYTES = 1 << 30
 
 
 def _spherical_kmeans(tokens: torch.Tensor, k: int, iters: int, seed: int, device) -> torch.Tensor:
@@ -165,8 +172,9 @@ def _spherical_kmeans(tokens: torch.Tensor, k: int, iters: int, seed: int, devic
     X = tokens.to(device=device, dtype=torch.float32)
     k = min(k, X.shape[0])
     centroids = X[torch.randperm(X.shape[0], generator=generator)[:k].to(X.device)].clone()
+    rows = max(1, KMEANS_BLOCK_BYTES // (4 * max(1, k)))
     for _ in range(iters):
-        assign = (X @ centroids.T).argmax(1)
+        assign = torch.cat([(block @ centroids.T).argmax(1) for block in X.split(rows)])
         sums = torch.zeros_like(centroids).index_add_(0, assign, X)
         counts = torch.bincount(assign, minlength=k)
         centroids = torch.where(counts[:, None] > 0, sums, centroids)
@@ -205,7 +213,7 @@ def write_shared_index(corpus, root, *, nbits: int = 2, num_centroids: int | Non
     T, N, d = corpus.num_embeddings, corpus.num_passages, corpus.dim
     if codec is None:
         C = num_centroids or num_partitions_for(T)  # colbert-ai's rule, which fast-plaid shares
-        centroids, heldout, how = _centroids(corpus, C, seed, kmeans_iters, corpus.device)
+        centroids, heldout, how = _centroids(corpus, C, seed, kmeans_iters, corpus.device, log)
         codec = train_bucket_codec(heldout.to(corpus.device), centroids.to(corpus.device), nbits)
         codec["centroids"] = centroids.cpu()
     else:

@@ -143,6 +143,19 @@ def test_exact_topk_merges_chunks_like_one_pass():
     assert (merged.pids[:, :2] == torch.tensor([7, 30])).all()
 
 
+def test_torch_kmeans_assigns_in_blocks_as_in_one_pass(monkeypatch):
+    """The torch k-means (where fast-plaid's does not import) bounds the similarities it holds
+    at once: blocks of rows give the centroids one pass gives."""
+    from experiments import engine_index
+
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.nn.functional.normalize(torch.randn(300, 16, generator=g), dim=-1)
+    whole = engine_index._spherical_kmeans(tokens, 12, 3, 0, "cpu")
+    monkeypatch.setattr(engine_index, "KMEANS_BLOCK_BYTES", 7 * 4 * 12)  # 7 rows a block
+    assert torch.equal(engine_index._spherical_kmeans(tokens, 12, 3, 0, "cpu"), whole)
+    assert whole.shape == (12, 16) and whole.dtype == torch.float16
+
+
 def test_recall_and_success():
     from experiments.bench_engines import recall_at, success_at
 
