@@ -670,6 +670,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.exact_queries > args.latency_queries:
         parser.error("--exact-queries cannot exceed --latency-queries")
+    try:  # before a build of minutes: the index writer and two of the engines are colbert-ai's
+        importlib.import_module("colbert.infra.config")
+    except ImportError as error:
+        parser.error(f"colbert-ai cannot be imported ({error}); pip install colbert-ai==0.2.22")
     if args.embeddings is not None:
         try:  # the directory is checked before anything is built (its arrays are memory-mapped)
             EmbeddingCorpus(args.embeddings)

@@ -336,6 +336,20 @@ def test_embedding_corpus_refuses_a_missing_directory(tmp_path):
         EmbeddingCorpus(tmp_path / "nowhere")
 
 
+def test_bench_engines_refuses_to_start_without_colbert_ai(tmp_path, capsys, monkeypatch):
+    """Without colbert-ai the run stops before building anything, saying what to install."""
+    import sys
+
+    from experiments import bench_engines
+
+    monkeypatch.setitem(sys.modules, "colbert.infra.config", None)  # import raises ImportError
+    with pytest.raises(SystemExit):
+        bench_engines.main(["--passages", "50", "--work", str(tmp_path / "work"),
+                            "--out", str(tmp_path / "out")])
+    assert "colbert-ai cannot be imported" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+
+
 def test_bench_engines_refuses_a_bad_embeddings_argument(tmp_path, capsys):
     from experiments import bench_engines
 
