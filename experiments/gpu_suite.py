@@ -142,8 +142,13 @@ ENGINES_FAST = ("--latency-queries", "100", "--exact-queries", "100", "--colbert
                 "--work", "/tmp/engines")
 
 
+# What the engines suites need in .whl beyond the GPU image (python 3.12 wheels): colbert-ai
+# 0.2.22 with ujson, bitarray, GitPython, gitdb and smmap (its imports; faiss only for its own
+# indexer), fast-plaid 1.7.0.2110 with fastkmeans 0.5.0, usearch and numkong.
+
+
 def engines(work: Path, opts) -> list[Step]:
-    """The three engines at 100k and 1M passages (about 4 minutes on the H200)."""
+    """The three engines at 100k and 1M passages (about 4 minutes on the H200, 3.5 on an H100)."""
     return [Step("bench-engines", module("experiments.bench_engines", "--passages", "100000", "1000000",
                                          "--fairness", "--fast-plaid-create-max", "100000",
                                          "--stock-queries", "30", *ENGINES_FAST,
