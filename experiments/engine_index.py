@@ -148,18 +148,19 @@ def _centroids(corpus, num_centroids: int, seed: int, kmeans_iters: int, device,
         parts.append(E[torch.from_numpy(rows).to(E.device)].cpu())
     tokens = torch.cat(parts)
     heldout = tokens[-min(HELDOUT_EMBEDDINGS, max(1, tokens.shape[0] // 20)):]
+    on_gpu = torch.device(device).type == "cuda"
     try:
         from fast_plaid.search.fast_plaid import compute_kmeans
     except ImportError as err:
-        compute_kmeans, missing = None, err
-    if compute_kmeans is not None and torch.device(device).type == "cuda":
+        compute_kmeans = None
+        if on_gpu:
+            log(f"fast-plaid's compute_kmeans cannot be imported ({err}); torch k-means instead")
+    if compute_kmeans is not None and on_gpu:
         centroids = compute_kmeans(documents_embeddings=[tokens], dim=tokens.shape[1],
                                    device=str(torch.device(device)), kmeans_niters=kmeans_iters,
                                    max_points_per_centroid=256, seed=seed, n_samples_kmeans=1,
                                    num_partitions=num_centroids)
         return centroids.half(), heldout, "fast-plaid compute_kmeans"
-    if compute_kmeans is None and torch.device(device).type == "cuda":
-        log(f"fast-plaid's compute_kmeans cannot be imported ({missing}); torch k-means instead")
     return _spherical_kmeans(tokens, num_centroids, kmeans_iters, seed, device), heldout, "torch k-means"
 
 

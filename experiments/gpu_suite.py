@@ -148,7 +148,7 @@ ENGINES_FAST = ("--latency-queries", "100", "--exact-queries", "100", "--colbert
 
 
 def engines(work: Path, opts) -> list[Step]:
-    """The three engines at 100k and 1M passages (about 4 minutes on the H200, 3.5 on an H100)."""
+    """The three engines at 100k and 1M passages (about 4 minutes on the H200, 3 on an H100)."""
     return [Step("bench-engines", module("experiments.bench_engines", "--passages", "100000", "1000000",
                                          "--fairness", "--fast-plaid-create-max", "100000",
                                          "--stock-queries", "30", *ENGINES_FAST,
