@@ -17,11 +17,6 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
-* ``token major``, ``token major 8x8``: the default launch where it takes the slots kernel
-  (several queries over packed documents) with the tile's rows ordered token by token across
-  its documents (the kernel's ``TOKEN_MAJOR``: each thread's accumulator columns hold one
-  document's tokens, so a chunk's maxima need fewer or no shuffles), in the default's 4
-  documents of 16-token slots or in 8 documents of 8-token slots;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -42,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import statistics
 from pathlib import Path
 
@@ -104,9 +98,6 @@ TILE_WALK_CELLS = ("headline", "d128-lognormal-30", "d64-lognormal-30", "Lq64", 
                    "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded")
 NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-heavy-512",
                     "d64-uniform", "d80", "d96-lognormal-30")
-# Several queries over packed documents, where the default takes the slots kernel (B = 4 at
-# Lq = 33 as 32 + 1 tokens).
-SEVERAL_QUERY_CELLS = ("B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33")
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
@@ -144,25 +135,6 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
-def _token_major_switch(docs: int | None = None, slot: int | None = None):
-    """TOKEN_MAJOR on; with ``docs`` and ``slot``, the default's slots configs take that many
-    documents of ``slot``-token slots."""
-    saved_major, saved_config = dense._token_major, dense.default_config
-
-    def config(*args, **kwargs):
-        cfg = saved_config(*args, **kwargs)
-        return dataclasses.replace(cfg, block_t=slot, docs_per_program=docs) if cfg.slots else cfg
-
-    dense._token_major = lambda: True
-    if docs is not None:
-        dense.default_config = config
-    try:
-        yield
-    finally:
-        dense._token_major, dense.default_config = saved_major, saved_config
-
-
-@contextlib.contextmanager
 def _flat_switch(flat: bool):
     saved = dense._flat_documents
     dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
@@ -179,9 +151,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "masked rows": lambda: _repeat_switch(False),
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
-            "loop per document": lambda: _flat_switch(False),
-            "token major": _token_major_switch,
-            "token major 8x8": lambda: _token_major_switch(8, 8)}
+            "loop per document": lambda: _flat_switch(False)}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

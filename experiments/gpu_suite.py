@@ -332,20 +332,6 @@ def dense_mma(work: Path, opts) -> list[Step]:
                                      "--out", str(work / "dense-mma")), 300)]
 
 
-def slots_order(work: Path, opts) -> list[Step]:
-    """The GPU tests of the slots kernel (its rows token by token among them), then the dense
-    default beside TOKEN_MAJOR in the default's slots and in 8 x 8 ones, on the B >= 4 packed
-    cells, 3 alternated rounds (about 2 minutes)."""
-    from experiments.bench_dense_variants import SEVERAL_QUERY_CELLS
-
-    return [Step("slots-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
-                                 "-k", "slots or any_config"), 100),
-            Step("slots-order", module("experiments.bench_dense_variants", "--cells",
-                                       *SEVERAL_QUERY_CELLS, "--variants", "token major",
-                                       "token major 8x8", "--rounds", "3",
-                                       "--out", str(work / "slots-order")), 240)]
-
-
 def dense_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the dense op's default launches where the grid is below its targets
     beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
@@ -523,9 +509,6 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
-    "slots-order": Suite("GPU tests of the slots kernel; the dense default beside its rows token "
-                         "by token (TOKEN_MAJOR, 4 x 16 and 8 x 8 slots), B >= 4 packed",
-                         slots_order),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
     "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "

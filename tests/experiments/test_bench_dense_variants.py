@@ -45,22 +45,6 @@ def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     assert dense._flat_documents is rule
 
 
-def test_token_major_variants_switch_the_slots_and_restore_the_rule():
-    rule, configs = dense._token_major, dense.default_config
-    slots = configs(16, 16, None, 128, variable_lengths=True)
-    assert slots.slots and not rule()
-    with dv.VARIANTS["token major"]():
-        assert dense._token_major() and dense.default_config is configs
-    with dv.VARIANTS["token major 8x8"]():
-        assert dense._token_major()
-        cfg = dense.default_config(16, 16, None, 128, variable_lengths=True)
-        assert (cfg.block_t, cfg.docs_per_program, cfg.queries_per_block) == (
-            8, 8, slots.queries_per_block)
-        one = dense.default_config(1, 32, None, 128, variable_lengths=True)
-        assert one == configs(1, 32, None, 128, variable_lengths=True)  # no slots: as it was
-    assert dense._token_major is rule and dense.default_config is configs
-
-
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     full = {c.key: c for c in bg.build_cells("full")}
     sizing = bg.Sizing(max_docs=3)
@@ -75,11 +59,10 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     assert rows[0]["ratio_to_default"] == 1.0
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
-                       ("masked rows", "repeated rows", "flat documents", "loop per document",
-                        "token major", "token major 8x8"))
+                       ("masked rows", "repeated rows", "flat documents", "loop per document"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
-                                            "token major", "token major 8x8", "validate=False"]
+                                            "validate=False"]
 
 
 def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):

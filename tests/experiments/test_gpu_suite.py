@@ -139,13 +139,6 @@ EXPECTED = {
                        "d64-heavy-512", "--variants", "flat documents", "loop per document",
                        "--rounds", "5", "--out", "W/dense-flat"],
     },
-    "slots-order": {
-        "slots-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py", "-k",
-                        "slots or any_config"],
-        "slots-order": ["-m", "experiments.bench_dense_variants", "--cells", "B4", "B4-Lq33",
-                        "B16-Lq16", "B32-Lq8", "B32-Lq33", "--variants", "token major",
-                        "token major 8x8", "--rounds", "3", "--out", "W/slots-order"],
-    },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
         "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",

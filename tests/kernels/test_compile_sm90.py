@@ -58,16 +58,6 @@ _COMPILE = textwrap.dedent("""
     Q16 = torch.randn(16, 16, 128, generator=g).half()
     calls["dense B=16 slots"] = (_maxsim_packed_slots_kernel, lambda: maxsim_packed(
         Q16, D, offsets, validate=False), ())
-    # The slots kernel's rows token by token (TOKEN_MAJOR, a switch until timed), 8 x 8 slots.
-    def token_major():
-        saved = dense._token_major
-        dense._token_major = lambda: True
-        try:
-            return maxsim_packed(Q16, D, offsets, validate=False, config=MaxSimConfig(
-                block_t=8, queries_per_block=8, docs_per_program=8, slots=True))
-        finally:
-            dense._token_major = saved
-    calls["dense B=16 slots token major"] = (_maxsim_packed_slots_kernel, token_major, ())
     Q8 = torch.randn(8, 32, 128, generator=g).half()  # two query blocks share each tile
     calls["dense B=8 padded single tile"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
         Q8, torch.zeros(8, 64, 128, dtype=torch.float16), torch.full((8,), 40),
@@ -167,7 +157,6 @@ _COMPILE = textwrap.dedent("""
                      "centroid_table": launch.constexprs.get("CENTROID_TABLE"),
                      "running_max": launch.constexprs.get("RUNNING_MAX"),
                      "repeat_rows": launch.constexprs.get("REPEAT_ROWS"),
-                     "token_major": launch.constexprs.get("TOKEN_MAJOR"),
                      "single_tile": launch.constexprs.get("SINGLE_TILE"),
                      "pipeline_codes": launch.constexprs.get("PIPELINE_CODES")}
     json.dump(out, open(sys.argv[1], "w"))
@@ -185,10 +174,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 5, 3 several-query defaults, the slots token by token and 2 flat; pq: 4; residual:
-    # 8 decoder choices x table / gather, 3 pipelined; the mma kernel's permuted table; last:
-    # value range (2 dtypes x clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 5 + 3 + 1 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
+    # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
+    # table / gather, 3 pipelined; the mma kernel's permuted table; last: value range (2 dtypes x
+    # clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
@@ -199,8 +188,6 @@ def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
                  "dense B=4 q_blocks_per_program=2"):
         assert compiled[name]["repeat_rows"] is True, name
     assert compiled["dense B=8 padded single tile"]["single_tile"] is True
-    assert compiled["dense B=16 slots"]["token_major"] is False
-    assert compiled["dense B=16 slots token major"]["token_major"] is True
     assert compiled["dense d=128"]["repeat_rows"] is False
 
 

@@ -230,51 +230,6 @@ def test_slots_with_64_bit_lengths_score_as_32_bit_ones(device, monkeypatch):
         assert_close(wide, ref, "maxsim_dense", torch.float16)
 
 
-@pytest.mark.parametrize("d,docs,slot,block_d", [pytest.param(128, 4, 16, None, id="d128-4x16"),
-                                                  pytest.param(96, 8, 8, 32, id="d96-8x8-3x32"),
-                                                  pytest.param(64, 2, 8, None, id="d64-2x8")])
-def test_slots_token_major_scores_as_the_default(d, docs, slot, block_d, device, monkeypatch):
-    """Slot tiles whose rows go token by token across their documents (TOKEN_MAJOR) score as
-    tiles that go document by document, bit for bit on a GPU (the same products, their columns
-    permuted), and as the reference: tiles of empty documents only, documents shorter and
-    longer than a slot, rows repeated and masked, pids, query lengths, strided views, and a NaN
-    in one document's last chunk that reaches its scores only."""
-    lengths = [0, 0, 3, 17, 1, 0, 33, 2, 40, 16, 15, 0, 0, 0, 0, 0, 9]
-    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
-    D[int(offsets[9]) - 1, 5] = float("nan")  # document 8's last row
-    Q = _rand(3, 13, d, dtype=torch.float16, device=device)
-    query_lengths = torch.tensor([13, 0, 6], device=device)
-    pids = torch.tensor([8, 0, 1, 5, 3, 6, 11, 2, 16], device=device)
-    config = MaxSimConfig(block_t=slot, queries_per_block=2, docs_per_program=docs, slots=True,
-                          block_d=block_d)
-
-    def score(*args, **kwargs):
-        return maxsim_packed(*args, config=config, validate=False, **kwargs)
-
-    refs = (reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths),
-            reference.maxsim_packed(Q, D, offsets, pids))
-    for repeat in (True, False):
-        monkeypatch.setattr(dense, "_repeat_rows", lambda num_queries, c, dim, r=repeat: r)
-        scores = {}
-        for major in (False, True):
-            monkeypatch.setattr(dense, "_token_major", lambda m=major: m)
-            scores[major] = (score(Q, D, offsets, query_lengths=query_lengths),
-                             score(Q, D, offsets, pids),
-                             score(_strided(Q), _strided(D), _strided(offsets), _strided(pids),
-                                   query_lengths=_strided(torch.tensor([13, 13, 13], device=device))))
-        for plain, major, ref in zip(scores[False], scores[True], (*refs, refs[1])):
-            assert torch.equal(major.isnan(), ref.isnan())
-            if major.is_cuda:
-                assert torch.equal(major.nan_to_num(), plain.nan_to_num())
-            assert_close(major.masked_fill(ref.isnan(), 0).cpu(),
-                         ref.masked_fill(ref.isnan(), 0).cpu(), "maxsim_dense", torch.float16)
-        all_docs, by_pids, _ = scores[True]
-        assert torch.isnan(all_docs[0, 8]) and torch.isnan(all_docs[2, 8])
-        assert all_docs[1, 8] == 0  # a query of no tokens: the empty sum
-        assert torch.isnan(by_pids[:, 0]).all() and not torch.isnan(by_pids[:, 1:]).any()
-        assert torch.isinf(all_docs[0, 0]) and all_docs[0, 0] < 0
-
-
 FLAT_CONFIGS = [
     pytest.param(1, 32, 128, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
                                           num_warps=1), id="one-warp-32-rows"),
@@ -754,17 +709,14 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
     row_masks=st.sampled_from(["default", "masked"]),
-    token_major=st.booleans(),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
                                         docs_per_program, kind, with_pids, block_d, row_masks,
-                                        token_major, device, monkeypatch):
-    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked, slot
-    tiles token by token or document by document: a launch either matches the float64
-    reference in every element or is refused with a ValueError naming the config, never a
-    silent partial result."""
+                                        device, monkeypatch):
+    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked: a
+    launch either matches the float64 reference in every element or is refused with a
+    ValueError naming the config, never a silent partial result."""
     force_row_masks(monkeypatch, row_masks)
-    monkeypatch.setattr(dense, "_token_major", lambda: token_major)
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None

@@ -408,7 +408,7 @@ def _maxsim_packed_slots_kernel(
     SLOT_T: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
     BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REPEAT_ROWS: tl.constexpr = False,
-    TOKENS_I32: tl.constexpr = False, TOKEN_MAJOR: tl.constexpr = False,
+    TOKENS_I32: tl.constexpr = False,
 ):
     """Packed documents side by side: one tile holds DOCS_PER_TILE documents, SLOT_T tokens of
     each ([DOCS_PER_TILE * SLOT_T, BLOCK_D] rows gathered from their own offsets), so one
@@ -437,17 +437,11 @@ def _maxsim_packed_slots_kernel(
         lengths = lengths.to(tl.int32)
     max_len = tl.max(lengths, axis=0)
 
+    # Row r of a tile is token (r % SLOT_T) of the tile's document r // SLOT_T.
     offs_r = tl.arange(0, BLOCK_R)
-    if TOKEN_MAJOR:
-        # Row r of a tile is token r // DOCS_PER_TILE of the tile's document r % DOCS_PER_TILE.
-        row_start = tl.reshape(tl.broadcast_to(starts[None, :], [SLOT_T, DOCS_PER_TILE]), [BLOCK_R])
-        row_len = tl.reshape(tl.broadcast_to(lengths[None, :], [SLOT_T, DOCS_PER_TILE]), [BLOCK_R])
-        row_tok = offs_r // DOCS_PER_TILE
-    else:
-        # Row r of a tile is token (r % SLOT_T) of the tile's document r // SLOT_T.
-        row_start = tl.reshape(tl.broadcast_to(starts[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
-        row_len = tl.reshape(tl.broadcast_to(lengths[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
-        row_tok = offs_r % SLOT_T
+    row_start = tl.reshape(tl.broadcast_to(starts[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
+    row_len = tl.reshape(tl.broadcast_to(lengths[:, None], [DOCS_PER_TILE, SLOT_T]), [BLOCK_R])
+    row_tok = offs_r % SLOT_T
 
     offs_b, offs_i, mask_q = _query_rows(pid_qblock, Lq, p_query_lengths, num_queries,
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
@@ -469,12 +463,8 @@ def _maxsim_packed_slots_kernel(
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
         if not REPEAT_ROWS:
             sim = tl.where(mask_row[None, :], sim, float("-inf"))
-        if TOKEN_MAJOR:
-            # [BLOCK_Q, SLOT_T, DOCS_PER_TILE] -> max over each document's tokens.
-            chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, SLOT_T, DOCS_PER_TILE]), 1)
-        else:
-            # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
-            chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), 2)
+        # [BLOCK_Q, DOCS_PER_TILE, SLOT_T] -> max over each document's tokens.
+        chunk_max = max_nan(tl.reshape(sim, [QUERIES_PER_BLOCK * LQ, DOCS_PER_TILE, SLOT_T]), 2)
         best = maximum_nan(best, chunk_max)
     if REPEAT_ROWS:
         best = tl.where(lengths[None, :] > 0, best, float("-inf"))

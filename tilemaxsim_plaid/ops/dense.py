@@ -287,12 +287,6 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
 
 
-def _token_major() -> bool:
-    """The slots kernel's TOKEN_MAJOR: tile rows ordered token by token across the tile's
-    documents (not document by document). Off until timed."""
-    return False
-
-
 def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
     """What _maxsim_packed_flat_kernel covers: the held query over packed documents, no running
     max, no tail block, a power of two of documents a program."""
@@ -432,7 +426,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             _maxsim_packed_slots_kernel[grid](
                 *args, *strides, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
                 REPEAT_ROWS=_repeat_rows(B, cfg, dim),
-                TOKENS_I32=_lengths_fit_int32(D.shape[0]), TOKEN_MAJOR=_token_major(),
+                TOKENS_I32=_lengths_fit_int32(D.shape[0]),
                 **kwargs)
         else:
             block_t = max(MIN_DOT_DIM, cfg.block_t)
