@@ -29,6 +29,7 @@ README's first (each results folder's README is the command that made it).
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import dataclasses
 import fnmatch
@@ -724,13 +725,18 @@ def _short(text: str, parts: int = 2) -> str:
 def render_readme_headline(measurements: list[Measurement], table_link: str) -> str:
     """The rows of the README's headline block (between its markers), from the same headlines."""
     by_name = {h.name: (m, out) for h, m, out in headline_rows(measurements)}
-    gpus = sorted({str(by_name[name][0].provenance.get("gpu")) for name, _ in README_ROWS
-                   if by_name.get(name) and by_name[name][0] is not None})
+    row_gpu = {name: str(by_name[name][0].provenance.get("gpu")) for name, _ in README_ROWS
+               if by_name.get(name) and by_name[name][0] is not None}
+    counts = collections.Counter(row_gpu.values())
+    # The card most rows were measured on heads the column; a row from another card names it.
+    main_gpu = min(counts, key=lambda gpu: (-counts[gpu], gpu)) if counts else None
     rows = []
     for name, label in README_ROWS:
         m, (_, text, alt) = by_name[name]
+        if row_gpu.get(name, main_gpu) != main_gpu:
+            label = f"{label} [{row_gpu[name]}]"
         rows.append([label, _short(text), _short(alt, 1)])
-    table = _markdown([f"workload ({', '.join(gpus) or 'no GPU recorded'})", "tilemaxsim",
+    table = _markdown([f"workload ({main_gpu or 'no GPU recorded'})", "tilemaxsim",
                        "alternative, same run"], rows)
     return (f"{table}\n\nSynthetic data, not MS MARCO or BEIR. Every figure, its command, versions "
             f"and commit, and the paper's claim beside it: [`{table_link}`]({table_link}).")

@@ -135,3 +135,18 @@ def test_readme_headline_block_is_rewritten_between_its_markers(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="--readme"):
         rt.update_readme(readme, "block")
+
+
+def test_readme_headline_names_the_card_of_a_row_measured_on_another(tmp_path):
+    measurements = rt.load_measurements(REPO_RESULTS)
+    by_name = {h.name: m for h, m, _ in rt.headline_rows(measurements)}
+    gpus = {name: by_name[name].provenance["gpu"] for name, _ in rt.README_ROWS}
+    block = rt.render_readme_headline(measurements, "results/TABLE.md")
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    header_gpu = lines[0].split("|")[1].strip().removeprefix("workload (").removesuffix(")")
+    assert header_gpu in gpus.values()
+    assert sum(gpu == header_gpu for gpu in gpus.values()) * 2 >= len(gpus)
+    for (name, label), line in zip(rt.README_ROWS, lines[2:]):
+        cell = line.split("|")[1].strip()
+        assert cell.startswith(label)
+        assert (f"[{gpus[name]}]" in cell) == (gpus[name] != header_gpu), (name, cell)
