@@ -17,6 +17,12 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
+* ``length order``: the default launch where it takes the slots kernel, with the tiles'
+  documents in order of length (``MaxSimConfig.length_order``: a tile runs to its longest
+  document, so documents of like length share it);
+* ``slots by length``, ``slots 8x8 by length``: every several-query launch over packed documents
+  (the held query block's too) as the slots kernel in order of length, 4 documents of 16-token
+  slots or 8 of 8-token ones, the default's query blocks;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -70,6 +77,12 @@ CELLS = {
     "B16-Lq16": {"B": 16, "Lq": 16},
     "B32-Lq8": {"B": 32, "Lq": 8},
     "B32-Lq33": {"B": 32, "Lq": 33},
+    "B16-Lq8": {"B": 16, "Lq": 8},
+    "B32-Lq16": {"B": 32, "Lq": 16},
+    "B16": {"B": 16},
+    "B32": {"B": 32},
+    "B4-Lq64": {"B": 4, "Lq": 64},
+    "B16-Lq64": {"B": 16, "Lq": 64},
     "B4-padded": {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
     "d64": {"d": 64},
     "d64-Lq16": {"d": 64, "Lq": 16},
@@ -98,6 +111,10 @@ TILE_WALK_CELLS = ("headline", "d128-lognormal-30", "d64-lognormal-30", "Lq64", 
                    "d144-Lq48", "B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B4-padded")
 NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-heavy-512",
                     "d64-uniform", "d80", "d96-lognormal-30")
+# Several queries over packed documents: the slots kernel's cells (Lq <= 16, and B = 4 at
+# Lq = 33 as 32 + 1 tokens) and the held query block's (Lq 17-64).
+SEVERAL_QUERY_CELLS = ("B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B16-Lq8",
+                       "B32-Lq16", "B16", "B32", "B4-Lq64", "B16-Lq64")
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
@@ -135,6 +152,32 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
+def _length_order_switch(docs: int | None = None, slot: int | None = None):
+    """The default's slots configs in order of length; with ``docs`` and ``slot``, every
+    several-query config over packed documents (held query blocks too) as slots of ``docs``
+    documents of ``slot`` tokens in order of length, with the default's query blocks."""
+    saved = dense.default_config
+
+    def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
+               element_size=2):
+        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size)
+        if cfg.slots and docs is None:
+            return dataclasses.replace(cfg, length_order=True)
+        if docs is not None and num_queries > 1 and variable_lengths and (cfg.slots
+                                                                          or cfg.hold_query):
+            return dense.MaxSimConfig(block_t=slot, queries_per_block=cfg.queries_per_block,
+                                      docs_per_program=docs, slots=True, num_warps=4,
+                                      num_stages=2, length_order=True)
+        return cfg
+
+    dense.default_config = config
+    try:
+        yield
+    finally:
+        dense.default_config = saved
+
+
+@contextlib.contextmanager
 def _flat_switch(flat: bool):
     saved = dense._flat_documents
     dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
@@ -151,7 +194,10 @@ VARIANTS = {"default": contextlib.nullcontext,
             "masked rows": lambda: _repeat_switch(False),
             "repeated rows": lambda: _repeat_switch(True),
             "flat documents": lambda: _flat_switch(True),
-            "loop per document": lambda: _flat_switch(False)}
+            "loop per document": lambda: _flat_switch(False),
+            "length order": _length_order_switch,
+            "slots by length": lambda: _length_order_switch(4, 16),
+            "slots 8x8 by length": lambda: _length_order_switch(8, 8)}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

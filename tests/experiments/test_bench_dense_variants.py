@@ -2,6 +2,7 @@
 the row-offset width or the rows past a document's end changed, and scores as the default
 (timing needs a GPU)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -59,10 +60,12 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     assert rows[0]["ratio_to_default"] == 1.0
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
-                       ("masked rows", "repeated rows", "flat documents", "loop per document"))
+                       ("masked rows", "repeated rows", "flat documents", "loop per document",
+                        "length order", "slots by length", "slots 8x8 by length"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
-                                            "validate=False"]
+                                            "length order", "slots by length",
+                                            "slots 8x8 by length", "validate=False"]
 
 
 def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):
@@ -96,3 +99,23 @@ def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / f"{dv.SUITE}.json").read_text())
     assert doc["meta"]["cells_done"] == 1
     assert {r["variant"] for r in doc["rows"]} == {"default", "masked rows", "validate=False"}
+
+
+def test_length_order_variants_switch_the_configs_and_restore_the_rule():
+    configs = dense.default_config
+    slots = configs(16, 16, None, 128, variable_lengths=True)
+    held = configs(16, 32, None, 128, variable_lengths=True, num_docs=100_000)
+    assert slots.slots and not slots.length_order and held.hold_query
+    with dv.VARIANTS["length order"]():
+        assert dense.default_config(16, 16, None, 128, variable_lengths=True) == \
+            dataclasses.replace(slots, length_order=True)
+        assert dense.default_config(16, 32, None, 128, True, 100_000) == held
+    for name, docs, slot in (("slots by length", 4, 16), ("slots 8x8 by length", 8, 8)):
+        with dv.VARIANTS[name]():
+            cfg = dense.default_config(16, 32, None, 128, True, 100_000)
+            assert (cfg.slots, cfg.length_order, cfg.docs_per_program, cfg.block_t,
+                    cfg.queries_per_block) == (True, True, docs, slot, held.queries_per_block)
+            one = dense.default_config(1, 32, None, 128, variable_lengths=True)
+            assert one == configs(1, 32, None, 128, variable_lengths=True)
+    assert dense.default_config is configs
+    assert set(dv.SEVERAL_QUERY_CELLS) <= set(dv.CELLS)

@@ -143,6 +143,9 @@ CONFIGS = [
     pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4, slots=True),
                  id="slots-16x4"),
     pytest.param(MaxSimConfig(block_t=4, docs_per_program=4, slots=True), id="slots-4x4"),
+    # The tiles' documents taken in order of length, scores stored at their own positions.
+    pytest.param(MaxSimConfig(block_t=8, queries_per_block=2, docs_per_program=4, slots=True,
+                              length_order=True), id="slots-8x4-length-order"),
     # One query tile held across tiles and documents: several documents per program, several
     # query blocks (programs) per document.
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
@@ -771,3 +774,30 @@ def test_every_argument_as_a_strided_view(config, validate, device):
     assert torch.equal(got, want)
     assert_close(got, reference.maxsim_padded(Q, D_padded, doc_lengths, query_lengths),
                  "maxsim_dense", torch.float16)
+
+
+def test_length_order_follows_offsets_written_in_place(device):
+    """config.length_order's order is remembered per offsets tensor (checks.derived): offsets
+    rewritten in place (new lengths, same object) take a new order, and either way every score
+    is stored at its own document's position."""
+    from tilemaxsim_plaid.ops.dense import _length_order
+
+    config = MaxSimConfig(block_t=4, queries_per_block=4, docs_per_program=4, slots=True,
+                          length_order=True)
+    lengths = [9, 0, 2, 31, 5, 5, 17, 1, 12]
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    Q = _rand(3, 7, 64, dtype=torch.float16, device=device)
+    order = _length_order(offsets, None)
+    assert torch.equal(torch.tensor(lengths)[order.cpu()], torch.tensor(sorted(lengths)))
+    assert_close(maxsim_packed(Q, D, offsets, config=config),
+                 reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+    # The same total, other documents: lengths reversed.
+    offsets[1:] = torch.tensor(lengths[::-1], device=device).cumsum(0)
+    new_order = _length_order(offsets, None)
+    assert torch.equal(torch.tensor(lengths[::-1])[new_order.cpu()], torch.tensor(sorted(lengths)))
+    assert_close(maxsim_packed(Q, D, offsets, config=config),
+                 reference.maxsim_packed(Q, D, offsets), "maxsim_dense", torch.float16)
+    # pids (repeats, every length) ordered by their documents' lengths.
+    pids = torch.tensor([3, 3, 0, 8, 1], device=device)
+    by_pid = torch.tensor(lengths[::-1])[pids.cpu()]
+    assert torch.equal(by_pid[_length_order(offsets, pids).cpu()], by_pid.sort().values)

@@ -239,6 +239,8 @@ def dense_configs(draw) -> MaxSimConfig | None:
         num_warps=draw(st.sampled_from([4, 1, 2, 8])), num_stages=draw(st.sampled_from([2, 1, 3])),
         # The tiled paths' running max (tests/ops/test_dense.py refuses it elsewhere).
         running_max=kind in ("plain", "hold_query") and draw(st.booleans()),
+        # The slots kernel's documents by length; drawn for any kind, as a user may set it.
+        length_order=draw(st.integers(0, 3)) == 0,
     )
     return _maybe_malformed(draw, config, DENSE_MALFORMED)
 
@@ -283,6 +285,8 @@ def dense_refusal(p: DenseProblem) -> str | None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and not _pow2(value)):
             return f"{name}={value}"
+    if cfg.length_order and not cfg.slots:
+        return "length_order: slots only"
     if cfg.slots and (cfg.q_blocks_per_program != 1 or not _pow2(cfg.docs_per_program)
                       or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM or not p.packed):
         return "slots: packed, one query block, a power-of-two of documents, >= 16 rows"

@@ -28,6 +28,7 @@ def _query(B, Lq, d, device):
     pytest.param(MaxSimConfig(docs_per_program=0), id="no-docs"),
     pytest.param(MaxSimConfig(block_t=4, docs_per_program=2, slots=True), id="slot-tile-too-small"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, slots=True), id="slots-not-pow2"),
+    pytest.param(MaxSimConfig(block_t=16, length_order=True), id="length-order-without-slots"),
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, q_blocks_per_program=2),
                  id="slots-2qblocks"),
     pytest.param(MaxSimConfig(hold_query=True, q_blocks_per_program=2), id="hold-query-2qblocks"),

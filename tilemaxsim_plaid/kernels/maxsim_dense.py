@@ -397,7 +397,7 @@ def _maxsim_packed_flat_kernel(
 
 @triton.jit
 def _maxsim_packed_slots_kernel(
-    p_q, p_d, p_offsets, p_pids, p_query_lengths, p_out,
+    p_q, p_d, p_offsets, p_pids, p_query_lengths, p_order, p_out,
     num_out_docs, num_queries, Lq, dim,
     stride_qb, stride_qt, stride_qd,
     stride_dt, stride_dd,
@@ -408,7 +408,7 @@ def _maxsim_packed_slots_kernel(
     SLOT_T: tl.constexpr, DOCS_PER_TILE: tl.constexpr,
     BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REPEAT_ROWS: tl.constexpr = False,
-    TOKENS_I32: tl.constexpr = False,
+    TOKENS_I32: tl.constexpr = False, HAS_ORDER: tl.constexpr = False,
 ):
     """Packed documents side by side: one tile holds DOCS_PER_TILE documents, SLOT_T tokens of
     each ([DOCS_PER_TILE * SLOT_T, BLOCK_D] rows gathered from their own offsets), so one
@@ -417,7 +417,9 @@ def _maxsim_packed_slots_kernel(
     document's length are masked (never fetched) and are -inf in the max; with REPEAT_ROWS they
     load the document's last row again instead (no select per product; _maxsim_dense_kernel).
     TOKENS_I32: every document's length fits int32 (token positions in 32-bit compares; rows
-    are still addressed from 64-bit starts).
+    are still addressed from 64-bit starts). HAS_ORDER: order, int64 [M], a permutation of the
+    output positions 0..M-1; the tiles take the documents in that order (the host's by length,
+    so a tile's documents end together) and each score is stored at its own position.
 
     Shapes as _maxsim_dense_kernel (packed, optional pids); out: fp32 [B, M]."""
     pid = tl.program_id(0)
@@ -427,6 +429,8 @@ def _maxsim_packed_slots_kernel(
 
     offs_g = pid_docs.to(tl.int64) * DOCS_PER_TILE + tl.arange(0, DOCS_PER_TILE)
     mask_g = offs_g < num_out_docs
+    if HAS_ORDER:
+        offs_g = tl.load(p_order + offs_g, mask=mask_g, other=0)  # output positions
     if HAS_PIDS:
         docs = tl.load(p_pids + offs_g, mask=mask_g, other=0).to(tl.int64)
     else:

@@ -44,6 +44,10 @@ class MaxSimConfig:
             128): the tile is read once and reused by all query blocks of the program.
         slots: packed layout only: docs_per_program documents side by side in one tile of
             docs_per_program x block_t rows (short documents share one tensor-core product).
+        length_order: slots only: the tiles take the documents in order of length (an argsort
+            of the scored documents' lengths, remembered per offsets tensor when every document
+            is scored), so a tile's documents end together; a tile otherwise runs to its
+            longest document.
         hold_query: tiled per-document path with one query block per program: load the query
             block once per program, one register tile per chunk of d (at most MAX_HELD_CHUNKS),
             and hold it across all tiles and documents.
@@ -76,6 +80,7 @@ class MaxSimConfig:
     block_d: int | None = None
     running_max: bool = False
     scoring: str = "tiles"
+    length_order: bool = False
 
 
 SCORING = ("tiles", "mma")
@@ -227,6 +232,9 @@ def _check_config(cfg: MaxSimConfig) -> None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
+    if cfg.length_order and not cfg.slots:
+        raise ValueError("config.length_order orders the documents of the slots kernel's tiles; "
+                         "it needs slots=True")
     if cfg.slots and cfg.q_blocks_per_program != 1:
         # Its programs each hold one query block (no loop over several).
         raise ValueError(f"config.q_blocks_per_program must be 1 with slots, got "
@@ -285,6 +293,22 @@ def _repeat_rows(num_queries: int, cfg: MaxSimConfig, dim: int) -> bool:
     (rows of at most 128 bytes: as many selects for half the read;
     results/dense_variants/h200-b16d859-rows)."""
     return not cfg.running_max and (num_queries > 1 or dim <= REPEAT_ROWS_MAX_DIM)
+
+
+def _length_order(offsets: torch.Tensor, pids: torch.Tensor | None) -> torch.Tensor:
+    """int64 [M]: the output positions of the scored documents (``pids``, else every document)
+    by length, shortest first (config.length_order). Every document scored: remembered while
+    ``offsets`` is unchanged (checks.derived). A pid out of range is clamped here (validate=False
+    promises none; the kernel reads what it is given)."""
+    def make():
+        lengths = offsets[1:] - offsets[:-1]
+        if pids is not None and not lengths.numel():  # no document for any pid to name
+            return torch.arange(pids.numel(), device=pids.device)
+        if pids is not None:
+            lengths = lengths[pids.clamp(0, lengths.numel() - 1)]
+        return torch.argsort(lengths)
+
+    return make() if pids is not None else checks.derived(offsets, "length_order", make)
 
 
 def _flat_applies(cfg: MaxSimConfig, packed: bool, tail_tokens: int) -> bool:
@@ -423,10 +447,12 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                       LQ=lq, QUERIES_PER_BLOCK=queries_per_block, **common)
         grid = (num_doc_programs * num_qgroups,)
         if cfg.slots:
+            order = _length_order(offsets, pids) if cfg.length_order and num_out_docs else None
             _maxsim_packed_slots_kernel[grid](
-                *args, *strides, SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
+                *args[:5], order if order is not None else dummy, *args[5:], *strides,
+                SLOT_T=max(1, cfg.block_t), DOCS_PER_TILE=cfg.docs_per_program,
                 REPEAT_ROWS=_repeat_rows(B, cfg, dim),
-                TOKENS_I32=_lengths_fit_int32(D.shape[0]),
+                TOKENS_I32=_lengths_fit_int32(D.shape[0]), HAS_ORDER=order is not None,
                 **kwargs)
         else:
             block_t = max(MIN_DOT_DIM, cfg.block_t)
