@@ -17,9 +17,9 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
   packed documents, with the tiles of a program's documents walked as one loop
   (``_maxsim_packed_flat_kernel``: the pipeline runs across document boundaries), or with a loop
   per document (the default walks one query's short documents as one loop);
-* ``length order``: the default launch where it takes the slots kernel, with the tiles'
-  documents in order of length (``MaxSimConfig.length_order``: a tile runs to its longest
-  document, so documents of like length share it);
+* ``length order``, ``order given``: the default launch where it takes the slots kernel, with
+  the tiles' documents in order of length (``MaxSimConfig.length_order``: a tile runs to its
+  longest document, so documents of like length share it), or in the order given;
 * ``slots by length``, ``slots 8x8 by length``: every several-query launch over packed documents
   (the held query block's too) as the slots kernel in order of length, 4 documents of 16-token
   slots or 8 of 8-token ones, the default's query blocks;
@@ -152,17 +152,18 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
-def _length_order_switch(docs: int | None = None, slot: int | None = None):
-    """The default's slots configs in order of length; with ``docs`` and ``slot``, every
-    several-query config over packed documents (held query blocks too) as slots of ``docs``
-    documents of ``slot`` tokens in order of length, with the default's query blocks."""
+def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True):
+    """The default's slots configs in order of length (``on``) or in the order given; with
+    ``docs`` and ``slot``, every several-query config over packed documents (held query blocks
+    too) as slots of ``docs`` documents of ``slot`` tokens in order of length, with the
+    default's query blocks."""
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
                element_size=2):
         cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size)
         if cfg.slots and docs is None:
-            return dataclasses.replace(cfg, length_order=True)
+            return dataclasses.replace(cfg, length_order=on)
         if docs is not None and num_queries > 1 and variable_lengths and (cfg.slots
                                                                           or cfg.hold_query):
             return dense.MaxSimConfig(block_t=slot, queries_per_block=cfg.queries_per_block,
@@ -196,6 +197,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "flat documents": lambda: _flat_switch(True),
             "loop per document": lambda: _flat_switch(False),
             "length order": _length_order_switch,
+            "order given": lambda: _length_order_switch(on=False),
             "slots by length": lambda: _length_order_switch(4, 16),
             "slots 8x8 by length": lambda: _length_order_switch(8, 8)}
 

@@ -330,7 +330,8 @@ def slots_length(work: Path, opts) -> list[Step]:
                                  "-k", "slots or length or any_config"), 100),
             Step("slots-length", module("experiments.bench_dense_variants", "--cells",
                                         *SEVERAL_QUERY_CELLS, "--variants", "length order",
-                                        "slots by length", "slots 8x8 by length", "--rounds", "3",
+                                        "order given", "slots by length", "slots 8x8 by length",
+                                        "--rounds", "3",
                                         "--out", str(work / "slots-length")), 420)]
 
 

@@ -61,10 +61,11 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
                        ("masked rows", "repeated rows", "flat documents", "loop per document",
-                        "length order", "slots by length", "slots 8x8 by length"))
+                        "length order", "order given", "slots by length",
+                        "slots 8x8 by length"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
-                                            "length order", "slots by length",
+                                            "length order", "order given", "slots by length",
                                             "slots 8x8 by length", "validate=False"]
 
 
@@ -110,6 +111,9 @@ def test_length_order_variants_switch_the_configs_and_restore_the_rule():
         assert dense.default_config(16, 16, None, 128, variable_lengths=True) == \
             dataclasses.replace(slots, length_order=True)
         assert dense.default_config(16, 32, None, 128, True, 100_000) == held
+    with dv.VARIANTS["order given"]():
+        assert dense.default_config(16, 16, None, 128, True, 100_000) == \
+            dataclasses.replace(configs(16, 16, None, 128, True, 100_000), length_order=False)
     for name, docs, slot in (("slots by length", 4, 16), ("slots 8x8 by length", 8, 8)):
         with dv.VARIANTS[name]():
             cfg = dense.default_config(16, 32, None, 128, True, 100_000)

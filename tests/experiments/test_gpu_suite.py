@@ -144,8 +144,9 @@ EXPECTED = {
                         "slots or length or any_config"],
         "slots-length": ["-m", "experiments.bench_dense_variants", "--cells", "B4", "B4-Lq33",
                          "B16-Lq16", "B32-Lq8", "B32-Lq33", "B16-Lq8", "B32-Lq16", "B16", "B32",
-                         "B4-Lq64", "B16-Lq64", "--variants", "length order", "slots by length",
-                         "slots 8x8 by length", "--rounds", "3", "--out", "W/slots-length"],
+                         "B4-Lq64", "B16-Lq64", "--variants", "length order", "order given",
+                         "slots by length", "slots 8x8 by length", "--rounds", "3", "--out",
+                         "W/slots-length"],
     },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],

@@ -253,6 +253,13 @@ def test_default_config_per_input_class():
     # Several queries, packed long documents: slots of four documents, 16 tokens each.
     slots = default_config(32, 32, 300, 128, variable_lengths=True)
     assert slots.slots and slots.docs_per_program == 4 and slots.block_t == 16
+    # Many of them, the query block full (128 rows): in order of length; a block of fewer rows
+    # (32 queries of one token) or few documents: in the order given.
+    assert not slots.length_order
+    assert default_config(16, 16, None, 128, True, num_docs=100_000).length_order
+    assert default_config(32, 8, None, 128, True, num_docs=100_000).length_order
+    assert not default_config(32, 1, None, 128, True, num_docs=100_000).length_order
+    assert not default_config(4, 16, None, 128, True, num_docs=100_000).length_order
     # Several queries, padded long documents: plain 64-token tiles.
     assert default_config(32, 32, 300, 128) == MaxSimConfig(block_t=64, queries_per_block=4)
 

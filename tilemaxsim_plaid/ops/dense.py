@@ -24,6 +24,8 @@ MIN_DOT_DIM = 16
 # several documents each (default_config): 4,096 programs of 4 documents and more, ~31 per SM
 # of an H200 (d = 256, 28k long documents: results/sweep_configs/h200-e5fc4ca-fifth).
 MANY_DOCS = 16384
+# Query rows of one tensor-core product where several queries fill it (4 queries of 32 tokens).
+FULL_QUERY_BLOCK_ROWS = 128
 # Padded documents up to this long, one query: the query held in one warp across 16 of them.
 HELD_PADDED_MAX_LEN = 64
 
@@ -192,7 +194,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         block_t = min(128, max(MIN_DOT_DIM, pow2(max_doc_len)))
         return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
     # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
-    queries_per_block = max(1, min(pow2(num_queries), 128 // pow2(Lq)))
+    queries_per_block = max(1, min(pow2(num_queries), FULL_QUERY_BLOCK_ROWS // pow2(Lq)))
     num_qblocks = cdiv(num_queries, queries_per_block)
     if (max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
             and (num_qblocks > 1 or variable_lengths)):
@@ -204,7 +206,7 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                             q_blocks_per_program=min(num_qblocks, 8), single_tile=True,
                             num_warps=4, num_stages=2)
     if (variable_lengths and num_docs >= MANY_DOCS and element_size == 2 and dim <= MAX_BLOCK_D
-            and 32 <= pow2(Lq) <= 64 and queries_per_block * pow2(Lq) == 128):
+            and 32 <= pow2(Lq) <= 64 and queries_per_block * pow2(Lq) == FULL_QUERY_BLOCK_ROWS):
         # Many packed documents and full 128-row query blocks (4 queries of 17-32 tokens, 2 of
         # 33-64): the block held in registers across 8 documents, 32-token tiles of 4 warps
         # (the slots below re-read the query block from L2 for every step).
@@ -212,8 +214,14 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                             hold_query=True, num_warps=4, num_stages=3)
     if variable_lengths:
         # Short varied documents four at a time, 16-token slots: one [128 x 64] product per step.
+        # A tile runs to its longest document: where the query block fills the product (the
+        # tensor cores bound it), its documents are taken in order of length, 1.08-1.17x; with
+        # fewer rows the launch is bound by the read, which that order scatters (B = 32, Lq = 1:
+        # 0.95x; results/dense_variants/h100-d6b0648-slots-length).
         return MaxSimConfig(block_t=16, queries_per_block=queries_per_block, docs_per_program=4,
-                            slots=True, num_warps=4, num_stages=2)
+                            slots=True, num_warps=4, num_stages=2,
+                            length_order=(queries_per_block * pow2(Lq) >= FULL_QUERY_BLOCK_ROWS
+                                          and num_docs >= MANY_DOCS))
     return MaxSimConfig(block_t=64, queries_per_block=queries_per_block, num_warps=4, num_stages=2)
 
 
