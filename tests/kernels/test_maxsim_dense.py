@@ -801,3 +801,24 @@ def test_length_order_follows_offsets_written_in_place(device):
     pids = torch.tensor([3, 3, 0, 8, 1], device=device)
     by_pid = torch.tensor(lengths[::-1])[pids.cpu()]
     assert torch.equal(by_pid[_length_order(offsets, pids).cpu()], by_pid.sort().values)
+
+
+def test_length_order_reads_strided_views_and_keeps_nan_where_it_lands(device):
+    """config.length_order with offsets and pids as strided views (a column of a 2-D tensor) and
+    a NaN in one document's token: the NaN reaches exactly that document's scores, every other
+    score matches the float64 reference, wherever the order puts the documents."""
+    config = MaxSimConfig(block_t=8, queries_per_block=4, docs_per_program=4, slots=True,
+                          length_order=True)
+    lengths = [5, 0, 33, 1, 12, 20, 2, 7]
+    D, offsets = _packed_from_lengths(lengths, 32, torch.float16, device)
+    D[int(offsets[4]) + 3, 7] = float("nan")  # document 4
+    Q = _rand(3, 9, 32, dtype=torch.float16, device=device)
+    offsets_view = torch.stack([offsets, torch.zeros_like(offsets)], 1)[:, 0]
+    pids = torch.tensor([7, 4, 2, 4, 1, 0, 5], device=device)
+    pids_view = torch.stack([pids, torch.full_like(pids, 99)], 1)[:, 0]
+    assert not offsets_view.is_contiguous() and not pids_view.is_contiguous()
+    out = maxsim_packed(Q, D, offsets_view, pids_view, config=config)
+    want = reference.maxsim_packed(Q, D, offsets, pids)
+    nan_cols = pids == 4
+    assert torch.isnan(out[:, nan_cols]).all() and not torch.isnan(out[:, ~nan_cols]).any()
+    assert_close(out[:, ~nan_cols], want[:, ~nan_cols], "maxsim_dense", torch.float16)
