@@ -20,9 +20,11 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``length order``, ``order given``: the default launch where it takes the slots kernel, with
   the tiles' documents in order of length (``MaxSimConfig.length_order``: a tile runs to its
   longest document, so documents of like length share it), or in the order given;
-* ``slots by length``, ``slots 8x8 by length``: every several-query launch over packed documents
-  (the held query block's too) as the slots kernel in order of length, 4 documents of 16-token
-  slots or 8 of 8-token ones, the default's query blocks;
+* ``slots by length``, ``slots 8x8 by length``, ``slots 8x16 by length`` (``8 warps``): every
+  several-query launch over packed documents (the held query block's too) as the slots kernel in
+  order of length, 4 documents of 16-token slots, 8 of 8-token or 8 of 16-token ones (a
+  128-column product: half the query operand's shared-memory reads per product), the default's
+  query blocks;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -152,11 +154,12 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
-def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True):
+def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True,
+                         warps: int = 4):
     """The default's slots configs in order of length (``on``) or in the order given; with
     ``docs`` and ``slot``, every several-query config over packed documents (held query blocks
-    too) as slots of ``docs`` documents of ``slot`` tokens in order of length, with the
-    default's query blocks."""
+    too) as slots of ``docs`` documents of ``slot`` tokens in order of length, in programs of
+    ``warps`` warps, with the default's query blocks."""
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
@@ -167,7 +170,7 @@ def _length_order_switch(docs: int | None = None, slot: int | None = None, on: b
         if docs is not None and num_queries > 1 and variable_lengths and (cfg.slots
                                                                           or cfg.hold_query):
             return dense.MaxSimConfig(block_t=slot, queries_per_block=cfg.queries_per_block,
-                                      docs_per_program=docs, slots=True, num_warps=4,
+                                      docs_per_program=docs, slots=True, num_warps=warps,
                                       num_stages=2, length_order=True)
         return cfg
 
@@ -199,7 +202,9 @@ VARIANTS = {"default": contextlib.nullcontext,
             "length order": _length_order_switch,
             "order given": lambda: _length_order_switch(on=False),
             "slots by length": lambda: _length_order_switch(4, 16),
-            "slots 8x8 by length": lambda: _length_order_switch(8, 8)}
+            "slots 8x8 by length": lambda: _length_order_switch(8, 8),
+            "slots 8x16 by length": lambda: _length_order_switch(8, 16),
+            "slots 8x16 by length 8 warps": lambda: _length_order_switch(8, 16, warps=8)}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

@@ -331,6 +331,7 @@ def slots_length(work: Path, opts) -> list[Step]:
             Step("slots-length", module("experiments.bench_dense_variants", "--cells",
                                         *SEVERAL_QUERY_CELLS, "--variants", "length order",
                                         "order given", "slots by length", "slots 8x8 by length",
+                                        "slots 8x16 by length", "slots 8x16 by length 8 warps",
                                         "--rounds", "3",
                                         "--out", str(work / "slots-length")), 420)]
 

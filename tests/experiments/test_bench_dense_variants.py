@@ -114,11 +114,14 @@ def test_length_order_variants_switch_the_configs_and_restore_the_rule():
     with dv.VARIANTS["order given"]():
         assert dense.default_config(16, 16, None, 128, True, 100_000) == \
             dataclasses.replace(configs(16, 16, None, 128, True, 100_000), length_order=False)
-    for name, docs, slot in (("slots by length", 4, 16), ("slots 8x8 by length", 8, 8)):
+    for name, docs, slot, warps in (("slots by length", 4, 16, 4), ("slots 8x8 by length", 8, 8, 4),
+                                    ("slots 8x16 by length", 8, 16, 4),
+                                    ("slots 8x16 by length 8 warps", 8, 16, 8)):
         with dv.VARIANTS[name]():
             cfg = dense.default_config(16, 32, None, 128, True, 100_000)
             assert (cfg.slots, cfg.length_order, cfg.docs_per_program, cfg.block_t,
-                    cfg.queries_per_block) == (True, True, docs, slot, held.queries_per_block)
+                    cfg.queries_per_block, cfg.num_warps) == (True, True, docs, slot,
+                                                              held.queries_per_block, warps)
             one = dense.default_config(1, 32, None, 128, variable_lengths=True)
             assert one == configs(1, 32, None, 128, variable_lengths=True)
     assert dense.default_config is configs
