@@ -20,11 +20,13 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``length order``, ``order given``: the default launch where it takes the slots kernel, with
   the tiles' documents in order of length (``MaxSimConfig.length_order``: a tile runs to its
   longest document, so documents of like length share it), or in the order given;
-* ``slots by length``, ``slots 8x8 by length``, ``slots 8x16 by length`` (``8 warps``): every
-  several-query launch over packed documents (the held query block's too) as the slots kernel in
-  order of length, 4 documents of 16-token slots, 8 of 8-token or 8 of 16-token ones (a
-  128-column product: half the query operand's shared-memory reads per product), the default's
-  query blocks;
+* ``slots by length``, ``slots 8x16 by length``: every several-query launch over packed
+  documents as the slots kernel in order of length, 4 documents of 16-token slots or 8 (a
+  128-column product: half the query operand's shared-memory reads per product; the default's
+  for a full 128-row block over many documents), the default's query blocks;
+* ``held block``: several queries' full 128-row blocks held in registers across 8 documents
+  in 32-token tiles (the default's before 8 x 16 slots; still a split query's head that holds
+  its tail);
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -154,31 +156,51 @@ def _repeat_switch(repeat: bool):
 
 
 @contextlib.contextmanager
-def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True,
-                         warps: int = 4):
-    """The default's slots configs in order of length (``on``) or in the order given; with
-    ``docs`` and ``slot``, every several-query config over packed documents (held query blocks
-    too) as slots of ``docs`` documents of ``slot`` tokens in order of length, in programs of
-    ``warps`` warps, with the default's query blocks."""
+def _config_switch(rule):
+    """dense.default_config replaced by ``rule(config, num_queries, variable_lengths)`` of the
+    default's config, except for a head that holds its split query's tail (joins_tail), which
+    keeps the held block only it can be."""
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
-               element_size=2):
-        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size)
-        if cfg.slots and docs is None:
-            return dataclasses.replace(cfg, length_order=on)
-        if docs is not None and num_queries > 1 and variable_lengths and (cfg.slots
-                                                                          or cfg.hold_query):
-            return dense.MaxSimConfig(block_t=slot, queries_per_block=cfg.queries_per_block,
-                                      docs_per_program=docs, slots=True, num_warps=warps,
-                                      num_stages=2, length_order=True)
-        return cfg
+               element_size=2, joins_tail=False):
+        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size,
+                    joins_tail)
+        if joins_tail and cfg.hold_query:
+            return cfg
+        return rule(cfg, num_queries, variable_lengths, lambda: saved(
+            num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size, True))
 
     dense.default_config = config
     try:
         yield
     finally:
         dense.default_config = saved
+
+
+def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True):
+    """The default's slots configs in order of length (``on``) or in the order given; with
+    ``docs`` and ``slot``, every several-query config over packed documents as slots of
+    ``docs`` documents of ``slot`` tokens in order of length, with the default's query
+    blocks."""
+    def rule(cfg, num_queries, variable_lengths, held):
+        if docs is None:
+            return dataclasses.replace(cfg, length_order=on) if cfg.slots else cfg
+        if num_queries > 1 and variable_lengths and (cfg.slots or cfg.hold_query):
+            return dense.MaxSimConfig(block_t=slot, queries_per_block=cfg.queries_per_block,
+                                      docs_per_program=docs, slots=True, num_warps=4,
+                                      num_stages=2, length_order=True)
+        return cfg
+
+    return _config_switch(rule)
+
+
+def _held_block_switch():
+    """Several queries' full 128-row blocks over many packed documents held in registers across
+    documents (the default's before eight documents a tile took them; a head holding its tail
+    keeps it)."""
+    return _config_switch(lambda cfg, num_queries, variable_lengths, held:
+                          held() if num_queries > 1 and variable_lengths else cfg)
 
 
 @contextlib.contextmanager
@@ -202,9 +224,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "length order": _length_order_switch,
             "order given": lambda: _length_order_switch(on=False),
             "slots by length": lambda: _length_order_switch(4, 16),
-            "slots 8x8 by length": lambda: _length_order_switch(8, 8),
             "slots 8x16 by length": lambda: _length_order_switch(8, 16),
-            "slots 8x16 by length 8 warps": lambda: _length_order_switch(8, 16, warps=8)}
+            "held block": _held_block_switch}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

@@ -62,11 +62,12 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
                        ("masked rows", "repeated rows", "flat documents", "loop per document",
                         "length order", "order given", "slots by length",
-                        "slots 8x8 by length"))
+                        "slots 8x16 by length", "held block"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
                                             "length order", "order given", "slots by length",
-                                            "slots 8x8 by length", "validate=False"]
+                                            "slots 8x16 by length", "held block",
+                                            "validate=False"]
 
 
 def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):
@@ -105,24 +106,27 @@ def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
 def test_length_order_variants_switch_the_configs_and_restore_the_rule():
     configs = dense.default_config
     slots = configs(16, 16, None, 128, variable_lengths=True)
-    held = configs(16, 32, None, 128, variable_lengths=True, num_docs=100_000)
-    assert slots.slots and not slots.length_order and held.hold_query
+    full = configs(16, 32, None, 128, variable_lengths=True, num_docs=100_000)
+    held = configs(16, 32, None, 128, True, 100_000, joins_tail=True)
+    assert slots.slots and not slots.length_order and full.slots and held.hold_query
     with dv.VARIANTS["length order"]():
         assert dense.default_config(16, 16, None, 128, variable_lengths=True) == \
             dataclasses.replace(slots, length_order=True)
-        assert dense.default_config(16, 32, None, 128, True, 100_000) == held
     with dv.VARIANTS["order given"]():
-        assert dense.default_config(16, 16, None, 128, True, 100_000) == \
-            dataclasses.replace(configs(16, 16, None, 128, True, 100_000), length_order=False)
-    for name, docs, slot, warps in (("slots by length", 4, 16, 4), ("slots 8x8 by length", 8, 8, 4),
-                                    ("slots 8x16 by length", 8, 16, 4),
-                                    ("slots 8x16 by length 8 warps", 8, 16, 8)):
+        assert dense.default_config(16, 32, None, 128, True, 100_000) == \
+            dataclasses.replace(full, length_order=False)
+    for name, docs, slot in (("slots by length", 4, 16), ("slots 8x16 by length", 8, 16)):
         with dv.VARIANTS[name]():
             cfg = dense.default_config(16, 32, None, 128, True, 100_000)
             assert (cfg.slots, cfg.length_order, cfg.docs_per_program, cfg.block_t,
-                    cfg.queries_per_block, cfg.num_warps) == (True, True, docs, slot,
-                                                              held.queries_per_block, warps)
+                    cfg.queries_per_block) == (True, True, docs, slot, full.queries_per_block)
+            # A head holding its tail keeps the held block; one query is untouched.
+            assert dense.default_config(16, 32, None, 128, True, 100_000, joins_tail=True) == held
             one = dense.default_config(1, 32, None, 128, variable_lengths=True)
             assert one == configs(1, 32, None, 128, variable_lengths=True)
+    with dv.VARIANTS["held block"]():
+        assert dense.default_config(16, 32, None, 128, True, 100_000) == held
+        assert dense.default_config(1, 32, None, 128, True, 100_000) == \
+            configs(1, 32, None, 128, True, 100_000)
     assert dense.default_config is configs
     assert set(dv.SEVERAL_QUERY_CELLS) <= set(dv.CELLS)

@@ -51,9 +51,14 @@ _COMPILE = textwrap.dedent("""
     qb2 = MaxSimConfig(block_t=64, queries_per_block=2, q_blocks_per_program=2)
     calls["dense B=4 q_blocks_per_program=2"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
         Q4, D, offsets, max_doc_len=max_len, config=qb2, validate=False), ())
-    # Several queries' defaults, rows past a document's end repeated: the held 128-row block,
-    # documents side by side (slots) and single tiles of padded documents.
+    # Several queries' defaults, rows past a document's end repeated: the held 128-row block
+    # (a head holding its tail), documents side by side (slots: eight for a full 128-row block,
+    # four otherwise, in order of length) and single tiles of padded documents.
     calls["dense B=4 held"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
+        Q4[:, :32], D, offsets, max_doc_len=max_len, validate=False,
+        config=dense.default_config(4, 32, max_len, 128, True, offsets.numel() - 1,
+                                    joins_tail=True)), ())
+    calls["dense B=4 slots"] = (_maxsim_packed_slots_kernel, lambda: maxsim_packed(
         Q4[:, :32], D, offsets, max_doc_len=max_len, validate=False), ())
     Q16 = torch.randn(16, 16, 128, generator=g).half()
     calls["dense B=16 slots"] = (_maxsim_packed_slots_kernel, lambda: maxsim_packed(
@@ -63,13 +68,16 @@ _COMPILE = textwrap.dedent("""
         Q8, torch.zeros(8, 64, 128, dtype=torch.float16), torch.full((8,), 40),
         validate=False), ())
     # The held query's documents walked as one loop (the default for one query's short
-    # documents), one query and four.
+    # documents), one query and four (their held 128-row block).
     def flat(Qf):
         saved = dense._flat_documents
         dense._flat_documents = lambda q, cfg, packed, tail, mean: dense._flat_applies(
             cfg, packed, tail)
+        config = None if Qf.dim() == 2 else dense.default_config(
+            Qf.shape[0], Qf.shape[1], max_len, 128, True, offsets.numel() - 1, joins_tail=True)
         try:
-            return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, validate=False)
+            return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, config=config,
+                                 validate=False)
         finally:
             dense._flat_documents = saved
     for name, Qf in (("dense flat documents", Q), ("dense B=4 flat documents", Q4[:, :32])):
@@ -177,15 +185,15 @@ def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
     # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
     # table / gather, 3 pipelined; the mma kernel's permuted table; last: value range (2 dtypes x
     # clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 1
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 2
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name
     # The short padded documents' default is the held query over a running max.
     assert compiled["dense padded 64 held"]["running_max"] is True
     # Several queries repeat the rows past a document's end, on every path; one query masks.
-    for name in ("dense B=4 held", "dense B=16 slots", "dense B=8 padded single tile",
-                 "dense B=4 q_blocks_per_program=2"):
+    for name in ("dense B=4 held", "dense B=4 slots", "dense B=16 slots",
+                 "dense B=8 padded single tile", "dense B=4 q_blocks_per_program=2"):
         assert compiled[name]["repeat_rows"] is True, name
     assert compiled["dense B=8 padded single tile"]["single_tile"] is True
     assert compiled["dense d=128"]["repeat_rows"] is False

@@ -146,6 +146,9 @@ CONFIGS = [
     # The tiles' documents taken in order of length, scores stored at their own positions.
     pytest.param(MaxSimConfig(block_t=8, queries_per_block=2, docs_per_program=4, slots=True,
                               length_order=True), id="slots-8x4-length-order"),
+    # The default's eight documents of 16-token slots for a full block of several queries.
+    pytest.param(MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=8, slots=True,
+                              length_order=True), id="slots-16x8-length-order"),
     # One query tile held across tiles and documents: several documents per program, several
     # query blocks (programs) per document.
     pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True), id="hold-query-3docs"),
@@ -403,13 +406,17 @@ DEFAULT_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("joins_tail", [False, True])
 @pytest.mark.parametrize("B,Lq", [(4, 32), (5, 17), (3, 40)])
-def test_default_held_query_blocks_of_several_queries_are_exact(B, Lq, device):
+def test_default_full_query_blocks_of_several_queries_are_exact(B, Lq, joins_tail, device):
     """Several queries over many packed documents longer than one tile: 128-row query blocks
-    held across documents (a last block partly empty at B = 5 and 3)."""
+    over eight documents a tile in order of length, or held across documents for a head that
+    holds its tail (a last block partly empty at B = 5 and 3)."""
     lengths = [3, 0, 150, 1, 17, 64, 2, 129, 9, 33]
-    config = default_config(B, Lq, max(lengths), 128, variable_lengths=True, num_docs=MANY_DOCS)
-    assert config.hold_query and config.queries_per_block * 2 ** (Lq - 1).bit_length() == 128
+    config = default_config(B, Lq, max(lengths), 128, variable_lengths=True, num_docs=MANY_DOCS,
+                            joins_tail=joins_tail)
+    assert config.queries_per_block * 2 ** (Lq - 1).bit_length() == 128
+    assert (config.hold_query, config.slots and config.length_order) == (joins_tail, not joins_tail)
     Q = _rand(B, Lq, 128, dtype=torch.float16, device=device)
     D, offsets = _packed_from_lengths(lengths, 128, torch.float16, device)
     out = maxsim_packed(Q, D, offsets, config=config)

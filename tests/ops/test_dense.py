@@ -152,14 +152,22 @@ def test_default_config_holds_the_query_over_short_padded_documents():
     assert not default_config(1, 32, 64, 384, num_docs=MANY_DOCS).hold_query
 
 
-def test_default_config_holds_full_query_blocks_of_several_queries():
+def test_default_config_for_full_query_blocks_of_several_queries():
+    """Many packed documents and a full 128-row block of several queries: eight documents a
+    tile in order of length; a head that holds its split query's tail: the held block."""
+    slots = MaxSimConfig(block_t=16, queries_per_block=4, docs_per_program=8, slots=True,
+                         num_warps=4, num_stages=2, length_order=True)
     held = MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8, hold_query=True,
                         num_warps=4, num_stages=3)
     for B in (4, 16, 32):
-        assert default_config(B, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == held
-    assert default_config(4, 17, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == held
+        assert default_config(B, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == slots
+        assert default_config(B, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS,
+                              joins_tail=True) == held
+    assert default_config(4, 17, 300, 128, variable_lengths=True, num_docs=MANY_DOCS) == slots
     assert default_config(4, 64, 300, 64, variable_lengths=True,
-                          num_docs=MANY_DOCS) == dataclasses.replace(held, queries_per_block=2)
+                          num_docs=MANY_DOCS) == dataclasses.replace(slots, queries_per_block=2)
+    assert default_config(4, 64, 300, 64, variable_lengths=True, num_docs=MANY_DOCS,
+                          joins_tail=True) == dataclasses.replace(held, queries_per_block=2)
     # Not for fewer rows than 128 (B = 2 at 32 tokens), short queries, padded or few documents,
     # fp32, d past one chunk, or documents that fit one tile (the cross-query tiles).
     for B, Lq, max_len, d, packed, docs, size in [
@@ -167,8 +175,10 @@ def test_default_config_holds_full_query_blocks_of_several_queries():
             (4, 32, 300, 128, False, MANY_DOCS, 2), (4, 32, 300, 128, True, MANY_DOCS - 1, 2),
             (4, 32, 300, 128, True, MANY_DOCS, 4), (4, 32, 300, 256, True, MANY_DOCS, 2),
             (4, 32, 128, 128, True, MANY_DOCS, 2)]:
-        assert not default_config(B, Lq, max_len, d, variable_lengths=packed, num_docs=docs,
-                                  element_size=size).hold_query
+        for joins_tail in (False, True):
+            cfg = default_config(B, Lq, max_len, d, variable_lengths=packed, num_docs=docs,
+                                 element_size=size, joins_tail=joins_tail)
+            assert not cfg.hold_query and cfg.docs_per_program != 8
 
 
 def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():

@@ -120,7 +120,7 @@ def _wide_chunk(dim: int) -> int:
 
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    variable_lengths: bool = False, num_docs: int = 0,
-                   element_size: int = 2) -> MaxSimConfig:
+                   element_size: int = 2, joins_tail: bool = False) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
     results/PERFORMANCE_LOG.md, runs 18, 90, 92, 99, 102, 104, 105, 107, 108, 111 and 116).
@@ -134,6 +134,9 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         num_docs: documents scored (0 when unknown).
         element_size: bytes per input element (fp32 inputs keep the per-document default: a
             held fp32 query tile would take twice the registers of the fp16 one timed below).
+        joins_tail: the launch of a split query's head that may hold its tail beside it
+            (:func:`tail_joins_head`): the held query block where several queries fill one, as
+            only it holds a tail.
     """
     if num_queries == 1:
         wide_query = pow2(Lq) > 32
@@ -208,10 +211,16 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     if (variable_lengths and num_docs >= MANY_DOCS and element_size == 2 and dim <= MAX_BLOCK_D
             and 32 <= pow2(Lq) <= 64 and queries_per_block * pow2(Lq) == FULL_QUERY_BLOCK_ROWS):
         # Many packed documents and full 128-row query blocks (4 queries of 17-32 tokens, 2 of
-        # 33-64): the block held in registers across 8 documents, 32-token tiles of 4 warps
-        # (the slots below re-read the query block from L2 for every step).
-        return MaxSimConfig(block_t=32, queries_per_block=queries_per_block, docs_per_program=8,
-                            hold_query=True, num_warps=4, num_stages=3)
+        # 33-64): eight documents in order of length side by side, 16-token slots, one
+        # [128 x 128] product a step (1.07-1.14x where the tensor cores bound the launch,
+        # 1.02-1.04x where the read does: results/dense_variants/h100-757d1d9-slots-8x16).
+        # A head that holds its tail (joins_tail) keeps the block held in registers across 8
+        # documents in 32-token tiles.
+        if joins_tail:
+            return MaxSimConfig(block_t=32, queries_per_block=queries_per_block,
+                                docs_per_program=8, hold_query=True, num_warps=4, num_stages=3)
+        return MaxSimConfig(block_t=16, queries_per_block=queries_per_block, docs_per_program=8,
+                            slots=True, num_warps=4, num_stages=2, length_order=True)
     if variable_lengths:
         # Short varied documents four at a time, 16-token slots: one [128 x 64] product per step.
         # A tile runs to its longest document: where the query block fills the product (the
@@ -354,7 +363,7 @@ def tail_joins_head(num_queries: int, head: int, tail: int, max_doc_len: int | N
     block of TAIL_JOIN_MIN_ROWS rows or more, that block is held beside it and multiplied by the
     same document tiles (the documents read once, not twice)."""
     cfg = default_config(num_queries, head, max_doc_len, dim, variable_lengths, num_docs,
-                         element_size)
+                         element_size, joins_tail=True)
     return (cfg.hold_query and not cfg.running_max
             and _tail_lq(tail, cfg.queries_per_block) * cfg.queries_per_block
             >= TAIL_JOIN_MIN_ROWS)
@@ -400,7 +409,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     head = Lq - tail_tokens
     cfg = config or default_config(B, head, max_doc_len, dim, variable_lengths=packed,
-                                   num_docs=num_out_docs, element_size=Q3.element_size())
+                                   num_docs=num_out_docs, element_size=Q3.element_size(),
+                                   joins_tail=tail_tokens > 0)
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
     num_d_tiles = cdiv(dim, block_d)
