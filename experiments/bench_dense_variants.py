@@ -157,9 +157,9 @@ def _repeat_switch(repeat: bool):
 
 @contextlib.contextmanager
 def _config_switch(rule):
-    """dense.default_config replaced by ``rule(config, num_queries, variable_lengths)`` of the
-    default's config, except for a head that holds its split query's tail (joins_tail), which
-    keeps the held block only it can be."""
+    """dense.default_config replaced by ``rule(config, num_queries, variable_lengths, held)``:
+    ``config`` the default's, ``held()`` the default's for a head that holds its split query's
+    tail (joins_tail). Such a head keeps its held block, the only one that holds a tail."""
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
