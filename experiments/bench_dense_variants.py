@@ -20,10 +20,10 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``length order``, ``order given``: the default launch where it takes the slots kernel, with
   the tiles' documents in order of length (``MaxSimConfig.length_order``: a tile runs to its
   longest document, so documents of like length share it), or in the order given;
-* ``slots by length``, ``slots 8x16 by length``: every several-query launch over packed
-  documents as the slots kernel in order of length, 4 documents of 16-token slots or 8 (a
-  128-column product: half the query operand's shared-memory reads per product; the default's
-  for a full 128-row block over many documents), the default's query blocks;
+* ``slots 8x16 by length``: every several-query launch over packed documents as the slots
+  kernel in order of length, 8 documents of 16-token slots (a 128-column product: half the query
+  operand's shared-memory reads of a 64-column one; the default's for a full 128-row block over
+  many documents, not yet for queries of up to 16 tokens), the default's query blocks;
 * ``held block``: several queries' full 128-row blocks held in registers across 8 documents
   in 32-token tiles (the default's before 8 x 16 slots; still a split query's head that holds
   its tail);
@@ -223,7 +223,6 @@ VARIANTS = {"default": contextlib.nullcontext,
             "loop per document": lambda: _flat_switch(False),
             "length order": _length_order_switch,
             "order given": lambda: _length_order_switch(on=False),
-            "slots by length": lambda: _length_order_switch(4, 16),
             "slots 8x16 by length": lambda: _length_order_switch(8, 16),
             "held block": _held_block_switch}
 

@@ -321,8 +321,8 @@ def dense_flat(work: Path, opts) -> list[Step]:
 
 def slots_length(work: Path, opts) -> list[Step]:
     """The GPU tests of the slots kernel (its documents in order of length among them), then the
-    dense default beside its slots in order of length or in the order given, 4 x 16 and 8 x 16
-    slots for every several-query launch, and the held query block, on the B >= 4 packed cells,
+    dense default beside its slots in order of length or in the order given, 8 x 16 slots for
+    every several-query launch, and the held query block, on the B >= 4 packed cells,
     3 alternated rounds (about 4 minutes)."""
     from experiments.bench_dense_variants import SEVERAL_QUERY_CELLS
 
@@ -330,8 +330,8 @@ def slots_length(work: Path, opts) -> list[Step]:
                                  "-k", "slots or length or any_config"), 100),
             Step("slots-length", module("experiments.bench_dense_variants", "--cells",
                                         *SEVERAL_QUERY_CELLS, "--variants", "length order",
-                                        "order given", "slots by length",
-                                        "slots 8x16 by length", "held block",
+                                        "order given", "slots 8x16 by length",
+                                        "held block",
                                         "--rounds", "3",
                                         "--out", str(work / "slots-length")), 420)]
 
@@ -527,7 +527,7 @@ SUITES = {
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
     "slots-length": Suite("GPU tests of the slots kernel; the dense default beside its slots in "
-                          "order of length or not, 4 x 16 and 8 x 16 slots and the held block, "
+                          "order of length or not, 8 x 16 slots and the held block, "
                           "B >= 4 packed", slots_length),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),

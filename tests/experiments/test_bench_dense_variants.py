@@ -61,11 +61,11 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     cell = dv.make_cell("B4-Lq33", sizing)
     rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"),
                        ("masked rows", "repeated rows", "flat documents", "loop per document",
-                        "length order", "order given", "slots by length",
-                        "slots 8x16 by length", "held block"))
+                        "length order", "order given", "slots 8x16 by length",
+                        "held block"))
     assert [r["variant"] for r in rows] == ["default", "masked rows", "repeated rows",
                                             "flat documents", "loop per document",
-                                            "length order", "order given", "slots by length",
+                                            "length order", "order given",
                                             "slots 8x16 by length", "held block",
                                             "validate=False"]
 
@@ -115,7 +115,7 @@ def test_length_order_variants_switch_the_configs_and_restore_the_rule():
     with dv.VARIANTS["order given"]():
         assert dense.default_config(16, 32, None, 128, True, 100_000) == \
             dataclasses.replace(full, length_order=False)
-    for name, docs, slot in (("slots by length", 4, 16), ("slots 8x16 by length", 8, 16)):
+    for name, docs, slot in (("slots 8x16 by length", 8, 16),):
         with dv.VARIANTS[name]():
             cfg = dense.default_config(16, 32, None, 128, True, 100_000)
             assert (cfg.slots, cfg.length_order, cfg.docs_per_program, cfg.block_t,

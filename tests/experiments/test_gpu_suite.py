@@ -145,7 +145,7 @@ EXPECTED = {
         "slots-length": ["-m", "experiments.bench_dense_variants", "--cells", "B4", "B4-Lq33",
                          "B16-Lq16", "B32-Lq8", "B32-Lq33", "B16-Lq8", "B32-Lq16", "B16", "B32",
                          "B4-Lq64", "B16-Lq64", "--variants", "length order", "order given",
-                         "slots by length", "slots 8x16 by length", "held block",
+                         "slots 8x16 by length", "held block",
                          "--rounds", "3", "--out",
                          "W/slots-length"],
     },
