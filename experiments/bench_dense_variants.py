@@ -27,6 +27,9 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``held block``: several queries' full 128-row blocks held in registers across 8 documents
   in 32-token tiles (the default's before 8 x 16 slots; still a split query's head that holds
   its tail);
+* ``tail apart``: a split query's tail (``dense.default_query_chunks``) in a second launch
+  of its own where the default holds it beside the head (``dense.tail_joins_head``): the head
+  then takes 8 x 16 slots, the tail its own config, and the documents are read twice;
 * ``validate=False``: the default launch without the checks' host work;
 * ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
   (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
@@ -87,6 +90,9 @@ CELLS = {
     "B32": {"B": 32},
     "B4-Lq64": {"B": 4, "Lq": 64},
     "B16-Lq64": {"B": 16, "Lq": 64},
+    "B4-Lq48": {"B": 4, "Lq": 48},
+    "B16-Lq48": {"B": 16, "Lq": 48},
+    "B32-Lq48": {"B": 32, "Lq": 48},
     "B4-padded": {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST},
     "d64": {"d": 64},
     "d64-Lq16": {"d": 64, "Lq": 16},
@@ -119,6 +125,9 @@ NARROW_ROW_CELLS = ("d64", "d64-Lq16", "d64-Lq24", "d64-lognormal-150", "d64-hea
 # Lq = 33 as 32 + 1 tokens) and the held query block's (Lq 17-64).
 SEVERAL_QUERY_CELLS = ("B4", "B4-Lq33", "B16-Lq16", "B32-Lq8", "B32-Lq33", "B16-Lq8",
                        "B32-Lq16", "B16", "B32", "B4-Lq64", "B16-Lq64")
+# Several queries split into a 32-token head and a 16-token tail that joins the head's launch
+# (dense.tail_joins_head).
+JOINED_TAIL_CELLS = ("B4-Lq48", "B16-Lq48", "B32-Lq48")
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
@@ -204,6 +213,18 @@ def _held_block_switch():
 
 
 @contextlib.contextmanager
+def _tail_apart_switch():
+    """A split query's tail in a launch of its own, never held beside the head (the head then
+    takes the default's config for its rows alone: 8 x 16 slots where its block is full)."""
+    saved = dense.tail_joins_head
+    dense.tail_joins_head = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        dense.tail_joins_head = saved
+
+
+@contextlib.contextmanager
 def _flat_switch(flat: bool):
     saved = dense._flat_documents
     dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
@@ -224,7 +245,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "length order": _length_order_switch,
             "order given": lambda: _length_order_switch(on=False),
             "slots 8x16 by length": lambda: _length_order_switch(8, 16),
-            "held block": _held_block_switch}
+            "held block": _held_block_switch,
+            "tail apart": _tail_apart_switch}
 
 # Variants that are another config of the same call, not a switch around the default's.
 CONFIG_VARIANTS = {

@@ -336,6 +336,32 @@ def slots_length(work: Path, opts) -> list[Step]:
                                         "--out", str(work / "slots-length")), 420)]
 
 
+def joined_tail(work: Path, opts) -> list[Step]:
+    """The GPU tests of split queries and full query blocks, then the dense default beside a
+    split query's tail in a launch of its own and beside the held block, on several queries of
+    48 tokens (a 32-token head holding its 16-token tail), 3 alternated rounds; then the shape
+    grid's B x Lq packed cells with the peers (about 6 minutes)."""
+    from experiments.bench_dense_variants import JOINED_TAIL_CELLS
+
+    return [Step("split-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
+                                 "-k", "split or tail or full_query_blocks"), 100),
+            Step("joined-tail", module("experiments.bench_dense_variants", "--cells",
+                                       *JOINED_TAIL_CELLS, "--variants", "tail apart",
+                                       "held block", "--rounds", "3",
+                                       "--out", str(work / "joined-tail")), 200),
+            Step("grid-B-Lq", module("experiments.bench_grid", "--cells", "full", "--groups",
+                                     "grid_B_Lq", "--budget", "200", "--no-plots",
+                                     "--out", str(work / "grid-B-Lq")), 240)]
+
+
+def stage4_table(work: Path, opts) -> list[Step]:
+    """The plugin's stage 4 at C = 2^18 (fp32 query, fp16x2 products, stage 1's table) with its
+    table split by query rows, as the op's default does, beside one launch over the whole table,
+    from 2,000 to 100,000 candidates, 3 alternated rounds (about 1 minute)."""
+    return [Step("stage4-table", module("experiments.bench_stage4_table",
+                                        "--out", str(work / "stage4-table")), 150)]
+
+
 def dense_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
     beside it (4 and 2 documents a grab) and the peers on one query's packed cells furthest below
@@ -529,6 +555,12 @@ SUITES = {
     "slots-length": Suite("GPU tests of the slots kernel; the dense default beside its slots in "
                           "order of length or not, 8 x 16 slots and the held block, "
                           "B >= 4 packed", slots_length),
+    "joined-tail": Suite("GPU tests of split queries; the dense default beside a split query's "
+                         "tail in its own launch and the held block, B >= 4, Lq = 48; the grid's "
+                         "B x Lq packed cells", joined_tail),
+    "stage4-table": Suite("the plugin's stage 4 at C = 2^18: its table split by query rows "
+                          "beside one launch over the whole table, 2k-100k candidates",
+                          stage4_table),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),
     "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "

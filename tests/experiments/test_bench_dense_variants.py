@@ -10,6 +10,7 @@ import torch
 
 from experiments import bench_dense_variants as dv
 from experiments import bench_grid as bg
+from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
 
 
@@ -130,3 +131,31 @@ def test_length_order_variants_switch_the_configs_and_restore_the_rule():
             configs(1, 32, None, 128, True, 100_000)
     assert dense.default_config is configs
     assert set(dv.SEVERAL_QUERY_CELLS) <= set(dv.CELLS)
+
+
+def test_tail_apart_scores_a_joined_tail_in_its_own_launch(monkeypatch):
+    """B = 4, Lq = 48: the default holds the 16-token tail beside the 32-token head (one launch
+    with tail_tokens); the switch makes it two launches, each without a tail, then restores the
+    rule. Both score as the float64 reference."""
+    monkeypatch.setattr(dense, "MANY_DOCS", 4)  # the held block's rule, at a CPU's size
+    rule = dense.tail_joins_head
+    assert rule(4, 32, 16, None, 128, True, 5, 2)
+    tails = []
+    real = dense._launch_kernel
+    monkeypatch.setattr(dense, "_launch_kernel",
+                        lambda *a, **k: tails.append(k.get("tail_tokens", 0)) or real(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    Q = torch.randn(4, 48, 128, generator=g).half()
+    lengths = torch.tensor([3, 0, 17, 5, 140])  # one over 128: no single-tile launch
+    offsets = torch.zeros(6, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    D = torch.randn(int(offsets[-1]), 128, generator=g).half()
+    joined = dense.maxsim_packed(Q, D, offsets)
+    with dv.VARIANTS["tail apart"]():
+        assert not dense.tail_joins_head(4, 32, 16, None, 128, True, 5, 2)
+        apart = dense.maxsim_packed(Q, D, offsets)
+    assert dense.tail_joins_head is rule
+    assert tails == [16, 0, 0]
+    want = reference.maxsim_packed(Q, D, offsets)
+    torch.testing.assert_close(joined.double(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(apart.double(), want, rtol=1e-4, atol=1e-4)

@@ -149,6 +149,18 @@ EXPECTED = {
                          "--rounds", "3", "--out",
                          "W/slots-length"],
     },
+    "joined-tail": {
+        "split-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py", "-k",
+                        "split or tail or full_query_blocks"],
+        "joined-tail": ["-m", "experiments.bench_dense_variants", "--cells", "B4-Lq48",
+                        "B16-Lq48", "B32-Lq48", "--variants", "tail apart", "held block",
+                        "--rounds", "3", "--out", "W/joined-tail"],
+        "grid-B-Lq": ["-m", "experiments.bench_grid", "--cells", "full", "--groups", "grid_B_Lq",
+                      "--budget", "200", "--no-plots", "--out", "W/grid-B-Lq"],
+    },
+    "stage4-table": {
+        "stage4-table": ["-m", "experiments.bench_stage4_table", "--out", "W/stage4-table"],
+    },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
         "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
