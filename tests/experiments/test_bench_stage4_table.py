@@ -23,10 +23,15 @@ def test_split_and_whole_tables_score_as_the_reference(monkeypatch):
                         lambda Q3, *a, **k: launches.append(Q3.shape[1]) or real(Q3, *a, **k))
     pids = torch.tensor([0, 3, 7, 8, 20, 39])
     calls = stage4_calls(index, Q, table, pids)
-    split, whole = calls["split"](), calls["whole"]()
+    split, whole = calls["default"](), calls["whole"]()
     assert launches == [16, 16, 32]
     want = maxsim_residual_reference(Q[None], index["codes"], index["residuals"],
                                      index["offsets"], index["centroids"],
                                      index["bucket_weights"], nbits, pids)
     torch.testing.assert_close(split.double(), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(whole.double(), want, rtol=1e-4, atol=1e-4)
+    launches.clear()
+    rerank = stage4_calls(index, Q, None, pids)
+    torch.testing.assert_close(rerank["default"]().double(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rerank["whole"]().double(), want, rtol=1e-4, atol=1e-4)
+    assert launches == [16, 16, 32]

@@ -159,7 +159,9 @@ EXPECTED = {
                       "--budget", "200", "--no-plots", "--out", "W/grid-B-Lq"],
     },
     "stage4-table": {
-        "stage4-table": ["-m", "experiments.bench_stage4_table", "--out", "W/stage4-table"],
+        "stage4-table": ["-m", "experiments.bench_stage4_table", "--centroids", "262144",
+                         "524288", "--query-lens", "32", "64", "--modes", "search", "rerank",
+                         "--candidates", "2000", "12000", "100000", "--out", "W/stage4-table"],
     },
     "dense-mma": {
         "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
