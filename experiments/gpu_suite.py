@@ -355,12 +355,12 @@ def joined_tail(work: Path, opts) -> list[Step]:
 
 
 def stage4_table(work: Path, opts) -> list[Step]:
-    """The plugin's stage 4 (fp32 query, fp16x2 products) past the table budget, C = 2^18 and
-    2^19, 32- and 64-token queries, stage 1's table (search) and the op's own (rerank): the op's
+    """The plugin's stage 4 (fp32 query, fp16x2 products) past the table budget, C = 2^18, 2^19
+    and 2^20, 32- and 64-token queries, stage 1's table (search) and the op's own (rerank): the op's
     default (the table split by query rows, or centroid rows gathered) beside one launch over
-    the whole table, 2,000 / 12,000 / 100,000 candidates, 3 alternated rounds (about 3 minutes)."""
+    the whole table, 2,000 / 12,000 / 100,000 candidates, 3 alternated rounds (about 4 minutes)."""
     return [Step("stage4-table", module("experiments.bench_stage4_table", "--centroids",
-                                        "262144", "524288", "--query-lens", "32", "64",
+                                        "262144", "524288", "1048576", "--query-lens", "32", "64",
                                         "--modes", "search", "rerank", "--candidates", "2000",
                                         "12000", "100000", "--out", str(work / "stage4-table")),
                  300)]

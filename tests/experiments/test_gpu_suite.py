@@ -160,7 +160,7 @@ EXPECTED = {
     },
     "stage4-table": {
         "stage4-table": ["-m", "experiments.bench_stage4_table", "--centroids", "262144",
-                         "524288", "--query-lens", "32", "64", "--modes", "search", "rerank",
+                         "524288", "1048576", "--query-lens", "32", "64", "--modes", "search", "rerank",
                          "--candidates", "2000", "12000", "100000", "--out", "W/stage4-table"],
     },
     "dense-mma": {
