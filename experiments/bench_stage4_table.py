@@ -1,29 +1,28 @@
-"""Stage 4's centroid-score table past the table budget: split by query rows, or whole.
+"""Centroid-score tables past the table budget: one query's table whole, or split by query rows.
 
     python -m experiments.bench_stage4_table [--num-docs 100000] [--candidates N ...]
-        [--centroids C ...] [--query-lens L ...] [--modes search rerank] [--nbits 2]
+        [--centroids C ...] [--query-lens L ...] [--modes search rerank fp16] [--nbits 2]
         [--rounds 3] [--out DIR]      (GPU)
 
 The plugin's stage 4 scores its candidates with an fp32 query and fp16x2 products. In a search
 it reuses the [C, Lq] fp32 table stage 1 made (``centroids @ Q.T``, mode ``search``); in a
-rerank the op builds it from the fp16 centroids (mode ``rerank``). At C = 2^18 a 32-token table
-is 32 MiB, over ``ops.residual.MAX_CENTROID_TABLE_BYTES``: the op splits it by query rows
-(``centroid_table_tiles``; a caller's table is copied out tile by tile), and scores the
-candidates once per tile so that each launch's table stays in L2 while their tokens look it up;
-where even a 16-row tile is over the budget it gathers centroid rows instead (and the plugin
-multiplies in tf32x3, as the default row here does). Per (C, Lq, mode)
-and number of candidates (random documents of ``bench_compressed.make_index``'s MS MARCO-like
-index, random codes), this times the op's default call (``default``) beside one launch over
-the whole table (``whole``: the default's launch config with ``centroid_table=True``), in
-alternated rounds, each as called (do_bench) and replayed from a CUDA graph (``graph_ms``: the
-plugin replays stage 4 inside its search graph). Both must score alike within 1e-4.
-Rows go to ``OUT/stage4_table.json`` (harness format).
+rerank the op builds it from the fp16 centroids (mode ``rerank``); a user of ``maxsim_residual``
+with an fp16 query has the op build an fp16 table (mode ``fp16``). At C = 2^18 a 32-token fp32
+table is 32 MiB, over ``ops.residual.MAX_CENTROID_TABLE_BYTES``. Per (C, Lq, mode) and number of
+candidates (random documents of ``bench_compressed.make_index``'s MS MARCO-like index, random
+codes), this times the op's default call (``default``: one query's table whole,
+``ops.residual.WHOLE_TABLE_ROWS``) beside the same call under the budget alone (``split``:
+``WHOLE_TABLE_ROWS = 0``, the rule before: the table split by query rows, its tiles copied out of
+a caller's table, or centroid rows gathered where no 16-row tile fits, which the plugin
+multiplies in tf32x3), in alternated rounds, each as called (do_bench) and replayed from a CUDA
+graph (``graph_ms``: the plugin replays stage 4 inside its search graph). Both must score alike
+within 1e-4 (1e-2 for the fp16 query). Rows go to ``OUT/stage4_table.json`` (harness format).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import statistics
 
 import torch
@@ -35,42 +34,66 @@ from tilemaxsim_plaid.ops import residual
 
 SUITE = "stage4_table"
 CANDIDATES = (2_000, 6_000, 12_000, 25_000, 50_000, 100_000)
-MODES = ("search", "rerank")
+MODES = ("search", "rerank", "fp16")
+# Agreement of the two calls: fp32 products and tables, or an fp16 query's fp16 table.
+TOLERANCE = {"search": 1e-4, "rerank": 1e-4, "fp16": 1e-2}
 
 
-def stage4_calls(index: dict, Q: torch.Tensor, table: torch.Tensor | None, pids: torch.Tensor):
-    """``{"default": the plugin's stage-4 call, "whole": one launch over the whole table}`` for
-    ``pids``; ``table``: stage 1's [C, Lq] (a search), or None (a rerank: the op builds it).
-    Where no table tile fits the budget, the plugin's call is fp32 products over gathered
-    centroid rows (``plaid.backends.products_for``: tf32x3), which the default row times."""
-    args = (Q[None], index["codes"], index["residuals"], index["offsets"], index["centroids"],
+@contextlib.contextmanager
+def budget_rule():
+    """The op's rule before one query's table was read whole: every table over
+    MAX_CENTROID_TABLE_BYTES split by query rows, or its centroid rows gathered."""
+    saved = residual.WHOLE_TABLE_ROWS
+    residual.WHOLE_TABLE_ROWS = 0
+    try:
+        yield
+    finally:
+        residual.WHOLE_TABLE_ROWS = saved
+
+
+def stage4_calls(index: dict, Q: torch.Tensor, mode: str, pids: torch.Tensor):
+    """``{"split": the call under budget_rule, "default": the op's default call}`` for ``pids``.
+    ``mode``: "search" (stage 1's table given), "rerank" (the op builds it), both with fp16x2
+    products (``split_query``) of the fp32 ``Q``, or "fp16" (``Q`` in fp16, the op's own fp16
+    table). Where budget_rule fits no table tile, the plugin's call was fp32 products over
+    gathered centroid rows (``plaid.backends.products_for``: tf32x3), which "split" times."""
+    args = (index["codes"], index["residuals"], index["offsets"], index["centroids"],
             index["bucket_weights"], index["nbits"], pids)
-    kwargs = dict(inv_norms=index["inv_norms"], centroid_scores=table, split_query=True,
-                  validate=False)
-    whole = dataclasses.replace(
-        residual.default_residual_config(1, Q.shape[0], True, pids.numel(), Q.element_size(),
-                                         False, index["nbits"]),
-        centroid_table=True)
-    gathers = residual.centroid_table_tiles(index["centroids"].shape[0], 1, Q.shape[0], 4) is None
-    default = ({**kwargs, "centroid_scores": None, "split_query": False} if gathers else kwargs)
-    return {"default": lambda: residual.maxsim_residual(*args, **default),
-            "whole": lambda: residual.maxsim_residual(*args, config=whole, **kwargs)}
+    if mode == "fp16":
+        Q16 = Q.half()[None]
+        call = dict(inv_norms=index["inv_norms"], validate=False)
+        return {"split": lambda: _under_budget_rule(Q16, args, call),
+                "default": lambda: residual.maxsim_residual(Q16, *args, **call)}
+    table = index["centroids"].float() @ Q.T if mode == "search" else None
+    call = dict(inv_norms=index["inv_norms"], centroid_scores=table, split_query=True,
+                validate=False)
+    with budget_rule():
+        gathers = residual.centroid_table_tiles(index["centroids"].shape[0], 1, Q.shape[0], 4) is None
+    before = {**call, "centroid_scores": None, "split_query": False} if gathers else call
+    return {"split": lambda: _under_budget_rule(Q[None], args, before),
+            "default": lambda: residual.maxsim_residual(Q[None], *args, **call)}
+
+
+def _under_budget_rule(Q3, args, call):
+    with budget_rule():
+        return residual.maxsim_residual(Q3, *args, **call)
 
 
 def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int, g) -> list[dict]:
     C, num_docs = index["centroids"].shape[0], index["offsets"].numel() - 1
-    table = index["centroids"].float() @ Q.T if mode == "search" else None
     tokens_per_doc = index["codes"].numel() / num_docs
-    tiles = residual.centroid_table_tiles(C, 1, Q.shape[0], 4)
+    with budget_rule():
+        tiles = residual.centroid_table_tiles(C, 1, Q.shape[0], 2 if mode == "fp16" else 4)
     rows = []
     for m in candidates:
         pids = torch.randperm(num_docs, generator=g)[:m].sort().values.to(Q.device)
-        calls = stage4_calls(index, Q, table, pids)
-        want, got = calls["default"](), calls["whole"]()
+        calls = stage4_calls(index, Q, mode, pids)
+        want, got = calls["split"](), calls["default"]()
+        tol = TOLERANCE[mode]
         if not (torch.equal(torch.isfinite(got), torch.isfinite(want))
-                and torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
-            raise AssertionError(f"{mode} C={C} {m} candidates: the whole table does not score "
-                                 "as the default")
+                and torch.allclose(got, want, rtol=tol, atol=tol)):
+            raise AssertionError(f"{mode} C={C} {m} candidates: the default does not score as "
+                                 "the split table")
         times = {name: [] for name in calls}
         for _ in range(rounds):
             for name, fn in calls.items():
@@ -82,14 +105,16 @@ def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int,
                 SUITE, f"{mode} C={C} Lq={Q.shape[0]} nbits={index['nbits']} {m} candidates",
                 name, (ms, min(samples), max(samples)), num_docs=m, nbytes=0, flops=0,
                 ceilings={}, mode=mode, candidates=m, centroids=C, query_len=Q.shape[0],
-                nbits=index["nbits"], table_mib=C * Q.shape[0] * 4 / 2**20,
-                default_tiles=str(tiles), lookups_per_row=lookups, rounds=samples,
+                nbits=index["nbits"],
+                table_mib=C * Q.shape[0] * (2 if mode == "fp16" else 4) / 2**20,
+                split_tiles=str(tiles), lookups_per_row=lookups, rounds=samples,
                 graph_ms=harness.graph_replay_ms(calls[name])))
-        default, whole = rows[-2], rows[-1]
-        print(f"{mode} C={C} Lq={Q.shape[0]} (default tiles {tiles}) {m:>7} candidates "
-              f"({lookups:5.2f} lookups a table row): default {default['ms']:.4f} ms (graph "
-              f"{default['graph_ms']:.4f}), whole {whole['ms']:.4f} (graph {whole['graph_ms']:.4f}): "
-              f"whole/default graph {whole['graph_ms'] / default['graph_ms']:.3f}", flush=True)
+        split, default = rows[-2], rows[-1]
+        print(f"{mode} C={C} Lq={Q.shape[0]} (split tiles {tiles}) {m:>7} candidates "
+              f"({lookups:5.2f} lookups a table row): split {split['ms']:.4f} ms (graph "
+              f"{split['graph_ms']:.4f}), default {default['ms']:.4f} (graph "
+              f"{default['graph_ms']:.4f}): default/split graph "
+              f"{default['graph_ms'] / split['graph_ms']:.3f}", flush=True)
     return rows
 
 
@@ -100,7 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--candidates", type=int, nargs="+", default=list(CANDIDATES))
     parser.add_argument("--centroids", type=int, nargs="+", default=[1 << 18])
     parser.add_argument("--query-lens", type=int, nargs="+", default=[QUERY_LEN])
-    parser.add_argument("--modes", nargs="+", default=["search"], choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--nbits", type=int, default=2, choices=(1, 2, 4))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="results/stage4_table")

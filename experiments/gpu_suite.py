@@ -355,15 +355,18 @@ def joined_tail(work: Path, opts) -> list[Step]:
 
 
 def stage4_table(work: Path, opts) -> list[Step]:
-    """The plugin's stage 4 (fp32 query, fp16x2 products) past the table budget, C = 2^18, 2^19
-    and 2^20, 32- and 64-token queries, stage 1's table (search) and the op's own (rerank): the op's
-    default (the table split by query rows, or centroid rows gathered) beside one launch over
-    the whole table, 2,000 / 12,000 / 100,000 candidates, 3 alternated rounds (about 4 minutes)."""
-    return [Step("stage4-table", module("experiments.bench_stage4_table", "--centroids",
+    """One query's centroid-score table past the budget, read whole (the default) beside the
+    rule before (split by query rows, or centroid rows gathered): C = 2^18, 2^19 and 2^20, 32-
+    and 64-token queries, the plugin's stage 4 in a search and a rerank and an fp16 query's own
+    table, 2,000 / 12,000 / 100,000 candidates, 3 alternated rounds (about 5 minutes), after
+    the GPU tests of the tables' rules and of stage 4."""
+    return [Step("table-tests", (*PYTEST, *parallel_workers(), "tests/ops/test_residual.py",
+                                 "tests/plaid/test_stage4_tables.py",
+                                 "tests/experiments/test_bench_stage4_table.py"), 120),
+            Step("stage4-table", module("experiments.bench_stage4_table", "--centroids",
                                         "262144", "524288", "1048576", "--query-lens", "32", "64",
-                                        "--modes", "search", "rerank", "--candidates", "2000",
-                                        "12000", "100000", "--out", str(work / "stage4-table")),
-                 300)]
+                                        "--candidates", "2000", "12000", "100000",
+                                        "--out", str(work / "stage4-table")), 400)]
 
 
 def dense_mma(work: Path, opts) -> list[Step]:
@@ -562,9 +565,9 @@ SUITES = {
     "joined-tail": Suite("GPU tests of split queries; the dense default beside a split query's "
                          "tail in its own launch and the held block, B >= 4, Lq = 48; the grid's "
                          "B x Lq packed cells", joined_tail),
-    "stage4-table": Suite("the plugin's stage 4 at C = 2^18 and 2^19: the op's default (table "
-                          "split by query rows, or rows gathered) beside one launch over the "
-                          "whole table, 2k-100k candidates",
+    "stage4-table": Suite("one query's centroid-score table past the budget, whole (the "
+                          "default) beside split by query rows or gathered, C = 2^18-2^20, "
+                          "2k-100k candidates",
                           stage4_table),
     "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
                        "peers on one query's packed cells below the read roof", dense_mma),

@@ -1,58 +1,67 @@
-"""bench_stage4_table's two calls score alike and are the launches it names (timing needs a GPU)."""
+"""bench_stage4_table's two calls: the op's default (one query's table whole) and the rule
+before it (the table split by query rows, or centroid rows gathered), both exact (timing needs a
+GPU)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.bench_stage4_table import stage4_calls
 from experiments.bench_compressed import make_index
+from experiments.bench_stage4_table import budget_rule, stage4_calls
 from tilemaxsim_plaid.ops import residual
-from tilemaxsim_plaid.reference import maxsim_residual as maxsim_residual_reference
+from tilemaxsim_plaid.reference import maxsim_residual as reference
+
+C, DIM, NBITS = 64, 32, 2
 
 
-def test_split_and_whole_tables_score_as_the_reference(monkeypatch):
-    C, dim, nbits = 64, 32, 2
-    index = make_index(40, C, dim, nbits, torch.device("cpu"))
-    Q = F.normalize(torch.randn(32, dim, generator=torch.Generator().manual_seed(3)), dim=-1)
-    table = index["centroids"].float() @ Q.T
-    # A budget that fits 16 of the 32 query rows: the default splits the table in two tiles.
-    monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", C * 16 * 4)
-    assert residual.centroid_table_tiles(C, 1, 32, 4) == (1, 16)
-    launches = []
-    real = residual._launch_kernel
-    monkeypatch.setattr(residual, "_launch_kernel",
-                        lambda Q3, *a, **k: launches.append(Q3.shape[1]) or real(Q3, *a, **k))
-    pids = torch.tensor([0, 3, 7, 8, 20, 39])
-    calls = stage4_calls(index, Q, table, pids)
-    split, whole = calls["default"](), calls["whole"]()
-    assert launches == [16, 16, 32]
-    want = maxsim_residual_reference(Q[None], index["codes"], index["residuals"],
-                                     index["offsets"], index["centroids"],
-                                     index["bucket_weights"], nbits, pids)
-    torch.testing.assert_close(split.double(), want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(whole.double(), want, rtol=1e-4, atol=1e-4)
-    launches.clear()
-    rerank = stage4_calls(index, Q, None, pids)
-    torch.testing.assert_close(rerank["default"]().double(), want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(rerank["whole"]().double(), want, rtol=1e-4, atol=1e-4)
-    assert launches == [16, 16, 32]
-
-
-def test_where_no_tile_fits_the_default_is_the_plugins_gathered_fp32_call(monkeypatch):
-    C, dim, nbits = 64, 32, 2
-    index = make_index(30, C, dim, nbits, torch.device("cpu"))
-    Q = F.normalize(torch.randn(32, dim, generator=torch.Generator().manual_seed(4)), dim=-1)
-    monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", C * 8 * 4)  # 8 rows < 16
-    assert residual.centroid_table_tiles(C, 1, 32, 4) is None
+def _recorded(monkeypatch):
+    """(query rows, a table passed, split_query, whole-table rule on) of every launch."""
     seen = []
     real = residual._launch_kernel
     monkeypatch.setattr(residual, "_launch_kernel", lambda Q3, *a, **k: seen.append(
-        (Q3.shape[1], a[-2] is not None, a[-1])) or real(Q3, *a, **k))
-    pids = torch.tensor([1, 2, 9, 29])
-    calls = stage4_calls(index, Q, index["centroids"].float() @ Q.T, pids)
-    want = maxsim_residual_reference(Q[None], index["codes"], index["residuals"],
-                                     index["offsets"], index["centroids"],
-                                     index["bucket_weights"], nbits, pids)
-    for name in ("default", "whole"):
-        torch.testing.assert_close(calls[name]().double(), want, rtol=1e-4, atol=1e-4)
-    # (query rows, a table passed, split_query): the gathered fp32 call, then the whole table.
-    assert seen == [(32, False, False), (32, True, True)]
+        (Q3.shape[1], a[-2] is not None, a[-1], residual.WHOLE_TABLE_ROWS > 0))
+        or real(Q3, *a, **k))
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["search", "rerank", "fp16"])
+@pytest.mark.parametrize("rows_in_budget,split_launches", [
+    pytest.param(16, [16, 16], id="two-tiles"),
+    pytest.param(8, [32], id="no-tile-fits"),
+])
+def test_split_and_default_score_as_the_reference(monkeypatch, mode, rows_in_budget,
+                                                  split_launches):
+    index = make_index(40, C, DIM, NBITS, torch.device("cpu"))
+    Q = F.normalize(torch.randn(32, DIM, generator=torch.Generator().manual_seed(3)), dim=-1)
+    element = 2 if mode == "fp16" else 4
+    monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", C * rows_in_budget * element)
+    monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 0.0)  # 40 documents stand for many
+    seen = _recorded(monkeypatch)
+    pids = torch.tensor([0, 3, 7, 8, 20, 39])
+    calls = stage4_calls(index, Q, mode, pids)
+    split, default = calls["split"](), calls["default"]()
+    assert residual.WHOLE_TABLE_ROWS == 64  # restored
+    plugin = mode != "fp16"
+    gathers = rows_in_budget < residual.MIN_TABLE_TILE_ROWS
+    # The split launches: each tile a table (the caller's copied out in a search), or the
+    # gathered call (fp32 products without split_query in the plugin's modes).
+    assert [n for n, *_ in seen[:-1]] == split_launches
+    assert all(not whole for *_, whole in seen[:-1])
+    if gathers and plugin:
+        assert all(not given and not split for _, given, split, _ in seen[:-1])
+    else:
+        assert all(given == (mode == "search") and split == plugin for _, given, split, _ in seen[:-1])
+    assert seen[-1] == (32, mode == "search", plugin, True)  # the default: one whole table
+    want = reference(Q.half()[None] if mode == "fp16" else Q[None], index["codes"],
+                     index["residuals"], index["offsets"], index["centroids"],
+                     index["bucket_weights"], NBITS, pids)
+    tol = 1e-2 if mode == "fp16" else 1e-4
+    for got in (split, default):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+def test_budget_rule_restores_the_whole_table_rule_on_error():
+    with pytest.raises(RuntimeError), budget_rule():
+        assert residual.WHOLE_TABLE_ROWS == 0
+        raise RuntimeError
+    assert residual.WHOLE_TABLE_ROWS == 64

@@ -159,8 +159,11 @@ EXPECTED = {
                       "--budget", "200", "--no-plots", "--out", "W/grid-B-Lq"],
     },
     "stage4-table": {
+        "table-tests": [*PYTEST, *XDIST, "tests/ops/test_residual.py",
+                        "tests/plaid/test_stage4_tables.py",
+                        "tests/experiments/test_bench_stage4_table.py"],
         "stage4-table": ["-m", "experiments.bench_stage4_table", "--centroids", "262144",
-                         "524288", "1048576", "--query-lens", "32", "64", "--modes", "search", "rerank",
+                         "524288", "1048576", "--query-lens", "32", "64",
                          "--candidates", "2000", "12000", "100000", "--out", "W/stage4-table"],
     },
     "dense-mma": {

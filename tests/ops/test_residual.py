@@ -19,6 +19,7 @@ from tests.kernels.test_maxsim_residual import (  # noqa: F401
     unit_queries,
 )
 from tests.tolerances import assert_close
+from tilemaxsim_plaid.ops.launch import pow2
 from tilemaxsim_plaid.codecs.residual import bucket_table, field_order_weights
 from tilemaxsim_plaid.ops import residual
 from tilemaxsim_plaid.ops.residual import (MANY_DOCS, ResidualConfig, decode_table,
@@ -333,40 +334,47 @@ def _index_at(num_centroids, device, dim=128, nbits=2):
     return index
 
 
-@pytest.mark.parametrize("dtype,C,tokens_per_launch,table_path", [
-    pytest.param(torch.float16, 1 << 18, [32], True, id="fp16-table-whole-at-2-bytes"),
-    pytest.param(torch.float32, 1 << 18, [16, 16], True, id="fp32-table-in-two-tiles"),
-    pytest.param(torch.float32, 1 << 20, [32], False, id="fp32-tiles-too-narrow-gather"),
+@pytest.mark.parametrize("dtype,C,Lq,few_tokens,tokens_per_launch,table_path", [
+    pytest.param(torch.float16, 1 << 18, 32, True, [32], True, id="fp16-table-within-budget"),
+    pytest.param(torch.float32, 1 << 18, 32, False, [32], True, id="fp32-one-query-whole"),
+    pytest.param(torch.float32, 1 << 18, 32, True, [32], False, id="fp32-few-tokens-gather"),
+    pytest.param(torch.float32, 1 << 18, 96, True, [24] * 4, True, id="fp32-96-rows-four-tiles"),
+    pytest.param(torch.float32, 1 << 20, 96, True, [96], False, id="fp32-tiles-too-narrow"),
 ])
 def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, triton_default, dtype,
-                                             C, tokens_per_launch, table_path):
-    """32 query rows at MS MARCO's C = 2**18: the fp16 table (16 MiB) fits
-    MAX_CENTROID_TABLE_BYTES whole; the fp32 table (32 MiB) is split into two 16-row tables,
-    still the table path, logged once at INFO. At C = 2**20 even a 16-row fp32 table (16 MiB) is
-    over: centroid rows are gathered, and that slower path is the one WARNING, logged once."""
+                                             C, Lq, few_tokens, tokens_per_launch, table_path):
+    """MS MARCO's C = 2**18: a 32-token query's fp16 table (16 MiB) fits
+    MAX_CENTROID_TABLE_BYTES; its fp32 table (32 MiB) does not, but one query's table is used
+    whole (WHOLE_TABLE_ROWS), unless the op would build it for fewer scored tokens than
+    MIN_TOKENS_PER_CENTROID a centroid: then it gathers centroid rows, the faster path there,
+    with no log line. A 96-token query's table (96 MiB) is split into four 24-row tables, logged
+    once at INFO; at C = 2**20 even a 16-row tile is over: centroid rows are gathered, the one
+    WARNING, logged once."""
     kernel = RecordingKernel()
     built = []
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
     monkeypatch.setattr(residual, "MANY_DOCS", 2)
     monkeypatch.setattr(residual, "_logged_no_table", set())
     monkeypatch.setattr(residual, "_logged_tiles", set())
+    if not few_tokens:  # the index's 9 tokens stand for half a million
+        monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 9 / C)
     monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32: (
         built.append((dt, Q3.shape[1])) or torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1],
                                                         dtype=dt)))
-    rows = 32
-    assert residual.centroid_table_fits(1 << 18, rows, 2)
-    assert not residual.centroid_table_fits(1 << 18, rows, 4)
-    assert not residual.centroid_table_fits(1 << 18, rows)  # the default is fp32
+    assert residual.centroid_table_fits(1 << 18, 32, 2)
+    assert not residual.centroid_table_fits(1 << 18, 32, 4)
+    assert not residual.centroid_table_fits(1 << 18, 32)  # the default is fp32
     index = _index_at(C, device)
-    Q = unit_queries(1, rows, 128, dtype, device)
+    Q = unit_queries(1, Lq, 128, dtype, device)
     inv_norms = torch.ones(index["codes"].shape[0], device=device)
     with caplog.at_level("INFO", logger=residual.__name__):
         for _ in range(2):
             score(Q, index, 2, inv_norms=inv_norms)
     launches = [kwargs for _, kwargs in kernel.launches]
-    assert [kwargs["LQ"] for kwargs in launches] == tokens_per_launch * 2
+    # LQ: the launch's query rows rounded up to a power of two
+    assert [kwargs["LQ"] for kwargs in launches] == [pow2(n) for n in tokens_per_launch] * 2
     assert all(kwargs["CENTROID_TABLE"] is table_path for kwargs in launches)
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     if table_path:
         table_dtype = torch.float16 if dtype == torch.float16 else torch.float32
@@ -374,41 +382,72 @@ def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, triton
         assert not warnings
         if dtype == torch.float16:
             assert launches[0]["DECODE_GROUP"] == 0  # the permute decoder of the fp16 default
+        if len(tokens_per_launch) == 1:
             assert not infos
         else:
             (message,) = infos  # once, not per call
-            assert f"C={C}" in message and "32.0 MiB" in message
-            assert "2 launches of 1 x 16" in message
+            assert f"C={C}" in message and "96.0 MiB" in message
+            assert "4 launches of 1 x 24" in message
     else:
         assert built == []
         assert launches[0]["DECODE_GROUP"] == 2
-        (record,) = warnings  # once, not per call
-        message = record.getMessage()
-        assert f"C={C}" in message and f"B*Lq={rows}" in message and "4-byte" in message
-        assert "128.0 MiB" in message and "gathering centroid rows" in message
+        assert not infos
+        if Lq <= residual.WHOLE_TABLE_ROWS:
+            assert not warnings
+        else:
+            (message,) = warnings  # once, not per call
+            assert f"C={C}" in message and f"B*Lq={Lq}" in message and "4-byte" in message
+            assert "384.0 MiB" in message and "gathering centroid rows" in message
+
+
+def test_few_tokens_judged_by_the_pids_and_the_mean_document_length(device, monkeypatch):
+    """Where the op would build a one-query table over the budget, it reads it whole from
+    MIN_TOKENS_PER_CENTROID scored tokens a centroid on: all of the index's without pids, else
+    the pids' count times the mean document length (no sync); a caller's table and split_query
+    always take the table."""
+    kernel = RecordingKernel()
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32:
+                        torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1], dtype=dt))
+    monkeypatch.setattr(residual, "split_query_centroid_scores", lambda Q3, c: (
+        torch.zeros(c.shape[0], Q3.shape[1]), Q3.half(), Q3.half()))
+    C = 1 << 18
+    index = _index_at(C, device)  # 3 documents, 9 tokens: 3 a document
+    Q = unit_queries(1, 32, 128, torch.float32, device)
+    inv_norms = torch.ones(index["codes"].shape[0], device=device)
+    monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 6 / C)
+    pids = torch.tensor([0, 2], device=device)
+    calls = [dict(), dict(pids=pids), dict(pids=pids[:1]),
+             dict(pids=pids[:1], centroid_scores=torch.zeros(C, 32, device=device)),
+             dict(pids=pids[:1], split_query=True)]
+    for kwargs in calls:
+        score(Q, index, 2, inv_norms=inv_norms, **kwargs)
+    assert [kw["CENTROID_TABLE"] for _, kw in kernel.launches] == [True, True, False, True, True]
 
 
 @pytest.mark.parametrize("C,B,Lq,element_size,want", [
     pytest.param(1 << 16, 1, 32, 4, (1, 32), id="C2^16-whole"),
     pytest.param(1 << 18, 1, 32, 2, (1, 32), id="C2^18-fp16-whole"),
-    pytest.param(1 << 18, 1, 32, 4, (1, 16), id="C2^18-fp32-two-tiles"),
-    pytest.param(1 << 18, 1, 33, 4, (1, 17), id="C2^18-Lq33-two-tiles"),
-    pytest.param(1 << 18, 1, 45, 4, (1, 23), id="C2^18-Lq45-two-tiles"),
-    pytest.param(1 << 18, 1, 64, 4, (1, 22), id="C2^18-Lq64-three-tiles"),
-    pytest.param(1 << 18, 1, 8, 4, (1, 8), id="C2^18-short-query-whole"),
-    pytest.param(1 << 18, 4, 8, 4, (3, 8), id="C2^18-whole-queries-per-launch"),
+    pytest.param(1 << 18, 1, 32, 4, (1, 32), id="C2^18-fp32-one-query-whole"),
+    pytest.param(1 << 18, 1, 64, 4, (1, 64), id="C2^18-Lq64-whole"),
+    pytest.param(1 << 18, 2, 32, 4, (2, 32), id="C2^18-64-rows-whole"),
+    pytest.param(1 << 20, 1, 64, 4, (1, 64), id="C2^20-Lq64-whole"),
+    pytest.param(1 << 18, 1, 65, 4, (1, 22), id="C2^18-Lq65-three-tiles"),
+    pytest.param(1 << 18, 1, 96, 4, (1, 24), id="C2^18-Lq96-four-tiles"),
+    pytest.param(1 << 18, 9, 8, 4, (3, 8), id="C2^18-whole-queries-per-launch"),
     pytest.param(1 << 18, 3, 32, 2, (1, 32), id="C2^18-fp16-one-query-per-launch"),
-    pytest.param(1 << 19, 1, 32, 4, None, id="C2^19-tiles-too-narrow"),
-    pytest.param(1 << 19, 1, 12, 4, (1, 12), id="C2^19-narrow-whole-query"),
-    pytest.param(1 << 30, 1, 1, 4, None, id="no-row-fits"),
+    pytest.param(1 << 19, 1, 96, 4, None, id="C2^19-tiles-too-narrow"),
+    pytest.param(1 << 19, 6, 12, 4, (1, 12), id="C2^19-narrow-whole-query"),
+    pytest.param(1 << 30, 65, 1, 4, None, id="no-row-fits"),
     pytest.param(0, 1, 32, 4, (1, 32), id="no-centroids"),
 ])
 def test_centroid_table_tiles(C, B, Lq, element_size, want):
-    """The split of a table over launches: whole queries first, then the fewest equal token
-    tiles; every launch's table fits, and no tile of a query is narrower than 16 rows."""
+    """The split of a table over launches: one launch for at most WHOLE_TABLE_ROWS rows; a wider
+    table whole queries first, then the fewest equal token tiles; every split launch's table
+    fits, and no tile of a query is narrower than 16 rows."""
     tiles = residual.centroid_table_tiles(C, B, Lq, element_size)
     assert tiles == want
-    if tiles is not None:
+    if tiles is not None and B * Lq > residual.WHOLE_TABLE_ROWS:
         queries, tokens = tiles
         assert residual.centroid_table_fits(C, queries * tokens, element_size)
         assert tokens == Lq or tokens >= residual.MIN_TABLE_TILE_ROWS
@@ -430,9 +469,11 @@ def test_caller_table_judged_at_its_own_bytes(device, monkeypatch):
 
 def _tile_budget(monkeypatch, rows, element_size, num_centroids=NUM_CENTROIDS):
     """Make one launch's table hold ``rows`` query rows of this small index, as an fp32 table
-    at C = 2**18 holds 24 (the real budget would need 2**18 centroids under the interpreter);
-    returns the query-token counts the launches are given."""
+    at C = 2**18 holds 24 (the real budget would need 2**18 centroids under the interpreter),
+    and split every table over it (a query of 65 tokens and more at that C); returns the
+    query-token counts the launches are given."""
     monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", rows * num_centroids * element_size)
+    monkeypatch.setattr(residual, "WHOLE_TABLE_ROWS", 0)  # the split at this small size
     monkeypatch.setattr(residual, "_logged_tiles", set())
     launched = []
     real = residual._launch_kernel

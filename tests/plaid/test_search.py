@@ -300,8 +300,9 @@ def test_auto_products_take_fp16x2_only_where_the_weights_are_fp16_values(
 @pytest.mark.parametrize("products", ["auto", "fp16x2", "fp16"])
 def test_fp16_products_fall_back_to_tf32x3_without_the_centroid_table(
         tiny_searcher, tiny_query_embeddings, monkeypatch, caplog, products):
-    """An index whose centroid-score table is too large for the table path (MS MARCO's full
-    index has 2**18 centroids) or a query longer than one launch: every mode scores as tf32x3,
+    """A centroid-score table too large for the table path even split by query rows (a query
+    of 65-128 tokens at C = 2**19; one of up to WHOLE_TABLE_ROWS takes its table whole) or a
+    query longer than one launch: every mode scores as tf32x3,
     exactly, instead of failing (split_query needs the table) or losing the centroid part's
     precision; an explicit fp16 mode says so in the log."""
     from tilemaxsim_plaid.ops import residual
@@ -321,6 +322,7 @@ def test_fp16_products_fall_back_to_tf32x3_without_the_centroid_table(
         assert backends.products_for(index, 129) == "tf32x3"  # scored in two launches
         # A table of one row's size or less: this tiny index now looks like a huge one.
         monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", 4 * Q.shape[0])
+        monkeypatch.setattr(residual, "WHOLE_TABLE_ROWS", 0)
         assert backends.products_for(index, Q.shape[0]) == "tf32x3"
         with caplog.at_level("WARNING", logger=backends.logger.name):
             scores = backends.exact_scores(index, Q, everything)

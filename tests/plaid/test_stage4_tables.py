@@ -1,6 +1,7 @@
 """Stage 4's centroid-score tables at large centroid counts: the fp16 products keep their exact
-centroid part from tables split by query rows (ops.residual.centroid_table_tiles), and fall back
-to tf32x3, logged and counted, only where even the tiles do not fit."""
+centroid part from one query's whole table at any C, from tables split by query rows where a
+query is wider (ops.residual.centroid_table_tiles), and fall back to tf32x3, logged and counted,
+only where even the tiles do not fit."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from tilemaxsim_plaid.plaid.device_index import DeviceIndex
 DIM, NBITS, NUM_CENTROIDS, QUERY_LEN = 128, 2, 40, 32
 # Lengths on purpose: an empty document, one token, one past a 16-token tile, longer ones.
 DOC_LENGTHS = [0, 1, 17, 40, 9, 33]
-# An fp32 table of 32 query rows at C = 2**18 is 32 MiB; the budget (24 MiB) holds 24 rows.
+# An fp32 table of a query at C = 2**18 is a MiB a row; the budget (24 MiB) holds 24 rows, which
+# splits a query of 65-128 tokens (wider than WHOLE_TABLE_ROWS).
 ROWS_AT_MSMARCO_SCALE = residual.MAX_CENTROID_TABLE_BYTES // ((1 << 18) * 4)
 
 
@@ -70,8 +72,10 @@ def triton_stage_4(monkeypatch):
 
 def _table_budget(monkeypatch, rows: int) -> list[tuple[int, bool, bool]]:
     """One launch's fp32 table holds ``rows`` query rows of the small index, as 24 do at
-    C = 2**18; returns (query tokens, split_query, table given) of every launch."""
+    C = 2**18, and the 32-token query is split as a wider one is there (no whole table);
+    returns (query tokens, split_query, table given) of every launch."""
     monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", rows * NUM_CENTROIDS * 4)
+    monkeypatch.setattr(residual, "WHOLE_TABLE_ROWS", 0)
     launched = []
     real = residual._launch_kernel
 
@@ -116,15 +120,17 @@ def _assert_close(actual, expected, key):
                                atol=atol)
 
 
+@pytest.mark.parametrize("C", [1 << 18, 1 << 19, 1 << 20])
 @pytest.mark.parametrize("choice", ["auto", "fp16x2", "fp16"])
-def test_fp16_products_kept_at_msmarco_centroid_count(triton_stage_4, device, monkeypatch,
-                                                      caplog, choice):
-    """C = 2**18 and a 32-token query: the fp32 table (32 MiB) is over the budget, but two
-    16-row tables are not: the fp16 products stay, nothing is counted or logged."""
+def test_fp16_products_kept_at_large_centroid_counts(triton_stage_4, device, monkeypatch,
+                                                     caplog, choice, C):
+    """A 32-token query at MS MARCO's C = 2**18 and beyond: the fp32 table (32-128 MiB) is over
+    the budget, but one query's table is used whole: the fp16 products stay, nothing is
+    counted or logged."""
     monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, choice)
-    index = with_centroid_count(small_index(device), 1 << 18)
-    assert not residual.centroid_table_fits(1 << 18, QUERY_LEN)
-    assert residual.centroid_table_tiles(1 << 18, 1, QUERY_LEN) == (1, 16)
+    index = with_centroid_count(small_index(device), C)
+    assert not residual.centroid_table_fits(C, QUERY_LEN)
+    assert residual.centroid_table_tiles(C, 1, QUERY_LEN) == (1, QUERY_LEN)
     before = _fallbacks()
     with caplog.at_level(logging.INFO):
         assert backends.resolved_products(index, QUERY_LEN) == (
@@ -137,16 +143,16 @@ def test_fp16_products_kept_at_msmarco_centroid_count(triton_stage_4, device, mo
 @pytest.mark.parametrize("choice", ["auto", "fp16x2", "fp16"])
 def test_tf32x3_where_even_the_tiles_do_not_fit(triton_stage_4, device, monkeypatch, caplog,
                                                 choice):
-    """C = 2**19: a 16-row fp32 table (32 MiB) is over the budget too; an explicit fp16 mode
-    falls back to tf32x3 with one WARNING per process and a count per query; "auto" resolves
-    to tf32x3 without either."""
+    """C = 2**19 and a 96-token query (wider than WHOLE_TABLE_ROWS): a 16-row fp32 tile (32 MiB)
+    is over the budget too; an explicit fp16 mode falls back to tf32x3 with one WARNING per
+    process and a count per query; "auto" resolves to tf32x3 without either."""
     monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, choice)
     index = with_centroid_count(small_index(device), 1 << 19)
-    assert residual.centroid_table_tiles(1 << 19, 1, QUERY_LEN) is None
+    assert residual.centroid_table_tiles(1 << 19, 1, 96) is None
     before = _fallbacks()
     with caplog.at_level(logging.INFO):
         for _ in range(2):
-            assert backends.products_for(index, QUERY_LEN) == "tf32x3"
+            assert backends.products_for(index, 96) == "tf32x3"
     explicit = choice != "auto"
     assert _counted_since(before)[0] == (2 if explicit else 0)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -162,7 +168,8 @@ def test_tf32x3_where_even_the_tiles_do_not_fit(triton_stage_4, device, monkeypa
 def test_fp16x2_in_tiles_is_exact(triton_stage_4, device, monkeypatch, caplog, nbits,
                                   stage_1_table):
     """The budget shrunk so that this small index stands where C = 2**18 stands (24 fp32 rows
-    per table): stage 4 multiplies as fp16x2 in two 16-token launches, from the fp16 centroids
+    per table) for a query wider than WHOLE_TABLE_ROWS: stage 4 multiplies as fp16x2 in two
+    16-token launches, from the fp16 centroids
     (a rerank) or from candidate generation's table (a search), and matches the float64
     reference with an empty document (-inf) and repeated pids; no fallback, no WARNING."""
     monkeypatch.setenv(backends.PRODUCTS_ENV_VAR, "auto")

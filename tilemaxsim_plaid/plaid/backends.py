@@ -70,8 +70,8 @@ def uses_centroid_table(index: DeviceIndex, num_query_tokens: int) -> bool:
     """Whether stage 4 takes the centroid part of its scores from centroid-score tables of the
     query (fp32: the fp16 products are multiplied against an fp32 query's table): precomputed
     inverse norms, a query the kernel scores in one launch, and a table the residual op serves,
-    whole or split by query rows (``ops.residual.centroid_table_tiles``: MS MARCO's full index,
-    2**18 centroids, takes a 32-token query as two tables of 16 rows)."""
+    whole or split by query rows (``ops.residual.centroid_table_tiles``: one query of up to
+    WHOLE_TABLE_ROWS tokens takes its table whole at any C)."""
     from tilemaxsim_plaid.ops.launch import MAX_LQ_PER_LAUNCH
     from tilemaxsim_plaid.ops.residual import centroid_table_tiles
 
