@@ -11,7 +11,8 @@ with an fp16 query has the op build an fp16 table (mode ``fp16``). At C = 2^18 a
 table is 32 MiB, over ``ops.residual.MAX_CENTROID_TABLE_BYTES``. Per (C, Lq, mode) and number of
 candidates (random documents of ``bench_compressed.make_index``'s MS MARCO-like index, random
 codes), this times the op's default call (``default``: one query's table whole,
-``ops.residual.WHOLE_TABLE_ROWS``) beside the same call under the budget alone (``split``:
+``ops.residual.WHOLE_TABLE_ROWS``, except one the op would build where no tile fits, which it
+gathers) beside the same call under the budget alone (``split``:
 ``WHOLE_TABLE_ROWS = 0``, the rule before: the table split by query rows, its tiles copied out of
 a caller's table, or centroid rows gathered where no 16-row tile fits, which the plugin
 multiplies in tf32x3), in alternated rounds, each as called (do_bench) and replayed from a CUDA

@@ -29,15 +29,15 @@ def _recorded(monkeypatch):
     pytest.param(16, [16, 16], id="two-tiles"),
     pytest.param(8, [32], id="no-tile-fits"),
 ])
-def test_split_and_default_score_as_the_reference(monkeypatch, mode, rows_in_budget,
+def test_split_and_default_score_as_the_reference(device, monkeypatch, mode, rows_in_budget,
                                                   split_launches):
-    index = make_index(40, C, DIM, NBITS, torch.device("cpu"))
-    Q = F.normalize(torch.randn(32, DIM, generator=torch.Generator().manual_seed(3)), dim=-1)
+    index = make_index(40, C, DIM, NBITS, device)
+    Q = F.normalize(torch.randn(32, DIM, generator=torch.Generator().manual_seed(3)),
+                    dim=-1).to(device)
     element = 2 if mode == "fp16" else 4
     monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", C * rows_in_budget * element)
-    monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 0.0)  # 40 documents stand for many
     seen = _recorded(monkeypatch)
-    pids = torch.tensor([0, 3, 7, 8, 20, 39])
+    pids = torch.tensor([0, 3, 7, 8, 20, 39], device=device)
     calls = stage4_calls(index, Q, mode, pids)
     split, default = calls["split"](), calls["default"]()
     assert residual.WHOLE_TABLE_ROWS == 64  # restored
@@ -57,7 +57,7 @@ def test_split_and_default_score_as_the_reference(monkeypatch, mode, rows_in_bud
                      index["bucket_weights"], NBITS, pids)
     tol = 1e-2 if mode == "fp16" else 1e-4
     for got in (split, default):
-        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol)
 
 
 def test_budget_rule_restores_the_whole_table_rule_on_error():

@@ -334,30 +334,27 @@ def _index_at(num_centroids, device, dim=128, nbits=2):
     return index
 
 
-@pytest.mark.parametrize("dtype,C,Lq,few_tokens,tokens_per_launch,table_path", [
-    pytest.param(torch.float16, 1 << 18, 32, True, [32], True, id="fp16-table-within-budget"),
-    pytest.param(torch.float32, 1 << 18, 32, False, [32], True, id="fp32-one-query-whole"),
-    pytest.param(torch.float32, 1 << 18, 32, True, [32], False, id="fp32-few-tokens-gather"),
-    pytest.param(torch.float32, 1 << 18, 96, True, [24] * 4, True, id="fp32-96-rows-four-tiles"),
-    pytest.param(torch.float32, 1 << 20, 96, True, [96], False, id="fp32-tiles-too-narrow"),
+@pytest.mark.parametrize("dtype,C,Lq,tokens_per_launch,table_path", [
+    pytest.param(torch.float16, 1 << 18, 32, [32], True, id="fp16-table-within-budget"),
+    pytest.param(torch.float32, 1 << 18, 32, [32], True, id="fp32-one-query-whole"),
+    pytest.param(torch.float32, 1 << 18, 96, [24] * 4, True, id="fp32-96-rows-four-tiles"),
+    pytest.param(torch.float32, 1 << 20, 32, [32], False, id="fp32-no-tile-fits-gather"),
+    pytest.param(torch.float16, 1 << 21, 64, [64], False, id="fp16-no-tile-fits-gather"),
 ])
 def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, triton_default, dtype,
-                                             C, Lq, few_tokens, tokens_per_launch, table_path):
+                                             C, Lq, tokens_per_launch, table_path):
     """MS MARCO's C = 2**18: a 32-token query's fp16 table (16 MiB) fits
     MAX_CENTROID_TABLE_BYTES; its fp32 table (32 MiB) does not, but one query's table is used
-    whole (WHOLE_TABLE_ROWS), unless the op would build it for fewer scored tokens than
-    MIN_TOKENS_PER_CENTROID a centroid: then it gathers centroid rows, the faster path there,
-    with no log line. A 96-token query's table (96 MiB) is split into four 24-row tables, logged
-    once at INFO; at C = 2**20 even a 16-row tile is over: centroid rows are gathered, the one
-    WARNING, logged once."""
+    whole (WHOLE_TABLE_ROWS) where it would be split. A 96-token query's table (96 MiB) is split
+    into four 24-row tables, logged once at INFO. Where not even a 16-row tile fits (C = 2**20
+    at fp32, 2**21 at fp16), a table the op would build is not: centroid rows are gathered, the
+    one WARNING, logged once."""
     kernel = RecordingKernel()
     built = []
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
     monkeypatch.setattr(residual, "MANY_DOCS", 2)
     monkeypatch.setattr(residual, "_logged_no_table", set())
     monkeypatch.setattr(residual, "_logged_tiles", set())
-    if not few_tokens:  # the index's 9 tokens stand for half a million
-        monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 9 / C)
     monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32: (
         built.append((dt, Q3.shape[1])) or torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1],
                                                         dtype=dt)))
@@ -389,40 +386,41 @@ def test_centroid_table_counted_in_its_dtype(device, monkeypatch, caplog, triton
             assert f"C={C}" in message and "96.0 MiB" in message
             assert "4 launches of 1 x 24" in message
     else:
-        assert built == []
+        assert built == [] and not infos
         assert launches[0]["DECODE_GROUP"] == 2
-        assert not infos
-        if Lq <= residual.WHOLE_TABLE_ROWS:
-            assert not warnings
-        else:
-            (message,) = warnings  # once, not per call
-            assert f"C={C}" in message and f"B*Lq={Lq}" in message and "4-byte" in message
-            assert "384.0 MiB" in message and "gathering centroid rows" in message
+        (message,) = warnings  # once, not per call
+        size = C * Lq * (2 if dtype == torch.float16 else 4) / 2**20
+        assert f"C={C}" in message and f"B*Lq={Lq}" in message
+        assert f"{size:.1f} MiB" in message and "gathering centroid rows" in message
 
 
-def test_few_tokens_judged_by_the_pids_and_the_mean_document_length(device, monkeypatch):
-    """Where the op would build a one-query table over the budget, it reads it whole from
-    MIN_TOKENS_PER_CENTROID scored tokens a centroid on: all of the index's without pids, else
-    the pids' count times the mean document length (no sync); a caller's table and split_query
-    always take the table."""
+def test_a_given_or_needed_table_is_whole_where_no_tile_fits(device, monkeypatch, caplog):
+    """C = 2**20, one 32-token query: no 16-row fp32 tile fits the budget. A table the op would
+    build is gathered instead; a caller's table (PLAID's stage 1) and split_query's own table
+    (which it needs) are read whole in one launch, with no log line."""
     kernel = RecordingKernel()
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    monkeypatch.setattr(residual, "_logged_no_table", set())
     monkeypatch.setattr(residual, "query_centroid_scores", lambda Q3, c, dt=torch.float32:
                         torch.zeros(c.shape[0], Q3.shape[0] * Q3.shape[1], dtype=dt))
     monkeypatch.setattr(residual, "split_query_centroid_scores", lambda Q3, c: (
-        torch.zeros(c.shape[0], Q3.shape[1]), Q3.half(), Q3.half()))
-    C = 1 << 18
-    index = _index_at(C, device)  # 3 documents, 9 tokens: 3 a document
+        torch.zeros(c.shape[0], Q3.shape[1], device=Q3.device), Q3.half(), Q3.half()))
+    C = 1 << 20
+    assert residual.centroid_table_tiles(C, 1, 32, builds=True) is None
+    assert residual.centroid_table_tiles(C, 1, 32) == (1, 32)
+    assert residual.centroid_table_tiles(C, 1, 96) is None  # wider than WHOLE_TABLE_ROWS
+    index = _index_at(C, device)
     Q = unit_queries(1, 32, 128, torch.float32, device)
     inv_norms = torch.ones(index["codes"].shape[0], device=device)
-    monkeypatch.setattr(residual, "MIN_TOKENS_PER_CENTROID", 6 / C)
-    pids = torch.tensor([0, 2], device=device)
-    calls = [dict(), dict(pids=pids), dict(pids=pids[:1]),
-             dict(pids=pids[:1], centroid_scores=torch.zeros(C, 32, device=device)),
-             dict(pids=pids[:1], split_query=True)]
-    for kwargs in calls:
-        score(Q, index, 2, inv_norms=inv_norms, **kwargs)
-    assert [kw["CENTROID_TABLE"] for _, kw in kernel.launches] == [True, True, False, True, True]
+    given = torch.zeros(C, 32, device=device)
+    with caplog.at_level("INFO", logger=residual.__name__):
+        score(Q, index, 2, inv_norms=inv_norms, centroid_scores=given)
+        score(Q, index, 2, inv_norms=inv_norms, split_query=True)
+        assert not caplog.records
+        score(Q, index, 2, inv_norms=inv_norms)
+    assert [(kw["LQ"], kw["CENTROID_TABLE"]) for _, kw in kernel.launches] == [
+        (32, True), (32, True), (32, False)]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
 
 
 @pytest.mark.parametrize("C,B,Lq,element_size,want", [
@@ -432,6 +430,7 @@ def test_few_tokens_judged_by_the_pids_and_the_mean_document_length(device, monk
     pytest.param(1 << 18, 1, 64, 4, (1, 64), id="C2^18-Lq64-whole"),
     pytest.param(1 << 18, 2, 32, 4, (2, 32), id="C2^18-64-rows-whole"),
     pytest.param(1 << 20, 1, 64, 4, (1, 64), id="C2^20-Lq64-whole"),
+    pytest.param(1 << 20, 1, 64, 2, (1, 64), id="C2^20-fp16-Lq64-whole"),
     pytest.param(1 << 18, 1, 65, 4, (1, 22), id="C2^18-Lq65-three-tiles"),
     pytest.param(1 << 18, 1, 96, 4, (1, 24), id="C2^18-Lq96-four-tiles"),
     pytest.param(1 << 18, 9, 8, 4, (3, 8), id="C2^18-whole-queries-per-launch"),
@@ -444,9 +443,13 @@ def test_few_tokens_judged_by_the_pids_and_the_mean_document_length(device, monk
 def test_centroid_table_tiles(C, B, Lq, element_size, want):
     """The split of a table over launches: one launch for at most WHOLE_TABLE_ROWS rows; a wider
     table whole queries first, then the fewest equal token tiles; every split launch's table
-    fits, and no tile of a query is narrower than 16 rows."""
+    fits, and no tile of a query is narrower than 16 rows. A table the op would build (builds)
+    differs only where no tile fits: its centroid rows are gathered."""
     tiles = residual.centroid_table_tiles(C, B, Lq, element_size)
     assert tiles == want
+    built = residual.centroid_table_tiles(C, B, Lq, element_size, builds=True)
+    no_tile_fits = residual._budget_tiles(C, B, Lq, element_size) is None
+    assert built == (None if no_tile_fits else want)
     if tiles is not None and B * Lq > residual.WHOLE_TABLE_ROWS:
         queries, tokens = tiles
         assert residual.centroid_table_fits(C, queries * tokens, element_size)

@@ -51,21 +51,20 @@ MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
 # The per-query centroid table S = centroids @ Q^T is gathered once per token (one row of B*Lq
-# entries, in the dtype it is built in: fp16 for fp16 queries, else fp32). A table of at most
-# WHOLE_TABLE_ROWS query rows (one query of up to 64 tokens) is used whole at any C: splitting
-# it decodes every document again per tile (and copies a caller's table tile by tile), which
-# costs more than the L2 misses of a table larger than L2 (C = 2^18-2^20, 2,000-100,000
-# candidates: 1.2-4.4x faster whole; results/stage4_table/h100-1400176). The op gathers centroid
-# rows instead (256 B per token at d = 128, pair decoder) only where it would build such a table
-# over MAX_CENTROID_TABLE_BYTES for fewer scored tokens than MIN_TOKENS_PER_CENTROID per
-# centroid: there the build, a read of every centroid, outweighs the lookups (a rerank of 2,000
-# candidates at C = 2^19). Wider tables keep the L2 budget: one launch's table under half of an
-# H100's or H200's L2, a larger one split over launches by query rows (centroid_table_tiles),
-# and gathered where a tile would be narrower than MIN_TABLE_TILE_ROWS. centroid_table_fits,
-# centroid_table_tiles and _use_table are the one place this is judged.
+# entries, in the dtype it is built in: fp16 for fp16 queries, else fp32); it pays off while it
+# stays in L2 (60 MB on an H200, 50 MB on an H100, shared with the streamed codes), so one
+# launch's table may take under half of it. A larger table is split over launches by query rows
+# (centroid_table_tiles); where a tile would be narrower than MIN_TABLE_TILE_ROWS the kernel
+# gathers centroid rows instead (256 B per token at d = 128) and decodes with the pair table.
+# Except one query's table (at most WHOLE_TABLE_ROWS query rows), used whole however large: a
+# split decodes every document again per tile (and copies a caller's table tile by tile), which
+# costs more than the L2 misses of a table larger than L2; where the table is given (PLAID's
+# stage 1) or split_query needs one, the whole table also beats gathered rows. A table the op
+# builds itself where no tile fits is still gathered, as an fp16 query's rows at C = 2^20 are
+# faster gathered (C = 2^18-2^20, 2,000-100,000 candidates: results/stage4_table/h100-b9d639e).
+# centroid_table_fits and centroid_table_tiles are the one place this is judged.
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 WHOLE_TABLE_ROWS = 64
-MIN_TOKENS_PER_CENTROID = 0.5
 # The narrowest tile of a split table (a whole query may be narrower): the tensor cores multiply
 # at least 16 query columns, so a narrower tile pays a whole pass over the documents' codes for
 # products that are partly padding.
@@ -124,12 +123,11 @@ class ResidualConfig:
             at least 1.
         centroid_table: True: centroid scores from the per-batch table (needs inv_norms);
             False: gather centroid rows; None: the table, in the dtype it is built in (fp16
-            with half_table): one query's whole (WHOLE_TABLE_ROWS), except a table built here
-            over MAX_CENTROID_TABLE_BYTES for fewer scored tokens than MIN_TOKENS_PER_CENTROID
-            a centroid (gathered); a wider one over as many launches by query rows as it takes
-            for each launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles,
-            logged once), gathered where even a MIN_TABLE_TILE_ROWS-row tile does not fit
-            (logged once).
+            with half_table), over as many launches by query rows as it takes for each
+            launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once),
+            gathered where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once); one
+            query's table (WHOLE_TABLE_ROWS) whole in one launch instead of split, and instead
+            of gathered where it is given or split_query needs it.
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension),
             or "permute" (no table lookups: weights by byte permutes from registers; nbits = 2
             or 4, 4-byte aligned residual rows, 16-bit products only).
@@ -471,12 +469,14 @@ def centroid_table_fits(num_centroids: int, num_rows: int, element_size: int = 4
 
 
 def centroid_table_tiles(num_centroids: int, num_queries: int, query_len: int,
-                         element_size: int = 4) -> tuple[int, int] | None:
+                         element_size: int = 4, builds: bool = False) -> tuple[int, int] | None:
     """How the table path scores ``num_queries`` queries of ``query_len`` rows against C
-    centroids: ``(queries, tokens)`` per launch; ``(num_queries, query_len)`` is one launch,
-    always so for at most WHOLE_TABLE_ROWS rows. A wider table is split so that each launch's
-    [C, queries * tokens] table fits :func:`centroid_table_fits`; None where even a tile of
-    MIN_TABLE_TILE_ROWS query rows does not fit: the centroid rows are gathered.
+    centroids: ``(queries, tokens)`` per launch, each launch's [C, queries * tokens] table
+    fitting :func:`centroid_table_fits`; ``(num_queries, query_len)`` is one launch. None where
+    even a tile of MIN_TABLE_TILE_ROWS query rows does not fit: the centroid rows are gathered.
+    At most WHOLE_TABLE_ROWS rows are one launch over the whole table wherever they would be
+    split, and also where no tile fits unless the op ``builds`` the table itself and could
+    gather instead (a caller's table, or split_query, which needs one).
 
     Whole queries first: launches over disjoint queries write disjoint rows of the scores, with
     nothing to sum. A query too wide for one table is cut into the fewest equal tiles of its
@@ -485,14 +485,21 @@ def centroid_table_tiles(num_centroids: int, num_queries: int, query_len: int,
     length adds 0). Every launch is a pass over the documents' codes and residual rows, decoding
     each token again, hence the fewest and widest tiles the budget allows, and none narrower
     than MIN_TABLE_TILE_ROWS rows. A 96-token query's fp32 table at MS MARCO's C = 2**18
-    (96 MiB) is four launches of 24 rows.
+    (96 MiB) is four launches of 24 rows; a 32-token one (32 MiB) is one launch.
 
     The budget stays one constant rather than a share of the device's L2 size: it already is
     under half of an H100's or H200's L2, and the 32 MiB table is over half of either, so a
     per-device budget would not keep that table whole; elsewhere it would only change choices
     that were never measured.
     """
-    if num_queries * query_len <= WHOLE_TABLE_ROWS:
+    tiles = _budget_tiles(num_centroids, num_queries, query_len, element_size)
+    if num_queries * query_len <= WHOLE_TABLE_ROWS and (tiles is not None or not builds):
+        return num_queries, query_len
+    return tiles
+
+
+def _budget_tiles(num_centroids, num_queries, query_len, element_size):
+    if num_queries * query_len == 0:
         return num_queries, query_len
     rows = MAX_CENTROID_TABLE_BYTES // max(1, num_centroids * element_size)
     if num_queries * query_len <= rows:
@@ -508,25 +515,25 @@ _logged_no_table: set[tuple[int, int, int]] = set()
 _logged_tiles: set[tuple[int, int, int]] = set()
 
 
-def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int,
-               element_size: int = 4, build_tokens: float | None = None) -> bool:
-    """Whether the launch reads a centroid-score table. ``build_tokens``: the tokens it scores
-    where it would build the table itself and could gather centroid rows instead (no caller's
-    table, no split_query); None where the table is given or needed."""
+def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_queries: int,
+               query_len: int, element_size: int = 4, builds: bool = False) -> bool:
+    """Whether one launch of ``num_queries`` x ``query_len`` rows reads a centroid-score table
+    (``builds``: the op would build it and could gather centroid rows instead)."""
     if cfg.centroid_table is None:
         if inv_norms is None:
             return False
-        if centroid_table_fits(num_centroids, num_rows, element_size):
+        whole = (num_queries, query_len)
+        if centroid_table_tiles(num_centroids, num_queries, query_len, element_size,
+                                builds) == whole:
             return True
-        if num_rows <= WHOLE_TABLE_ROWS:
-            return build_tokens is None or build_tokens >= MIN_TOKENS_PER_CENTROID * num_centroids
+        num_rows = num_queries * query_len
         key = (num_centroids, num_rows, element_size)
         if key not in _logged_no_table:
             _logged_no_table.add(key)
             logger.warning(
                 "maxsim_residual: the centroid-score table [C=%d, B*Lq=%d] of %d-byte entries "
                 "(%.1f MiB) is over MAX_CENTROID_TABLE_BYTES (%.1f MiB) even in tiles of %d "
-                "query rows: gathering centroid rows with the pair decoder instead (slower)",
+                "query rows: gathering centroid rows with the pair decoder instead",
                 num_centroids, num_rows, element_size,
                 num_centroids * num_rows * element_size / 2**20,
                 MAX_CENTROID_TABLE_BYTES / 2**20, MIN_TABLE_TILE_ROWS)
@@ -537,14 +544,6 @@ def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_rows: int
             "table gives <q, centroid> but not the norm of centroid + residual"
         )
     return cfg.centroid_table
-
-
-def _scored_tokens(codes, offsets, pids, num_out_docs: int) -> float:
-    """The tokens a launch decodes, from host-known sizes (no sync): every token without pids,
-    else the pids' count times the index's mean document length."""
-    if pids is None:
-        return codes.shape[0]
-    return num_out_docs * codes.shape[0] / max(1, offsets.numel() - 1)
 
 
 def _half_table(Q3, inv_norms, config, centroid_scores, split_query) -> bool:
@@ -596,7 +595,8 @@ def _launch_table_tiles(Q3, codes, residuals, offsets, centroids, bucket_weights
     if inv_norms is not None and (config is None or config.centroid_table is None):
         entry_bytes = _table_entry_bytes(
             centroid_scores, _half_table(Q3, inv_norms, config, centroid_scores, split_query))
-        tiles = centroid_table_tiles(C, B, Lq, entry_bytes)
+        tiles = centroid_table_tiles(C, B, Lq, entry_bytes,
+                                     builds=centroid_scores is None and not split_query)
     if tiles is None or tiles == (B, Lq):
         return _launch_kernel(Q3, *index, query_lengths, num_out_docs, config, centroid_scores,
                               split_query)
@@ -647,12 +647,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                                             half_default, nbits)
     half_table = _half_table(Q3, inv_norms, cfg, centroid_scores, split_query)
     table_bytes = _table_entry_bytes(centroid_scores, half_table)
-    build_tokens = (_scored_tokens(codes, offsets, pids, num_out_docs) if builds_table
-                    else None)
     if config is None and cfg.decode == "permute" and not (
             _permute_applies(Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim))
-            and _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes,
-                           build_tokens)):
+            and _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes,
+                           builds_table)):
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
@@ -670,7 +668,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     lq = pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
     num_qblocks = cdiv(B, queries_per_block)
-    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B * Lq, table_bytes, build_tokens)
+    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes, builds_table)
     scores_table = None
     Q_lo = None
     if use_table and centroid_scores is not None:
