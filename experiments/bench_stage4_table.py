@@ -15,7 +15,8 @@ codes), this times the op's default call (``default``: one query's table whole,
 gathers) beside the same call under the budget alone (``split``:
 ``WHOLE_TABLE_ROWS = 0``, the rule before: the table split by query rows, its tiles copied out of
 a caller's table, or centroid rows gathered where no 16-row tile fits, which the plugin
-multiplies in tf32x3), in alternated rounds, each as called (do_bench) and replayed from a CUDA
+multiplies in tf32x3), and for the fp16 query the op's launch over gathered centroid rows
+(``gather``), in alternated rounds, each as called (do_bench) and replayed from a CUDA
 graph (``graph_ms``: the plugin replays stage 4 inside its search graph). Both must score alike
 within 1e-4 (1e-2 for the fp16 query). Rows go to ``OUT/stage4_table.json`` (harness format).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 
 import torch
@@ -53,7 +55,8 @@ def budget_rule():
 
 
 def stage4_calls(index: dict, Q: torch.Tensor, mode: str, pids: torch.Tensor):
-    """``{"split": the call under budget_rule, "default": the op's default call}`` for ``pids``.
+    """``{"split": the call under budget_rule, "default": the op's default call}`` for ``pids``
+    (and, for an fp16 query, ``"gather"``: the op's launch over gathered centroid rows).
     ``mode``: "search" (stage 1's table given), "rerank" (the op builds it), both with fp16x2
     products (``split_query``) of the fp32 ``Q``, or "fp16" (``Q`` in fp16, the op's own fp16
     table). Where budget_rule fits no table tile, the plugin's call was fp32 products over
@@ -63,8 +66,14 @@ def stage4_calls(index: dict, Q: torch.Tensor, mode: str, pids: torch.Tensor):
     if mode == "fp16":
         Q16 = Q.half()[None]
         call = dict(inv_norms=index["inv_norms"], validate=False)
+        # The op's own launch where it gathers centroid rows (pair decoder, codes not ahead).
+        gather = dataclasses.replace(
+            residual.default_residual_config(1, Q.shape[0], False, pids.numel(), 2, True,
+                                             index["nbits"]),
+            centroid_table=False, decode="pairs", pipeline_codes=False)
         return {"split": lambda: _under_budget_rule(Q16, args, call),
-                "default": lambda: residual.maxsim_residual(Q16, *args, **call)}
+                "default": lambda: residual.maxsim_residual(Q16, *args, **call),
+                "gather": lambda: residual.maxsim_residual(Q16, *args, config=gather, **call)}
     table = index["centroids"].float() @ Q.T if mode == "search" else None
     call = dict(inv_norms=index["inv_norms"], centroid_scores=table, split_query=True,
                 validate=False)
@@ -89,12 +98,14 @@ def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int,
     for m in candidates:
         pids = torch.randperm(num_docs, generator=g)[:m].sort().values.to(Q.device)
         calls = stage4_calls(index, Q, mode, pids)
-        want, got = calls["split"](), calls["default"]()
+        want = calls["split"]()
         tol = TOLERANCE[mode]
-        if not (torch.equal(torch.isfinite(got), torch.isfinite(want))
-                and torch.allclose(got, want, rtol=tol, atol=tol)):
-            raise AssertionError(f"{mode} C={C} {m} candidates: the default does not score as "
-                                 "the split table")
+        for name in calls.keys() - {"split"}:
+            got = calls[name]()
+            if not (torch.equal(torch.isfinite(got), torch.isfinite(want))
+                    and torch.allclose(got, want, rtol=tol, atol=tol)):
+                raise AssertionError(f"{mode} C={C} {m} candidates: {name!r} does not score as "
+                                     "the split table")
         times = {name: [] for name in calls}
         for _ in range(rounds):
             for name, fn in calls.items():
@@ -110,12 +121,13 @@ def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int,
                 table_mib=C * Q.shape[0] * (2 if mode == "fp16" else 4) / 2**20,
                 split_tiles=str(tiles), lookups_per_row=lookups, rounds=samples,
                 graph_ms=harness.graph_replay_ms(calls[name])))
-        split, default = rows[-2], rows[-1]
+        mine = {row["provider"]: row for row in rows[-len(calls):]}
         print(f"{mode} C={C} Lq={Q.shape[0]} (split tiles {tiles}) {m:>7} candidates "
-              f"({lookups:5.2f} lookups a table row): split {split['ms']:.4f} ms (graph "
-              f"{split['graph_ms']:.4f}), default {default['ms']:.4f} (graph "
-              f"{default['graph_ms']:.4f}): default/split graph "
-              f"{default['graph_ms'] / split['graph_ms']:.3f}", flush=True)
+              f"({lookups:5.2f} lookups a table row): " + ", ".join(
+                  f"{name} {row['ms']:.4f} ms (graph {row['graph_ms']:.4f})"
+                  for name, row in mine.items())
+              + f": default/split graph {mine['default']['graph_ms'] / mine['split']['graph_ms']:.3f}",
+              flush=True)
     return rows
 
 

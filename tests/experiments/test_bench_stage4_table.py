@@ -41,6 +41,8 @@ def test_split_and_default_score_as_the_reference(device, monkeypatch, mode, row
     calls = stage4_calls(index, Q, mode, pids)
     split, default = calls["split"](), calls["default"]()
     assert residual.WHOLE_TABLE_ROWS == 64  # restored
+    assert sorted(calls) == (["default", "gather", "split"] if mode == "fp16"
+                             else ["default", "split"])
     plugin = mode != "fp16"
     gathers = rows_in_budget < residual.MIN_TABLE_TILE_ROWS
     # The split launches: each tile a table (the caller's copied out in a search), or the
@@ -56,6 +58,11 @@ def test_split_and_default_score_as_the_reference(device, monkeypatch, mode, row
                      index["residuals"], index["offsets"], index["centroids"],
                      index["bucket_weights"], NBITS, pids)
     tol = 1e-2 if mode == "fp16" else 1e-4
+    if mode == "fp16":
+        seen.clear()
+        gathered = calls["gather"]()
+        assert seen == [(32, False, False, True)]
+        torch.testing.assert_close(gathered.double().cpu(), want, rtol=tol, atol=tol)
     for got in (split, default):
         torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol)
 
