@@ -423,6 +423,30 @@ def test_a_given_or_needed_table_is_whole_where_no_tile_fits(device, monkeypatch
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
 
 
+def test_one_fp16_query_over_few_documents_gathers_centroid_rows(device, monkeypatch):
+    """Below MANY_DOCS scored documents one fp16 query gathers centroid rows rather than build
+    its fp16 table, at any C; from MANY_DOCS on, with several queries, fp32 products, a
+    caller's table or an explicit centroid_table=True it reads a table."""
+    kernel = RecordingKernel()
+    monkeypatch.setattr(residual, "_maxsim_residual_kernel", kernel)
+    monkeypatch.setattr(residual, "MMA_NBITS", ())  # the Triton launch at every count
+    index = _index_at(1 << 16, device)  # 3 documents
+    inv_norms = torch.ones(index["codes"].shape[0], device=device)
+    one, two = (unit_queries(B, 32, 128, torch.float16, device) for B in (1, 2))
+    fp32 = unit_queries(1, 32, 128, torch.float32, device)
+    table = torch.zeros(1 << 16, 32, dtype=torch.float16, device=device)
+    score(one, index, 2, inv_norms=inv_norms)
+    score(two, index, 2, inv_norms=inv_norms)
+    score(fp32, index, 2, inv_norms=inv_norms)
+    score(one, index, 2, inv_norms=inv_norms, centroid_scores=table)
+    score(one, index, 2, inv_norms=inv_norms, config=ResidualConfig(centroid_table=True))
+    monkeypatch.setattr(residual, "MANY_DOCS", 3)
+    score(one, index, 2, inv_norms=inv_norms)
+    assert [kw["CENTROID_TABLE"] for _, kw in kernel.launches] == [False, True, True, True,
+                                                                  True, True]
+    assert kernel.launches[0][1]["DECODE_GROUP"] == residual.DECODERS["pairs"]
+
+
 @pytest.mark.parametrize("C,B,Lq,element_size,want", [
     pytest.param(1 << 16, 1, 32, 4, (1, 32), id="C2^16-whole"),
     pytest.param(1 << 18, 1, 32, 2, (1, 32), id="C2^18-fp16-whole"),

@@ -62,7 +62,10 @@ MIN_DOT_DIM = 16
 # stage 1) or split_query needs one, the whole table also beats gathered rows. A table the op
 # builds itself where no tile fits is still gathered, as an fp16 query's rows at C = 2^20 are
 # faster gathered (C = 2^18-2^20, 2,000-100,000 candidates: results/stage4_table/h100-b9d639e).
-# centroid_table_fits and centroid_table_tiles are the one place this is judged.
+# centroid_table_fits and centroid_table_tiles are the one place this is judged, beside one
+# rule of _use_table: one fp16 query over fewer than MANY_DOCS documents gathers centroid rows
+# at any C, as building the table costs more than it saves there (C = 2^16-2^20, 2,000-12,000
+# candidates: results/stage4_table/h100-f86ce8a-fp16).
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 WHOLE_TABLE_ROWS = 64
 # The narrowest tile of a split table (a whole query may be narrower): the tensor cores multiply
@@ -127,7 +130,8 @@ class ResidualConfig:
             launch's table to fit MAX_CENTROID_TABLE_BYTES (centroid_table_tiles, logged once),
             gathered where even a MIN_TABLE_TILE_ROWS-row tile does not fit (logged once); one
             query's table (WHOLE_TABLE_ROWS) whole in one launch instead of split, and instead
-            of gathered where it is given or split_query needs it.
+            of gathered where it is given or split_query needs it; one fp16 query over fewer
+            than MANY_DOCS documents gathered (building its table costs more there).
         decode: "pairs" (two weights per table load), "select" (a select tree per dimension),
             or "permute" (no table lookups: weights by byte permutes from registers; nbits = 2
             or 4, 4-byte aligned residual rows, 16-bit products only).
@@ -516,11 +520,14 @@ _logged_tiles: set[tuple[int, int, int]] = set()
 
 
 def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_queries: int,
-               query_len: int, element_size: int = 4, builds: bool = False) -> bool:
+               query_len: int, element_size: int = 4, builds: bool = False,
+               few_docs: bool = False) -> bool:
     """Whether one launch of ``num_queries`` x ``query_len`` rows reads a centroid-score table
-    (``builds``: the op would build it and could gather centroid rows instead)."""
+    (``builds``: the op would build it and could gather centroid rows instead; ``few_docs``:
+    it would build an fp16 table for one query over fewer than MANY_DOCS documents)."""
     if cfg.centroid_table is None:
-        if inv_norms is None:
+        if inv_norms is None or (builds and few_docs and num_queries == 1
+                                 and query_len <= WHOLE_TABLE_ROWS):
             return False
         whole = (num_queries, query_len)
         if centroid_table_tiles(num_centroids, num_queries, query_len, element_size,
@@ -647,10 +654,11 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                                             half_default, nbits)
     half_table = _half_table(Q3, inv_norms, cfg, centroid_scores, split_query)
     table_bytes = _table_entry_bytes(centroid_scores, half_table)
+    few_docs = half_table and num_out_docs < MANY_DOCS
     if config is None and cfg.decode == "permute" and not (
             _permute_applies(Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim))
             and _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes,
-                           builds_table)):
+                           builds_table, few_docs)):
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
@@ -668,7 +676,8 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     lq = pow2(Lq)
     queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
     num_qblocks = cdiv(B, queries_per_block)
-    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes, builds_table)
+    use_table = _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes, builds_table,
+                           few_docs)
     scores_table = None
     Q_lo = None
     if use_table and centroid_scores is not None:
