@@ -59,13 +59,11 @@ MIN_DOT_DIM = 16
 # Except one query's table (at most WHOLE_TABLE_ROWS query rows), used whole however large: a
 # split decodes every document again per tile (and copies a caller's table tile by tile), which
 # costs more than the L2 misses of a table larger than L2; where the table is given (PLAID's
-# stage 1) or split_query needs one, the whole table also beats gathered rows. A table the op
-# builds itself where no tile fits is still gathered, as an fp16 query's rows at C = 2^20 are
-# faster gathered (C = 2^18-2^20, 2,000-100,000 candidates: results/stage4_table/h100-b9d639e).
-# centroid_table_fits and centroid_table_tiles are the one place this is judged, beside one
-# rule of _use_table: one fp16 query over fewer than MANY_DOCS documents gathers centroid rows
-# at any C, as building the table costs more than it saves there (C = 2^16-2^20, 2,000-12,000
-# candidates: results/stage4_table/h100-f86ce8a-fp16).
+# stage 1) or split_query needs one, it also beats gathered rows. Where the op would build it
+# itself, it gathers instead where no tile fits (fp16 rows at C = 2^20) and for one fp16 query
+# over fewer than MANY_DOCS documents, where the build costs more than the lookups save
+# (results/stage4_table/h100-b9d639e, results/stage4_table/h100-f86ce8a-fp16).
+# centroid_table_fits, centroid_table_tiles and _use_table are the one place this is judged.
 MAX_CENTROID_TABLE_BYTES = 24 << 20
 WHOLE_TABLE_ROWS = 64
 # The narrowest tile of a split table (a whole query may be narrower): the tensor cores multiply
@@ -520,14 +518,14 @@ _logged_tiles: set[tuple[int, int, int]] = set()
 
 
 def _use_table(cfg: ResidualConfig, inv_norms, num_centroids: int, num_queries: int,
-               query_len: int, element_size: int = 4, builds: bool = False,
-               few_docs: bool = False) -> bool:
-    """Whether one launch of ``num_queries`` x ``query_len`` rows reads a centroid-score table
-    (``builds``: the op would build it and could gather centroid rows instead; ``few_docs``:
-    it would build an fp16 table for one query over fewer than MANY_DOCS documents)."""
+               query_len: int, element_size: int, builds: bool, num_docs: int) -> bool:
+    """Whether one launch of ``num_queries`` x ``query_len`` rows over ``num_docs`` documents
+    reads a centroid-score table (``builds``: the op would build it, in fp16 where
+    ``element_size`` is 2, and could gather centroid rows instead)."""
     if cfg.centroid_table is None:
-        if inv_norms is None or (builds and few_docs and num_queries == 1
-                                 and query_len <= WHOLE_TABLE_ROWS):
+        one_fp16_query = builds and element_size == 2 and num_queries == 1
+        if inv_norms is None or (one_fp16_query and query_len <= WHOLE_TABLE_ROWS
+                                 and num_docs < MANY_DOCS):
             return False
         whole = (num_queries, query_len)
         if centroid_table_tiles(num_centroids, num_queries, query_len, element_size,
@@ -654,11 +652,10 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
                                             half_default, nbits)
     half_table = _half_table(Q3, inv_norms, cfg, centroid_scores, split_query)
     table_bytes = _table_entry_bytes(centroid_scores, half_table)
-    few_docs = half_table and num_out_docs < MANY_DOCS
     if config is None and cfg.decode == "permute" and not (
             _permute_applies(Q3, residuals, nbits, split_query, cfg.block_d or default_block_d(dim))
             and _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes,
-                           builds_table, few_docs)):
+                           builds_table, num_out_docs)):
         # The default falls back to the pair table where permutes cannot serve (an explicit
         # decode="permute" is refused there) and on the centroid-gather path: its centroid rows
         # would be read in the permuted column order, 2-byte gathers instead of row loads.
@@ -677,7 +674,7 @@ def _launch_kernel(Q3, codes, residuals, offsets, centroids, bucket_weights, nbi
     queries_per_block = max(cfg.queries_per_block, cdiv(MIN_DOT_DIM, lq))
     num_qblocks = cdiv(B, queries_per_block)
     use_table = _use_table(cfg, inv_norms, centroids.shape[0], B, Lq, table_bytes, builds_table,
-                           few_docs)
+                           num_out_docs)
     scores_table = None
     Q_lo = None
     if use_table and centroid_scores is not None:
