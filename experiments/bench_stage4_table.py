@@ -1,13 +1,14 @@
 """Centroid-score tables past the table budget: one query's table whole, or split by query rows.
 
     python -m experiments.bench_stage4_table [--num-docs 100000] [--candidates N ...]
-        [--centroids C ...] [--query-lens L ...] [--modes search rerank fp16] [--nbits 2]
+        [--centroids C ...] [--query-lens L ...] [--modes search rerank fp16 bf16 fp32] [--nbits 2]
         [--rounds 3] [--out DIR]      (GPU)
 
 The plugin's stage 4 scores its candidates with an fp32 query and fp16x2 products. In a search
 it reuses the [C, Lq] fp32 table stage 1 made (``centroids @ Q.T``, mode ``search``); in a
 rerank the op builds it from the fp16 centroids (mode ``rerank``); a user of ``maxsim_residual``
-with an fp16 query has the op build an fp16 table (mode ``fp16``). At C = 2^18 a 32-token fp32
+with an fp16 query has the op build an fp16 table (mode ``fp16``), with a bf16 or fp32 one an
+fp32 table (modes ``bf16``, ``fp32``). At C = 2^18 a 32-token fp32
 table is 32 MiB, over ``ops.residual.MAX_CENTROID_TABLE_BYTES``. Per (C, Lq, mode) and number of
 candidates (random documents of ``bench_compressed.make_index``'s MS MARCO-like index, random
 codes), this times the op's default call (``default``: one query's table whole,
@@ -15,10 +16,10 @@ codes), this times the op's default call (``default``: one query's table whole,
 gathers) beside the same call under the budget alone (``split``:
 ``WHOLE_TABLE_ROWS = 0``, the rule before: the table split by query rows, its tiles copied out of
 a caller's table, or centroid rows gathered where no 16-row tile fits, which the plugin
-multiplies in tf32x3), and for the fp16 query the op's launch over gathered centroid rows
+multiplies in tf32x3), and for a user's query the op's launch over gathered centroid rows
 (``gather``), in alternated rounds, each as called (do_bench) and replayed from a CUDA
 graph (``graph_ms``: the plugin replays stage 4 inside its search graph). Both must score alike
-within 1e-4 (1e-2 for the fp16 query). Rows go to ``OUT/stage4_table.json`` (harness format).
+within 1e-4 (1e-2 for an fp16 query, 3e-2 for bf16). Rows go to ``OUT/stage4_table.json`` (harness format).
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from tilemaxsim_plaid.ops import residual
 
 SUITE = "stage4_table"
 CANDIDATES = (2_000, 6_000, 12_000, 25_000, 50_000, 100_000)
-MODES = ("search", "rerank", "fp16")
-# Agreement of the two calls: fp32 products and tables, or an fp16 query's fp16 table.
-TOLERANCE = {"search": 1e-4, "rerank": 1e-4, "fp16": 1e-2}
+# The query's dtype in the modes where the op builds the table for a user's query.
+USER_MODES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+MODES = ("search", "rerank", *USER_MODES)
+# Agreement of the calls: fp32 products and tables, or a 16-bit query's products.
+TOLERANCE = {"search": 1e-4, "rerank": 1e-4, "fp16": 1e-2, "bf16": 3e-2, "fp32": 1e-4}
 
 
 @contextlib.contextmanager
@@ -56,24 +59,24 @@ def budget_rule():
 
 def stage4_calls(index: dict, Q: torch.Tensor, mode: str, pids: torch.Tensor):
     """``{"split": the call under budget_rule, "default": the op's default call}`` for ``pids``
-    (and, for an fp16 query, ``"gather"``: the op's launch over gathered centroid rows).
+    (and, for a user's query, ``"gather"``: the op's launch over gathered centroid rows).
     ``mode``: "search" (stage 1's table given), "rerank" (the op builds it), both with fp16x2
-    products (``split_query``) of the fp32 ``Q``, or "fp16" (``Q`` in fp16, the op's own fp16
-    table). Where budget_rule fits no table tile, the plugin's call was fp32 products over
+    products (``split_query``) of the fp32 ``Q``, or a user's query in USER_MODES' dtype (the
+    op's own table: fp16 for fp16, else fp32). Where budget_rule fits no table tile, the plugin's call was fp32 products over
     gathered centroid rows (``plaid.backends.products_for``: tf32x3), which "split" times."""
     args = (index["codes"], index["residuals"], index["offsets"], index["centroids"],
             index["bucket_weights"], index["nbits"], pids)
-    if mode == "fp16":
-        Q16 = Q.half()[None]
+    if mode in USER_MODES:
+        Qd = Q.to(USER_MODES[mode])[None]
         call = dict(inv_norms=index["inv_norms"], validate=False)
         # The op's own launch where it gathers centroid rows (pair decoder, codes not ahead).
         gather = dataclasses.replace(
-            residual.default_residual_config(1, Q.shape[0], False, pids.numel(), 2, True,
-                                             index["nbits"]),
+            residual.default_residual_config(1, Q.shape[0], False, pids.numel(),
+                                             Qd.element_size(), mode == "fp16", index["nbits"]),
             centroid_table=False, decode="pairs", pipeline_codes=False)
-        return {"split": lambda: _under_budget_rule(Q16, args, call),
-                "default": lambda: residual.maxsim_residual(Q16, *args, **call),
-                "gather": lambda: residual.maxsim_residual(Q16, *args, config=gather, **call)}
+        return {"split": lambda: _under_budget_rule(Qd, args, call),
+                "default": lambda: residual.maxsim_residual(Qd, *args, **call),
+                "gather": lambda: residual.maxsim_residual(Qd, *args, config=gather, **call)}
     table = index["centroids"].float() @ Q.T if mode == "search" else None
     call = dict(inv_norms=index["inv_norms"], centroid_scores=table, split_query=True,
                 validate=False)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.bench_compressed import make_index
-from experiments.bench_stage4_table import budget_rule, stage4_calls
+from experiments.bench_stage4_table import USER_MODES, budget_rule, stage4_calls
 from tilemaxsim_plaid.ops import residual
 from tilemaxsim_plaid.reference import maxsim_residual as reference
 
@@ -24,7 +24,7 @@ def _recorded(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode", ["search", "rerank", "fp16"])
+@pytest.mark.parametrize("mode", ["search", "rerank", "fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("rows_in_budget,split_launches", [
     pytest.param(16, [16, 16], id="two-tiles"),
     pytest.param(8, [32], id="no-tile-fits"),
@@ -35,15 +35,15 @@ def test_split_and_default_score_as_the_reference(device, monkeypatch, mode, row
     Q = F.normalize(torch.randn(32, DIM, generator=torch.Generator().manual_seed(3)),
                     dim=-1).to(device)
     element = 2 if mode == "fp16" else 4
+    user = mode in USER_MODES
     monkeypatch.setattr(residual, "MAX_CENTROID_TABLE_BYTES", C * rows_in_budget * element)
     seen = _recorded(monkeypatch)
     pids = torch.tensor([0, 3, 7, 8, 20, 39], device=device)
     calls = stage4_calls(index, Q, mode, pids)
     split, default = calls["split"](), calls["default"]()
     assert residual.WHOLE_TABLE_ROWS == 64  # restored
-    assert sorted(calls) == (["default", "gather", "split"] if mode == "fp16"
-                             else ["default", "split"])
-    plugin = mode != "fp16"
+    assert sorted(calls) == (["default", "gather", "split"] if user else ["default", "split"])
+    plugin = not user
     gathers = rows_in_budget < residual.MIN_TABLE_TILE_ROWS
     # The split launches: each tile a table (the caller's copied out in a search), or the
     # gathered call (fp32 products without split_query in the plugin's modes).
@@ -54,11 +54,11 @@ def test_split_and_default_score_as_the_reference(device, monkeypatch, mode, row
     else:
         assert all(given == (mode == "search") and split == plugin for _, given, split, _ in seen[:-1])
     assert seen[-1] == (32, mode == "search", plugin, True)  # the default: one whole table
-    want = reference(Q.half()[None] if mode == "fp16" else Q[None], index["codes"],
+    want = reference(Q.to(USER_MODES.get(mode, torch.float32))[None], index["codes"],
                      index["residuals"], index["offsets"], index["centroids"],
                      index["bucket_weights"], NBITS, pids)
-    tol = 1e-2 if mode == "fp16" else 1e-4
-    if mode == "fp16":
+    tol = {"fp16": 1e-2, "bf16": 5e-2}.get(mode, 1e-4)
+    if user:
         seen.clear()
         gathered = calls["gather"]()
         assert seen == [(32, False, False, True)]
