@@ -541,25 +541,27 @@ def _strided(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype,split", [pytest.param(torch.float16, False, id="fp16"),
                                          pytest.param(torch.float32, True, id="fp32-split")])
-@pytest.mark.parametrize("path", ["table", "given-table", "gather"])
+@pytest.mark.parametrize("path", ["table", "given-table", "gather", "one-query"])
 @pytest.mark.parametrize("validate", [True, False])
 def test_every_argument_as_a_strided_view(device, poisoned_outputs, monkeypatch, dtype, split,
                                           path, validate):
     """Every tensor argument passed as a non-contiguous view scores exactly as its contiguous
     copy, on the table path (built here or given), the gather path and with split_query, at the
-    many-document default (byte permutes for fp16) and the few-document one."""
+    many-document default (byte permutes for fp16) and the few-document one; one query with
+    inverse norms (one-query) takes the table path from MANY_DOCS documents on, the gather
+    path below (fp16; split_query keeps its table)."""
     from tilemaxsim_plaid.ops import residual
 
     if split and path == "gather":
         pytest.skip("split_query takes the table path only")
     index = random_index(device, 64, 2)
-    Q = unit_queries(2, 9, 64, dtype, device)
+    Q = unit_queries(1 if path == "one-query" else 2, 9, 64, dtype, device)
     norms = norms_of(index, 2) if path != "gather" else None
     table = None
     if path == "given-table":
         table = (index["centroids"].float() @ Q.reshape(-1, 64).float().T).contiguous()
     pids = torch.tensor([4, 0, 2, 2, 5], device=device)
-    query_lengths = torch.tensor([9, 4], device=device)
+    query_lengths = torch.tensor([9, 4][:Q.shape[0]], device=device)
     names = ("codes", "residuals", "offsets", "centroids", "bucket_weights")
     for many in (1 << 30, 2):
         monkeypatch.setattr(residual, "MANY_DOCS", many)
