@@ -53,6 +53,7 @@ import contextlib
 import dataclasses
 import statistics
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -140,31 +141,18 @@ MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "L
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
-@contextlib.contextmanager
 def _rows_switch(rule):
-    saved = dense._tokens_i32
-    dense._tokens_i32 = rule
-    try:
-        yield
-    finally:
-        dense._tokens_i32 = saved
+    return mock.patch.object(dense, "_tokens_i32", rule)
 
 
 def _int32_wherever_they_fit(rows, num_d_tiles, block_d, stride_dt, stride_dd):
     return dense._row_offsets_fit_int32(rows, num_d_tiles * block_d, stride_dt, stride_dd)
 
 
-@contextlib.contextmanager
 def _repeat_switch(repeat: bool):
-    saved = dense._repeat_rows
-    dense._repeat_rows = lambda num_queries, config, dim: repeat
-    try:
-        yield
-    finally:
-        dense._repeat_rows = saved
+    return mock.patch.object(dense, "_repeat_rows", lambda num_queries, config, dim: repeat)
 
 
-@contextlib.contextmanager
 def _config_switch(rule):
     """dense.default_config replaced by ``rule(config, num_queries, variable_lengths, held)``:
     ``config`` the default's, ``held()`` the default's for a head that holds its split query's
@@ -180,11 +168,7 @@ def _config_switch(rule):
         return rule(cfg, num_queries, variable_lengths, lambda: saved(
             num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size, True))
 
-    dense.default_config = config
-    try:
-        yield
-    finally:
-        dense.default_config = saved
+    return mock.patch.object(dense, "default_config", config)
 
 
 def _length_order_switch(docs: int | None = None, slot: int | None = None, on: bool = True):
@@ -212,27 +196,16 @@ def _held_block_switch():
                           held() if num_queries > 1 and variable_lengths else cfg)
 
 
-@contextlib.contextmanager
 def _tail_apart_switch():
     """A split query's tail in a launch of its own, never held beside the head (the head then
     takes the default's config for its rows alone: 8 x 16 slots where its block is full)."""
-    saved = dense.tail_joins_head
-    dense.tail_joins_head = lambda *args, **kwargs: False
-    try:
-        yield
-    finally:
-        dense.tail_joins_head = saved
+    return mock.patch.object(dense, "tail_joins_head", lambda *args, **kwargs: False)
 
 
-@contextlib.contextmanager
 def _flat_switch(flat: bool):
-    saved = dense._flat_documents
-    dense._flat_documents = (lambda num_queries, config, packed, tail_tokens, mean_tokens:
-                             flat and dense._flat_applies(config, packed, tail_tokens))
-    try:
-        yield
-    finally:
-        dense._flat_documents = saved
+    return mock.patch.object(
+        dense, "_flat_documents", lambda num_queries, config, packed, tail_tokens, mean_tokens:
+        flat and dense._flat_applies(config, packed, tail_tokens))
 
 
 VARIANTS = {"default": contextlib.nullcontext,

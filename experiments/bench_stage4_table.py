@@ -25,9 +25,9 @@ within 1e-4 (1e-2 for an fp16 query, 3e-2 for bf16). Rows go to ``OUT/stage4_tab
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import statistics
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -45,16 +45,10 @@ MODES = ("search", "rerank", *USER_MODES)
 TOLERANCE = {"search": 1e-4, "rerank": 1e-4, "fp16": 1e-2, "bf16": 3e-2, "fp32": 1e-4}
 
 
-@contextlib.contextmanager
 def budget_rule():
-    """The op's rule before one query's table was read whole: every table over
-    MAX_CENTROID_TABLE_BYTES split by query rows, or its centroid rows gathered."""
-    saved = residual.WHOLE_TABLE_ROWS
-    residual.WHOLE_TABLE_ROWS = 0
-    try:
-        yield
-    finally:
-        residual.WHOLE_TABLE_ROWS = saved
+    """The op under MAX_CENTROID_TABLE_BYTES alone (no whole table for one query): every table
+    over it split by query rows, or its centroid rows gathered."""
+    return mock.patch.object(residual, "WHOLE_TABLE_ROWS", 0)
 
 
 def stage4_calls(index: dict, Q: torch.Tensor, mode: str, pids: torch.Tensor):
