@@ -489,10 +489,9 @@ def centroid_table_tiles(num_centroids: int, num_queries: int, query_len: int,
     than MIN_TABLE_TILE_ROWS rows. A 96-token query's fp32 table at MS MARCO's C = 2**18
     (96 MiB) is four launches of 24 rows; a 32-token one (32 MiB) is one launch.
 
-    The budget stays one constant rather than a share of the device's L2 size: it already is
-    under half of an H100's or H200's L2, and the 32 MiB table is over half of either, so a
-    per-device budget would not keep that table whole; elsewhere it would only change choices
-    that were never measured.
+    The budget stays one constant rather than a share of the device's L2 size: it is under half
+    of an H100's or H200's L2, and a per-device budget would only change choices that were never
+    measured.
     """
     tiles = _budget_tiles(num_centroids, num_queries, query_len, element_size)
     if num_queries * query_len <= WHOLE_TABLE_ROWS and (tiles is not None or not builds):
