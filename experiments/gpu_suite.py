@@ -355,11 +355,11 @@ def joined_tail(work: Path, opts) -> list[Step]:
 
 
 def stage4_table(work: Path, opts) -> list[Step]:
-    """One query's centroid-score table past the budget, read whole (the default) beside the
-    rule before (split by query rows, or centroid rows gathered): C = 2^18, 2^19 and 2^20, 32-
-    and 64-token queries, the plugin's stage 4 in a search and a rerank and an fp16 query's own
-    table, 2,000 / 12,000 / 100,000 candidates, 3 alternated rounds (about 5 minutes), after
-    the GPU tests of the tables' rules and of stage 4."""
+    """One query's centroid-score table past the budget: the op's default beside the budget
+    alone (split by query rows, or centroid rows gathered) and, for a user's fp16 / bf16 / fp32
+    query, beside its gathered rows; C = 2^18, 2^19 and 2^20, 32- and 64-token queries, the
+    plugin's stage 4 in a search and a rerank, 2,000 / 12,000 / 100,000 candidates, 3 alternated
+    rounds (about 6 minutes), after the GPU tests of the tables' rules and of stage 4."""
     return [Step("table-tests", (*PYTEST, *parallel_workers(), "tests/ops/test_residual.py",
                                  "tests/plaid/test_stage4_tables.py",
                                  "tests/experiments/test_bench_stage4_table.py"), 120),
