@@ -12,6 +12,10 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
 - ``new pids validate=True`` / ``new pids validate=False``: another pid list each call, from a
   pool larger than the check cache, as a reranker meets it (with validation: checked after the
   launch, which takes them clamped); the second is the first's baseline;
+- ``new documents validate=True`` / ``new documents validate=False`` (``maxsim_packed`` over every
+  document, ``maxsim_padded``): the same documents as a new tensor each call (its version counter
+  moved, :func:`_renewed`), as a reranker meets the embeddings it gathers per query; the second is
+  the first's baseline;
 - ``inference tensors`` / ``inference tensors validate=False``: copies of the index made under
   ``torch.inference_mode()``, whose tensors have no version counter: their range checks are read
   on every call (after the launch once remembered); the second is the first's baseline.
@@ -72,6 +76,13 @@ def _pool(pids: torch.Tensor):
     return take
 
 
+def _renewed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its version counter moved, as a tensor written since its last call reads to the
+    checks (a new tensor each call, without the copy's time)."""
+    torch.autograd.graph.increment_version(t)
+    return t
+
+
 def _inference(*tensors):
     """Copies of ``tensors`` made under ``torch.inference_mode()`` (no version counter)."""
     with torch.inference_mode():
@@ -107,6 +118,9 @@ def packed_inputs(num_docs: int, device, generator) -> list[dict]:
     ways_all = {
         "validate=False": lambda: maxsim_packed(Q, D, offsets, max_doc_len=max_len, validate=False),
         "validate=True": lambda: maxsim_packed(Q, D, offsets),
+        "new documents validate=False": lambda: maxsim_packed(
+            Q, _renewed(D), offsets, max_doc_len=max_len, validate=False),
+        "new documents validate=True": lambda: maxsim_packed(Q, _renewed(D), offsets),
         "inference tensors validate=False": lambda: maxsim_packed(
             Q, D_inf, offsets_inf, max_doc_len=max_len, validate=False),
         "inference tensors": lambda: maxsim_packed(Q, D_inf, offsets_inf),
@@ -136,6 +150,9 @@ def padded_inputs(num_docs: int, device, generator) -> list[dict]:
     D_inf, lengths_inf = _inference(D, lengths)
     ways = {"validate=False": lambda: maxsim_padded(Q, D, lengths, validate=False),
             "validate=True": lambda: maxsim_padded(Q, D, lengths),
+            "new documents validate=False": lambda: maxsim_padded(Q, _renewed(D), lengths,
+                                                                  validate=False),
+            "new documents validate=True": lambda: maxsim_padded(Q, _renewed(D), lengths),
             "inference tensors validate=False": lambda: maxsim_padded(Q, D_inf, lengths_inf,
                                                                       validate=False),
             "inference tensors": lambda: maxsim_padded(Q, D_inf, lengths_inf)}
@@ -210,11 +227,12 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
 
 def baseline(way: str) -> str:
     """The way a row's ratio is taken against: the same call without validation (a new pid list
-    each call for the new-pid ways, the inference-mode copies for the inference way: a copy of
-    the index lies elsewhere in memory, which alone can move its time), else the same tensors
-    without validation."""
-    if way.startswith("new pids"):
-        return "new pids validate=False"
+    or new documents each call for those ways, the inference-mode copies for the inference way:
+    a copy of the index lies elsewhere in memory, which alone can move its time), else the same
+    tensors without validation."""
+    for new in ("new pids", "new documents"):
+        if way.startswith(new):
+            return f"{new} validate=False"
     return "inference tensors validate=False" if way == "inference tensors" else "validate=False"
 
 
