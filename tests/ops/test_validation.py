@@ -255,17 +255,19 @@ def test_inference_tensors_are_scanned_for_nan_once(device, stub_kernels, monkey
     """The NaN refusal of an inference tensor is remembered (a NaN that slipped past it would
     still reach its scores); its range checks are not."""
     with torch.inference_mode():
-        call, t = make("packed", device)
-    t["pids"] = None  # D_packed is scanned only when every document is scored
-    counts = {"finite_rows": 0, "offsets": 0}
-    for stats, kind in ((checks._STATS, "finite_rows"), (checks._STATS, "offsets"),
+        call, t = make("pq", device)
+    t["pids"] = t["query_lengths"] = None
+    counts = {"finite": 0, "offsets": 0}
+    for stats, kind in ((checks._STATS, "finite"), (checks._STATS, "offsets"),
                         (checks._STATS_AND_CLAMP, "offsets")):  # read before / after a launch
         real = stats[kind]
         monkeypatch.setitem(stats, kind, (lambda real, kind: lambda *x: (
             counts.__setitem__(kind, counts[kind] + 1), real(*x))[1])(real, kind))
     call(t)
+    first = dict(counts)
     call(t)
-    assert counts == {"finite_rows": 1, "offsets": 2}
+    assert first["finite"] >= 1 and first["offsets"] == 1
+    assert counts == dict(first, offsets=2)  # the float tensors once; the offsets each call
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the stats kernels serve GPU tensors")
@@ -332,11 +334,26 @@ def test_no_device_sync_for_remembered_tensors_on_gpu(device, op):
         torch.cuda.set_sync_debug_mode("default")
 
 
-# NaN policy (docs/kernels.md): validate=True refuses NaN or inf in the document-side float
-# inputs.
-FLOAT_INPUTS = [("packed", "D"), ("padded", "D"), ("residual", "centroids"),
-                ("residual", "bucket_weights"), ("residual", "inv_norms"), ("pq", "codebooks"),
-                ("pq", "centroids"), ("pq", "inv_norms")]
+@pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
+@pytest.mark.parametrize("op", ["packed", "padded"])
+def test_no_device_sync_for_new_documents_on_gpu(device, op):
+    """A reranker's documents, new each call, are not read by validate=True."""
+    call, t = make(op, device)
+    call(t)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            call(dict(t, D=t["D"].clone()))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+# NaN policy (docs/kernels.md): validate=True refuses NaN or inf in an index's small float
+# tensors; token embeddings and a caller's centroid_scores are not scanned.
+FLOAT_INPUTS = [("residual", "centroids"), ("residual", "bucket_weights"),
+                ("residual", "inv_norms"), ("pq", "codebooks"), ("pq", "centroids"),
+                ("pq", "inv_norms")]
 
 
 def _poison(x, value):
@@ -348,41 +365,63 @@ def _poison(x, value):
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")],
                          ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("op,name", FLOAT_INPUTS, ids=[f"{o}-{n}" for o, n in FLOAT_INPUTS])
-def test_non_finite_document_inputs_are_refused(device, stub_kernels, op, name, value):
+def test_non_finite_index_tensors_are_refused(device, stub_kernels, op, name, value):
     call, t = make(op, device)
-    if op == "packed":
-        t["pids"] = None  # with pids, D_packed is not checked (ops/checks.py, NaN policy)
     if name == "inv_norms" and op == "residual":
         t["inv_norms"] = torch.ones(t["codes"].shape[0], device=device)
         call = (lambda c: lambda t, **kw: c(t, inv_norms=t["inv_norms"], **kw))(call)
     call(t)
-    arg = "D_packed" if op == "packed" else name
-    with pytest.raises(ValueError, match=arg):
+    with pytest.raises(ValueError, match=name):
         call(dict(t, **{name: _poison(t[name], value)}))
     t[name].copy_(_poison(t[name], value))  # in place: checked again
-    with pytest.raises(ValueError, match=arg):
+    with pytest.raises(ValueError, match=name):
         call(t)
     call(dict(t, **{name: _poison(t[name], 0.5)}), validate=False)  # not read without validate
 
 
-def test_centroid_scores_non_finite_refused(device, stub_kernels):
-    call, t = make("residual", device)
-    inv_norms = torch.ones(t["codes"].shape[0], device=device)
-    table = torch.zeros(NUM_CENTROIDS, B * LQ, device=device)
-    call(t, inv_norms=inv_norms, centroid_scores=table)
-    with pytest.raises(ValueError, match="centroid_scores"):
-        call(t, inv_norms=inv_norms, centroid_scores=_poison(table, float("nan")))
+TOKEN_INPUTS = [("packed", "D"), ("padded", "D"), ("residual", "centroid_scores")]
 
 
-def test_packed_rows_past_the_last_document_are_not_checked(device, stub_kernels):
-    """PLAID keeps uninitialised rows past offsets[-1]; they are never read, so not refused."""
-    call, t = make("packed", device)
-    t["pids"] = None
-    D = torch.cat([t["D"], torch.full((3, t["D"].shape[1]), float("nan"),
-                                      dtype=t["D"].dtype, device=device)])
-    call(dict(t, D=D))
-    with pytest.raises(ValueError, match="D_packed row 2"):
-        call(dict(t, D=torch.cat([t["D"][:2], D[-1:], t["D"][2:]])))
+@pytest.mark.parametrize("op,name", TOKEN_INPUTS, ids=[f"{o}-{n}" for o, n in TOKEN_INPUTS])
+def test_token_embeddings_are_not_scanned(device, stub_kernels, monkeypatch, op, name):
+    """D, D_packed and a caller's centroid_scores are new each call in a reranker's use: with
+    validate=True a NaN there is not refused (it reaches exactly its scores: test below and
+    tests/kernels/test_nan_policy.py) and a new one costs no read of its values."""
+    call, t = make(op, device)
+    if name == "centroid_scores":
+        inv_norms = torch.ones(t["codes"].shape[0], device=device)
+        t[name] = torch.zeros(NUM_CENTROIDS, B * LQ, device=device)
+        call = (lambda c: lambda t, **kw: c(t, inv_norms=inv_norms,
+                                            centroid_scores=t["centroid_scores"], **kw))(call)
+    call(t)  # the index's own checks, remembered
+    with SyncCounter(monkeypatch) as counter:
+        for _ in range(3):
+            call(dict(t, **{name: _poison(t[name], float("nan"))}))
+    assert counter.reads == 0
+
+
+@pytest.mark.parametrize("op", ["packed", "padded"])
+def test_nan_in_a_document_reaches_its_scores(device, op):
+    """With validate=True a NaN in a document token that is read makes exactly that document's
+    scores NaN; one in a row no document reads (PLAID keeps uninitialised rows past
+    offsets[-1], padding past a document's length) changes nothing."""
+    call, t = make(op, device)
+    t = dict(t, pids=None, query_lengths=None)
+    want = call(t, validate=False)
+    D = t["D"].clone()
+    if op == "packed":
+        unread = torch.full((3, D.shape[1]), float("nan"), dtype=D.dtype, device=device)
+        torch.testing.assert_close(call(dict(t, D=torch.cat([D, unread]))), want)
+        D[LENGTHS[0] + 1, 5] = float("nan")  # a token of document 1
+    else:
+        D[1, 3, 5] = float("nan")  # past document 1's length (0): not read
+        torch.testing.assert_close(call(dict(t, D=D)), want)
+        D[2, 1, 5] = float("nan")  # a token of document 2
+    got = call(dict(t, D=D))
+    hit = 1 if op == "packed" else 2
+    assert torch.isnan(got[:, hit]).all()
+    others = [n for n in range(got.shape[1]) if n != hit]
+    torch.testing.assert_close(got[:, others], want[:, others])
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -18,11 +18,12 @@ on every call, after the launch once remembered (``DataChecks(provisional=True)`
 
 NaN policy (docs/kernels.md, NaN and inf): a NaN in an input reaches exactly the scores it
 touches, as NaN, as in torch (every max in the kernels propagates NaN). With ``validate=True``
-every op refuses instead a NaN or inf in its document-side float inputs (D, centroids,
-bucket_weights, inv_norms, codebooks, centroid_scores, and D_packed's rows before offsets[-1]
-when every document is scored) with a ValueError, checked once per tensor like the other value
-checks. The query Q is not checked (a host sync on every call), nor D_packed with pids (only
-the scored documents' rows matter, which differ per call): there the NaN rule holds.
+the residual and PQ ops refuse instead a NaN or inf in their index's small float tensors
+(centroids, bucket_weights, inv_norms, codebooks) with a ValueError, checked once per tensor like
+the other value checks: one bad entry there touches every document that uses it. Token
+embeddings (Q, D, D_packed) and a caller's centroid_scores are not scanned: they are often new
+each call (a query, a reranker's gathered candidates), and a scan reads as many bytes as the
+scoring itself; there the NaN rule holds.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 # Checks whose failure only loses a refusal: a NaN or inf that slips past them still reaches
 # exactly the scores it touches (the NaN policy), so they may be remembered for tensors without
 # a version counter; range checks keep what the kernels read inside their tensors.
-REFUSALS_ONLY = ("finite", "finite_rows")
+REFUSALS_ONLY = ("finite",)
 
 
 INFERENCE = "inference"  # the version of a tensor without a version counter
@@ -242,17 +243,8 @@ def _finite_stats(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(torch.stack(torch.aminmax(t))).all().reshape(1)
 
 
-def _first_nonfinite_row_stats(t: torch.Tensor) -> torch.Tensor:
-    """[index of the first row of a 2-D t holding a NaN or inf], or [rows] when there is none."""
-    lo, hi = torch.aminmax(t, dim=-1)
-    bad = ~(torch.isfinite(lo) & torch.isfinite(hi))
-    rows = torch.arange(t.shape[0], device=t.device)
-    return torch.where(bad, rows, t.shape[0]).min().reshape(1)
-
-
 # A check's stats read before the launch: ``t`` -> a tensor of its partials (_merge).
-_STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_stats,
-          "finite_rows": _first_nonfinite_row_stats}
+_STATS = {"range": _range_stats, "offsets": _offsets_stats, "finite": _finite_stats}
 
 
 def _into(stats: torch.Tensor, take) -> torch.Tensor:
@@ -413,17 +405,6 @@ class DataChecks:
                 raise ValueError(f"{name} holds NaN or inf values; validate=True refuses "
                                  f"non-finite inputs ({describe(t)})")
         self.add(name, t, "finite", judge)
-
-    def finite_rows(self, name: str, t, offsets_name: str = "offsets") -> None:
-        """No NaN or inf in the rows of a packed ``t`` before ``offsets[-1]`` (rows past the last
-        document are never read: PLAID keeps uninitialised ones); add after the offsets."""
-        def judge(stats):
-            last = self.found[offsets_name][1]
-            if stats[0] < last:
-                raise ValueError(f"{name} row {stats[0]} (of a document, before "
-                                 f"{offsets_name}[-1] = {last}) holds NaN or inf values; "
-                                 f"validate=True refuses non-finite inputs")
-        self.add(name, t, "finite_rows", judge)
 
     def run(self) -> dict[str, list[int]]:
         """Judge every check but the deferred new ones; return the stats found so far."""

@@ -839,7 +839,8 @@ def maxsim_residual(
             applies at an nbits of MMA_NBITS and at least MANY_DOCS documents are scored, else
             :func:`default_residual_config`'s launch of the Triton kernel.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
-            the float inputs but Q, which is not read) with one host sync per call,
+            centroids, bucket_weights or inv_norms; Q and centroid_scores are not read) with
+            one host sync per call,
             none when every checked tensor was checked before unchanged (same object and
             version: an index's offsets and codes are read once). A new pids, query_lengths
             or codes is judged after the launch, which reads it clamped into range (codes are
@@ -868,8 +869,8 @@ def maxsim_residual(
         batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})",
                        defer=True, launch_clamps=True)
         for name, t in (("centroids", centroids), ("bucket_weights", bucket_weights),
-                        ("inv_norms", inv_norms), ("centroid_scores", centroid_scores)):
-            if isinstance(t, torch.Tensor):  # centroid_scores is checked further down
+                        ("inv_norms", inv_norms)):
+            if t is not None:
                 batch.finite(name, t)
         batch.run()
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
