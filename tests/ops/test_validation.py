@@ -321,32 +321,30 @@ def test_recycled_id_is_not_trusted(device):
         checks.check_pids(bad, 4, bad.device)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
-@pytest.mark.parametrize("op", OPS)
-def test_no_device_sync_for_remembered_tensors_on_gpu(device, op):
-    call, t = make(op, device)
-    call(t)
+def _no_sync_after_first_call(call, tensors, *renewed):
+    """The first call, then two more with each of ``renewed`` a new copy, none of which may
+    synchronise with the GPU."""
+    call(tensors)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        call(t)
+        for _ in range(2):
+            call(dict(tensors, **{name: tensors[name].clone() for name in renewed}))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
+@pytest.mark.parametrize("op", OPS)
+def test_no_device_sync_for_remembered_tensors_on_gpu(device, op):
+    _no_sync_after_first_call(*make(op, device))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="host syncs are a GPU matter")
 @pytest.mark.parametrize("op", ["packed", "padded"])
 def test_no_device_sync_for_new_documents_on_gpu(device, op):
     """A reranker's documents, new each call, are not read by validate=True."""
-    call, t = make(op, device)
-    call(t)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(2):
-            call(dict(t, D=t["D"].clone()))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    _no_sync_after_first_call(*make(op, device), "D")
 
 
 # NaN policy (docs/kernels.md): validate=True refuses NaN or inf in an index's small float
