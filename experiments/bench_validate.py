@@ -13,9 +13,9 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
   pool larger than the check cache, as a reranker meets it (with validation: checked after the
   launch, which takes them clamped); the second is the first's baseline;
 - ``new documents validate=True`` / ``new documents validate=False`` (``maxsim_packed`` over every
-  document, ``maxsim_padded``): the same documents as a new tensor each call (its version counter
-  moved, :func:`_renewed`), as a reranker meets the embeddings it gathers per query; the second is
-  the first's baseline;
+  document; ``maxsim_padded``, with its doc_lengths): the same documents as a new tensor each
+  call (its version counter moved, :func:`_renewed`), as a reranker meets the embeddings it
+  gathers per query; the second is the first's baseline;
 - ``inference tensors`` / ``inference tensors validate=False``: copies of the index made under
   ``torch.inference_mode()``, whose tensors have no version counter: their range checks are read
   on every call (after the launch once remembered); the second is the first's baseline.
@@ -150,9 +150,9 @@ def padded_inputs(num_docs: int, device, generator) -> list[dict]:
     D_inf, lengths_inf = _inference(D, lengths)
     ways = {"validate=False": lambda: maxsim_padded(Q, D, lengths, validate=False),
             "validate=True": lambda: maxsim_padded(Q, D, lengths),
-            "new documents validate=False": lambda: maxsim_padded(Q, _renewed(D), lengths,
+            "new documents validate=False": lambda: maxsim_padded(Q, _renewed(D), _renewed(lengths),
                                                                   validate=False),
-            "new documents validate=True": lambda: maxsim_padded(Q, _renewed(D), lengths),
+            "new documents validate=True": lambda: maxsim_padded(Q, _renewed(D), _renewed(lengths)),
             "inference tensors validate=False": lambda: maxsim_padded(Q, D_inf, lengths_inf,
                                                                       validate=False),
             "inference tensors": lambda: maxsim_padded(Q, D_inf, lengths_inf)}

@@ -195,13 +195,14 @@ def test_inference_tensors_are_checked_every_call(device, stub_kernels, monkeypa
 
 @pytest.mark.parametrize("op", OPS)
 def test_inference_index_is_checked_after_the_launch(device, launch_log, op):
-    """An index made under inference_mode: the first call reads its checks before the launch;
-    later calls launch on the remembered stats, the index tensors clamped into their bounds,
-    and read the checks after it."""
+    """An index made under inference_mode: the first call reads its checks before the launch
+    (the padded op's can all wait for it); later calls launch on the remembered stats, the index
+    tensors clamped into their bounds, and read the checks after it."""
     with torch.inference_mode():
         call, t = make(op, device)
     call(t)
-    assert [e[0] for e in launch_log] == ["read", "launch"]
+    assert [e[0] for e in launch_log] == (["launch", "read"] if op == "padded" else
+                                          ["read", "launch"])
     launch_log.clear()
     call(t)
     assert [e[0] for e in launch_log] == ["launch", "read"]
@@ -436,17 +437,17 @@ def test_nan_in_the_query_reaches_its_scores(device, op):
     assert torch.isnan(out[0]).all()
 
 
-# A new pid list or query_lengths each call, everything else remembered: judged after the launch
-# (which takes them clamped into range), so the GPU does not idle through it.
+# A new pid list, query_lengths or doc_lengths each call, everything else remembered: judged
+# after the launch (which takes them clamped into range), so the GPU does not idle through it.
+PER_CALL_NAMES = ("pids", "query_lengths", "doc_lengths")
 PER_CALL = [pytest.param(op, name, bad, id=f"{op}-{name}-{i}")
-            for i, (ops, name, bad) in enumerate(BAD) if name in ("pids", "query_lengths")
-            for op in ops]
+            for i, (ops, name, bad) in enumerate(BAD) if name in PER_CALL_NAMES for op in ops]
 
 
 @pytest.fixture
 def launch_log(monkeypatch):
-    """Stubbed launches that log ("launch", the pids and query_lengths they were given); host
-    reads log ("read",)."""
+    """Stubbed launches that log ("launch", the pids, query_lengths and doc_lengths they were
+    given); host reads log ("read",)."""
     log = []
     real = checks.host_read
 
@@ -454,13 +455,13 @@ def launch_log(monkeypatch):
         log.append(("read",))
         return real(t)
 
-    def launched(Q3, num_out, pids, query_lengths):
-        log.append(("launch", pids, query_lengths))
+    def launched(Q3, num_out, pids, query_lengths, doc_lengths=None):
+        log.append(("launch", pids, query_lengths, doc_lengths))
         return torch.zeros(Q3.shape[0], num_out, device=Q3.device)
 
     monkeypatch.setattr(checks, "host_read", read)
     monkeypatch.setattr(dense, "_launch", lambda Q3, D, **kw: launched(
-        Q3, kw["num_out_docs"], kw["pids"], kw["query_lengths"]))
+        Q3, kw["num_out_docs"], kw["pids"], kw["query_lengths"], kw["doc_lengths"]))
     monkeypatch.setattr(residual, "_launch", lambda Q3, *a: launched(Q3, a[9], a[6], a[8]))
     monkeypatch.setattr(pq, "_launch", lambda Q3, *a: launched(Q3, a[8], a[3], a[7]))
     return log
@@ -470,10 +471,11 @@ def launch_log(monkeypatch):
 def test_new_per_call_tensors_are_read_after_the_launch(device, launch_log, op):
     call, t = make(op, device)
     call(t)
-    assert [e[0] for e in launch_log] == ["read", "launch"]  # new index: read before the launch
+    # A new index is read before the launch; the padded op has nothing that must be.
+    assert [e[0] for e in launch_log] == (["launch", "read"] if op == "padded" else
+                                          ["read", "launch"])
     launch_log.clear()
-    call(dict(t, pids=t.get("pids", torch.zeros(0)).clone(),
-              query_lengths=t["query_lengths"].clone()))
+    call(dict(t, **{name: t[name].clone() for name in PER_CALL_NAMES if name in t}))
     assert [e[0] for e in launch_log] == ["launch", "read"]
     launch_log.clear()
     call(t)
@@ -488,8 +490,9 @@ def test_bad_per_call_tensors_raise_after_a_clamped_launch(device, launch_log, o
     with pytest.raises(ValueError, match=name):
         call(dict(t, **{name: bad(t)}))
     assert [e[0] for e in launch_log] == ["launch", "read"]
-    given = launch_log[0][1 if name == "pids" else 2]
-    hi = len(LENGTHS) - 1 if name == "pids" else LQ
+    given = launch_log[0][1 + PER_CALL_NAMES.index(name)]
+    hi = (len(LENGTHS) - 1 if name == "pids" else LQ if name == "query_lengths"
+          else t["D"].shape[1])
     assert 0 <= int(given.min()) and int(given.max()) <= hi  # the kernel never saw the bad value
     call(t)  # the bad tensor was not remembered; the good ones still are
 
@@ -520,6 +523,19 @@ def test_deferred_checks_score_as_validate_false(device, op):
     with pytest.raises(ValueError, match="pids"):
         call(dict(t, pids=torch.tensor([2, 3, 1 << 40, 1], device=device)))
     assert torch.equal(call(dict(t, pids=pids.clone())), want)
+
+
+def test_new_doc_lengths_score_as_remembered_ones(device):
+    """The real kernels: new doc_lengths each call, judged after the launch, score as the
+    remembered tensor (whose longest document picks the tiling: equal up to fp32 rounding), a
+    column view too; a length past D's rows raises naming doc_lengths."""
+    call, t = make("padded", device)
+    want = call(t)
+    lengths = t["doc_lengths"]
+    for new in (lengths.clone(), torch.stack([lengths, torch.full_like(lengths, 99)], 1)[:, 0]):
+        torch.testing.assert_close(call(dict(t, doc_lengths=new)), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="doc_lengths"):
+        call(dict(t, doc_lengths=_set(lengths, 0, t["D"].shape[1] + 1)))
 
 
 @pytest.mark.parametrize("op", ("packed", "residual", "pq"))

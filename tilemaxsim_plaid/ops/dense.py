@@ -545,8 +545,9 @@ def maxsim_padded(
         validate: check values as well as shapes: all value checks of a call are read back in
             one host sync, and a tensor passed again unchanged (same object and version,
             ``checks.DataChecks``) is not read again, so repeated calls with the same
-            D, doc_lengths and query_lengths do not synchronise. Q and D are not read: a new D
-            each call (a reranker's candidates) costs no check.
+            D, doc_lengths and query_lengths do not synchronise. Q and D are not read. A new
+            doc_lengths or query_lengths (a reranker's batch) is judged after the launch, which
+            reads it clamped into range, so the GPU does not wait for the check.
 
     Returns:
         fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0. A NaN
@@ -563,9 +564,10 @@ def maxsim_padded(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
-        batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]")
+        batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]",
+                       defer=True)
         stats = batch.run()
-        if doc_lengths is not None and stats["doc_lengths"]:
+        if stats.get("doc_lengths"):  # remembered; a new one is judged after the launch
             max_doc_len = stats["doc_lengths"][1]
         query_lengths = batch.safe("query_lengths", query_lengths)
         doc_lengths = batch.safe("doc_lengths", doc_lengths)
