@@ -544,10 +544,9 @@ def maxsim_padded(
         config: a fixed :class:`MaxSimConfig` (no heuristics, CUDA-graph friendly).
         validate: check values as well as shapes: all value checks of a call are read back in
             one host sync, and a tensor passed again unchanged (same object and version,
-            ``checks.DataChecks``) is not read again, so repeated calls with the same
-            D, doc_lengths and query_lengths do not synchronise. Q and D are not read. A new
-            doc_lengths or query_lengths (a reranker's batch) is judged after the launch, which
-            reads it clamped into range, so the GPU does not wait for the check.
+            ``checks.DataChecks``) is not read again. Q and D are not read. A new doc_lengths
+            or query_lengths (a reranker's batch) is judged after the launch, which reads it
+            clamped into range, so the GPU does not wait for the check.
 
     Returns:
         fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0. A NaN
