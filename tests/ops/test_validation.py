@@ -322,6 +322,36 @@ def test_recycled_id_is_not_trusted(device):
         checks.check_pids(bad, 4, bad.device)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_checks_that_must_read_refuse_graph_capture_naming_them(device, stub_kernels,
+                                                               monkeypatch, op):
+    """Inside CUDA graph capture a host read is not allowed: remembered tensors pass, a new one
+    raises naming it and what to do, before anything is read."""
+    call, t = make(op, device)
+    call(t)
+    monkeypatch.setattr(checks, "capturing", lambda t: True)
+    call(t)  # everything remembered: nothing to read
+    with SyncCounter(monkeypatch) as counter:
+        with pytest.raises(RuntimeError, match="query_lengths.*validate=False"):
+            call(dict(t, query_lengths=t["query_lengths"].clone()))
+    assert counter.reads == 0
+    call(dict(t, query_lengths=t["query_lengths"].clone()), validate=False)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_a_checked_call_captured_after_a_first_call_replays_its_scores(device):
+    """The real kernels: validate=True inside capture with tensors checked before it records
+    the launch alone; a new pid list inside capture raises naming pids."""
+    from tests.conftest import replayed_from_cuda_graph
+
+    call, t = make("packed", device)
+    want = call(t)
+    torch.cuda.synchronize()
+    assert torch.equal(replayed_from_cuda_graph(lambda: call(t)), want)
+    with pytest.raises(RuntimeError, match="pids"):
+        replayed_from_cuda_graph(lambda: call(dict(t, pids=t["pids"].clone())))
+
+
 def _no_sync_after_first_call(call, tensors, *renewed):
     """The first call, then two more with each of ``renewed`` a new copy, none of which may
     synchronise with the GPU."""

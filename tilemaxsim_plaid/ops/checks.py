@@ -131,6 +131,11 @@ def clear_cache() -> None:
 _derived: collections.OrderedDict = collections.OrderedDict()
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured on the current stream of ``t``'s GPU."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def derived(t: torch.Tensor, what, make):
     """``make()``, a tensor computed from ``t`` alone (``what`` names the computation),
     remembered while ``t`` is unchanged (:func:`_signature`), as a check's result is. Made
@@ -138,8 +143,7 @@ def derived(t: torch.Tensor, what, make):
     ``torch.inference_mode()``), whose writes cannot be seen, and while a CUDA graph is being
     captured (the graph would hold a tensor the cache may drop, or one its capture never
     computed)."""
-    capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
-    sig = None if capturing else _signature(t, "derived")
+    sig = None if capturing(t) else _signature(t, "derived")
     key = (what, id(t))
     entry = _derived.get(key)
     if sig is not None and entry is not None and entry[0]() is t and entry[1] == sig:
@@ -430,6 +434,13 @@ class DataChecks:
             else:
                 missing.append((name, t, kind, sig, _STATS[kind](t)))
         self.found = found
+        if (missing or queued) and capturing(self._items[0][1]):
+            names = ", ".join(item[0] for item in missing + queued)
+            raise RuntimeError(
+                f"validate=True must read {names} on the host, which CUDA graph capture does not "
+                f"allow: call once with the same tensors before the capture (a checked tensor "
+                f"is remembered until it changes; one made under torch.inference_mode() is read "
+                f"on every call) or pass validate=False inside it")
         if missing and queued:  # a read before the launch anyway: one read for all
             missing += [(name, t, kind, sig, _STATS[kind](t)) for name, t, kind, sig, *_ in queued]
             queued, self._assumed = [], {}
