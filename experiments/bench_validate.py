@@ -15,7 +15,8 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
 - ``new documents validate=True`` / ``new documents validate=False`` (``maxsim_packed`` over every
   document; ``maxsim_padded``, with its doc_lengths): the same documents as a new tensor each
   call (its version counter moved, :func:`_renewed`), as a reranker meets the embeddings it
-  gathers per query; the second is the first's baseline;
+  gathers per query; the second is the first's baseline; ``new batch`` (``maxsim_packed``) renews
+  the offsets too, as a reranker that packs its candidates meets them;
 - ``inference tensors`` / ``inference tensors validate=False``: copies of the index made under
   ``torch.inference_mode()``, whose tensors have no version counter: their range checks are read
   on every call (after the launch once remembered); the second is the first's baseline.
@@ -121,6 +122,9 @@ def packed_inputs(num_docs: int, device, generator) -> list[dict]:
         "new documents validate=False": lambda: maxsim_packed(
             Q, _renewed(D), offsets, max_doc_len=max_len, validate=False),
         "new documents validate=True": lambda: maxsim_packed(Q, _renewed(D), offsets),
+        "new batch validate=False": lambda: maxsim_packed(
+            Q, _renewed(D), _renewed(offsets), max_doc_len=max_len, validate=False),
+        "new batch validate=True": lambda: maxsim_packed(Q, _renewed(D), _renewed(offsets)),
         "inference tensors validate=False": lambda: maxsim_packed(
             Q, D_inf, offsets_inf, max_doc_len=max_len, validate=False),
         "inference tensors": lambda: maxsim_packed(Q, D_inf, offsets_inf),
@@ -226,11 +230,11 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
 
 
 def baseline(way: str) -> str:
-    """The way a row's ratio is taken against: the same call without validation (a new pid list
-    or new documents each call for those ways, the inference-mode copies for the inference way:
+    """The way a row's ratio is taken against: the same call without validation (a new pid list,
+    new documents or a new batch each call for those ways, the inference-mode copies for the inference way:
     a copy of the index lies elsewhere in memory, which alone can move its time), else the same
     tensors without validation."""
-    for new in ("new pids", "new documents"):
+    for new in ("new pids", "new documents", "new batch"):
         if way.startswith(new):
             return f"{new} validate=False"
     return "inference tensors validate=False" if way == "inference tensors" else "validate=False"

@@ -22,6 +22,7 @@ def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
     assert ways == {("all", "validate=False"), ("all", "validate=True"),
                     ("all", "inference tensors"), ("all", "inference tensors validate=False"),
                     ("all", "new documents validate=True"), ("all", "new documents validate=False"),
+                    ("all", "new batch validate=True"), ("all", "new batch validate=False"),
                     ("pids", "validate=False"),
                     ("pids", "validate=True"), ("pids", "new pids validate=False"),
                     ("pids", "new pids validate=True")}
@@ -29,7 +30,8 @@ def test_rows_for_every_way_with_ratios(tmp_path, monkeypatch):
         assert row["ms"] > 0 and row["loop_ms"] > 0 and len(row["round_ms"]) == 1
         assert row["host_ms"] > 0 and row["round_host_ms"] == [row["host_ms"]]
         base = next(r for r in rows if r["input"] == row["input"] and r["provider"] == row["baseline"])
-        new = next((w for w in ("new pids", "new documents") if row["provider"].startswith(w)), None)
+        new = next((w for w in ("new pids", "new documents", "new batch")
+                    if row["provider"].startswith(w)), None)
         assert row["baseline"] == (f"{new} validate=False" if new else
                                    "inference tensors validate=False"
                                    if row["provider"] == "inference tensors" else "validate=False")
@@ -49,7 +51,7 @@ def test_a_run_stopped_early_keeps_the_rounds_it_finished(tmp_path, monkeypatch)
     def timer(device):
         def time(fn):
             calls.append(fn)
-            if len(calls) > 10:  # packed has 10 ways: the second round's first call
+            if len(calls) > 12:  # packed has 12 ways: the second round's first call
                 raise Stopped
             return (bv.loop_ms(fn, device, 1),) * 3
         return time
@@ -60,7 +62,7 @@ def test_a_run_stopped_early_keeps_the_rounds_it_finished(tmp_path, monkeypatch)
                  "--out", str(tmp_path)])
     doc = json.loads((tmp_path / "validate.json").read_text())
     assert doc["meta"]["rounds_done"] == 1 and doc["meta"]["rounds"] == 3
-    assert len(doc["rows"]) == 10 and all(len(r["round_ms"]) == 1 for r in doc["rows"])
+    assert len(doc["rows"]) == 12 and all(len(r["round_ms"]) == 1 for r in doc["rows"])
     with pytest.raises(SystemExit):
         bv.main(["--rounds", "0", "--device", "cpu", "--out", str(tmp_path)])
 
