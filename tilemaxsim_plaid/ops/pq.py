@@ -415,8 +415,7 @@ def maxsim_pq(
         config: a fixed :class:`PQConfig`; None: ``MMA_DEFAULT`` or ``default_pq_config``.
         validate: check values (offsets, pids, centroid_codes, query_lengths in range; no NaN
             or inf in codebooks, centroids or inv_norms; Q is not read) with one host sync per
-            call,
-            none when every checked tensor was checked before unchanged (same object and
+            call, none when every checked tensor was checked before unchanged (same object and
             version: an index's offsets and codes are read once). A new pids or query_lengths
             is judged after the launch, which reads it clamped into range.
 

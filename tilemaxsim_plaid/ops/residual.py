@@ -840,9 +840,8 @@ def maxsim_residual(
             :func:`default_residual_config`'s launch of the Triton kernel.
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             centroids, bucket_weights or inv_norms; Q and centroid_scores are not read) with
-            one host sync per call,
-            none when every checked tensor was checked before unchanged (same object and
-            version: an index's offsets and codes are read once). A new pids, query_lengths
+            one host sync per call, none when every checked tensor was checked before unchanged
+            (same object and version: an index's offsets and codes are read once). A new pids, query_lengths
             or codes is judged after the launch, which reads it clamped into range (codes are
             clamped by the kernel as it reads them).
 
