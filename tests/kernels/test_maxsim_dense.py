@@ -294,6 +294,39 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
+def _in_order(D, offsets):
+    """A packed layout of the same documents whose offsets never decrease: a document whose end
+    is before its start is empty."""
+    bounds = offsets.tolist()
+    rows = [D[start:max(start, end)] for start, end in zip(bounds, bounds[1:])]
+    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
+    return torch.cat(rows), ordered.to(offsets.device)
+
+
+OUT_OF_ORDER_CONFIGS = [*(c.values[0] for c in CONFIGS), *(c.values[3] for c in FLAT_CONFIGS)]
+
+
+@pytest.mark.parametrize("config", OUT_OF_ORDER_CONFIGS)
+def test_an_end_before_its_start_is_an_empty_document(config, device, monkeypatch):
+    """Offsets out of order but inside the rows (what a check judged after the launch gives
+    it, before it raises): every kernel path scores a document whose end is before its start
+    as empty (-inf) and reads no row outside the others' bounds."""
+    lengths = [3, 0, 50, 1, 17, 64, 2, 9]
+    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
+    offsets[4], offsets[7] = 40, 120  # documents 3 and 6 end before they start
+    Q = _rand(3, 19, 64, dtype=torch.float16, device=device)
+    want_D, want_offsets = _in_order(D, offsets)
+    pids = torch.tensor([3, 6, 5, 1, 7], device=device)
+    monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
+    for args in ((), (pids,)):
+        out = maxsim_packed(Q, D, offsets, *args, max_doc_len=64, config=config, validate=False)
+        want = reference.maxsim_packed(Q, want_D, want_offsets, *args)
+        assert_close(out, want, "maxsim_dense", torch.float16)
+        empty = [3, 6] if not args else [0, 1]
+        assert (out[:, empty] == float("-inf")).all()
+
+
 REPEAT_ROWS_RULE = dense._repeat_rows
 
 

@@ -539,6 +539,72 @@ def test_per_call_read_joins_a_read_before_the_launch(device, launch_log):
     assert launch_log[1][1] is pids
 
 
+def _one_query_or_a_bound(t, way):
+    """The packed call's tensors and keywords for a launch that takes none of the offsets'
+    stats: one query (2-D Q), or several with max_doc_len given."""
+    if way == "one query":
+        return dict(t, Q=t["Q"][0], query_lengths=None), {}
+    return t, {"max_doc_len": max(LENGTHS)}
+
+
+@pytest.mark.parametrize("way", ["one query", "max_doc_len"])
+def test_new_offsets_are_read_after_a_launch_that_takes_none_of_their_stats(device, monkeypatch,
+                                                                            way):
+    """A reranker's batch (new D_packed and offsets each call): for one query, or with
+    max_doc_len given, the offsets are judged after the launch, which takes them clamped into
+    the rows; a bad one still raises naming offsets, and a max_doc_len below the longest
+    document raises naming it (after the launch for new offsets, before it for remembered)."""
+    log = []
+    real = checks.host_read
+
+    def read(x):
+        log.append(("read",))
+        return real(x)
+
+    def launched(Q3, D, **kw):
+        log.append(("launch", kw["offsets"]))
+        return torch.zeros(Q3.shape[0], kw["num_out_docs"], device=Q3.device)
+
+    monkeypatch.setattr(checks, "host_read", read)
+    monkeypatch.setattr(dense, "_launch", launched)
+    call, t = make("packed", device)
+    t, kw = _one_query_or_a_bound(t, way)
+    call(t, **kw)
+    log.clear()
+    call(dict(t, D=t["D"].clone(), offsets=t["offsets"].clone()), **kw)
+    assert [e[0] for e in log] == ["launch", "read"]
+    for bad in (_set(t["offsets"], 2, 1), _set(t["offsets"], -1, 99), _set(t["offsets"], 0, -1)):
+        log.clear()
+        with pytest.raises(ValueError, match="offsets"):
+            call(dict(t, offsets=bad), **kw)
+        assert [e[0] for e in log] == ["launch", "read"]
+        given = log[0][1]
+        assert int(given.min()) >= 0 and int(given.max()) <= t["D"].shape[0]
+    log.clear()
+    with pytest.raises(ValueError, match="max_doc_len"):
+        call(dict(t, offsets=t["offsets"].clone()), max_doc_len=max(LENGTHS) - 1)
+    assert [e[0] for e in log] == ["launch", "read"]
+    log.clear()
+    with pytest.raises(ValueError, match="max_doc_len"):
+        call(t, max_doc_len=max(LENGTHS) - 1)  # remembered offsets: judged before the launch
+    assert log == []
+
+
+@pytest.mark.parametrize("way", ["one query", "max_doc_len"])
+def test_new_offsets_judged_after_the_launch_score_as_remembered_ones(device, way):
+    """The real kernels: a new offsets each call (a column view too) scores as the remembered
+    one; out-of-order offsets raise naming offsets."""
+    call, t = make("packed", device)
+    t, kw = _one_query_or_a_bound(t, way)
+    want = call(t, **kw)
+    offsets = t["offsets"]
+    for new in (offsets.clone(), torch.stack([offsets, torch.full_like(offsets, -7)], 1)[:, 0]):
+        assert torch.equal(call(dict(t, offsets=new), **kw), want)
+    with pytest.raises(ValueError, match="offsets"):
+        call(dict(t, offsets=_set(offsets, 2, 1)), **kw)
+    assert torch.equal(call(dict(t, offsets=offsets.clone()), **kw), want)
+
+
 @pytest.mark.parametrize("op", ("packed", "residual", "pq"))
 def test_deferred_checks_score_as_validate_false(device, op):
     """The real kernels: a new pid list checked after the launch scores exactly as a remembered

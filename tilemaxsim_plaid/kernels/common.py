@@ -55,7 +55,9 @@ def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.con
     document ``pids[out_idx]`` (or ``out_idx``) owns rows ``offsets[doc]:offsets[doc + 1]``.
 
     Branch-free on purpose: a slot past the end (``valid`` False) is an empty document whose
-    score is never stored, which keeps the caller's document loop software-pipelinable.
+    score is never stored, which keeps the caller's document loop software-pipelinable. An end
+    before its start (offsets out of order, clamped into the rows and judged after the launch)
+    is an empty document too, so every row read lies between two offsets.
     """
     valid = out_idx < num_out_docs
     if HAS_PIDS:
@@ -64,7 +66,7 @@ def packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS: tl.con
         doc = out_idx
     start = tl.load(p_offsets + doc, mask=valid, other=0)
     end = tl.load(p_offsets + doc + 1, mask=valid, other=0)
-    return valid, start, tl.where(valid, end, start)
+    return valid, start, tl.where(valid, tl.maximum(end, start), start)
 
 
 @triton.jit

@@ -436,7 +436,8 @@ def _maxsim_packed_slots_kernel(
     else:
         docs = offs_g
     starts = tl.load(p_offsets + docs, mask=mask_g, other=0)
-    lengths = tl.load(p_offsets + docs + 1, mask=mask_g, other=0) - starts  # [DOCS_PER_TILE]
+    # [DOCS_PER_TILE]; an end before its start is an empty document (packed_doc_bounds).
+    lengths = tl.maximum(tl.load(p_offsets + docs + 1, mask=mask_g, other=0) - starts, 0)
     if TOKENS_I32:
         lengths = lengths.to(tl.int32)
     max_len = tl.max(lengths, axis=0)

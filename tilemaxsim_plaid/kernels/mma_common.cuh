@@ -53,7 +53,8 @@ __device__ __forceinline__ void document_bounds(const long long* __restrict__ of
                                                 long long& start, int& length) {
     const long long doc = pids ? pids[n] : n;
     start = offsets[doc];
-    length = (int)(offsets[doc + 1] - start);
+    const long long rows = offsets[doc + 1] - start;
+    length = rows > 0 ? (int)rows : 0;  // an end before its start: an empty document
 }
 
 // Asks L2 for the 128-byte lines of ``bytes`` bytes from ``p``, a line per lane at a time.

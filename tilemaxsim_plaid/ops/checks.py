@@ -388,9 +388,16 @@ class DataChecks:
             self._items.append((name, t, kind, judge, bounds, defer and bounds is not None,
                                 launch_clamps))
 
-    def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets") -> None:
-        self.add(name, offsets, "offsets", lambda stats: _judge_offsets(stats, num_rows, name),
-                 bounds=(0, num_rows))
+    def offsets(self, offsets: torch.Tensor, num_rows: int, name: str = "offsets",
+                defer: bool = False, longest: int | None = None) -> None:
+        """``offsets`` start at 0 or later, never decrease and end at or before ``num_rows``;
+        ``longest``: a caller's bound on every document's length, checked too. ``defer``: a new
+        tensor is judged after the launch, which takes it clamped into [0, num_rows] (the
+        kernels score a document whose end is before its start as empty, so every read stays
+        inside the packed rows)."""
+        self.add(name, offsets, "offsets",
+                 lambda stats: _judge_offsets(stats, num_rows, name, longest),
+                 bounds=(0, num_rows), defer=defer)
 
     def in_range(self, name: str, t, lo: int, hi: int, what: str | None = None,
                  defer: bool = False, launch_clamps: bool = False) -> None:
@@ -512,14 +519,16 @@ def _spread(checks_read, values: list[int], found: dict) -> None:
         at += stats.numel()
 
 
-def _judge_offsets(stats, num_rows: int, name: str) -> None:
-    first, last, decreasing, _ = stats
+def _judge_offsets(stats, num_rows: int, name: str, longest: int | None = None) -> None:
+    first, last, decreasing, most = stats
     if first < 0:
         raise ValueError(f"{name}[0] must be >= 0, got {first}")
     if decreasing:
         raise ValueError(f"{name} must be non-decreasing ({name}[n+1] >= {name}[n])")
     if last > num_rows:
         raise ValueError(f"{name}[-1] = {last} is past the {num_rows} rows of the packed tensor")
+    if longest is not None and most > longest:
+        raise ValueError(f"max_doc_len = {longest}, but {name} holds a document of {most} tokens")
 
 
 def _judge_range(stats, name: str, lo: int, hi: int, what) -> None:

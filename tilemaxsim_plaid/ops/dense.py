@@ -604,14 +604,16 @@ def maxsim_packed(
         pids: optional int32/int64 [M]: score only these documents, in this order, read straight
             from ``D_packed`` (no gather into a new tensor). Default: all N documents.
         query_lengths: optional int32/int64 [B] (3-D Q only).
-        max_doc_len: longest document if known (lets the heuristic pick the single-tile path
-            without a device sync); computed from ``offsets`` when ``validate`` is True.
+        max_doc_len: the longest document in ``offsets`` if known (lets several queries take
+            the single-tile path without a device sync; ``validate=True`` checks it); read
+            from ``offsets`` when ``validate`` is True.
         config: a fixed :class:`MaxSimConfig`.
         validate: check values (offsets monotone and in range, pids and query_lengths in
-            range; Q and D_packed are not read) with one host sync per call, none when every checked tensor was checked
-            before unchanged (same object and version: an index's offsets are read once). A new
-            pids or query_lengths is judged after the launch, which reads it clamped into
-            range, so checking a new pid list each call does not leave the GPU idle.
+            range; Q and D_packed are not read) with one host sync per call, none when every
+            checked tensor was checked before unchanged (same object and version: an index's
+            offsets are read once). A new pids or query_lengths, and a new offsets for one
+            query or with ``max_doc_len`` given, is judged after the launch, which reads it
+            clamped into range, so checking a new batch each call does not leave the GPU idle.
 
     Returns:
         fp32 [B, M] (or [M] for a 2-D Q), M = len(pids) or N. An empty document scores -inf,
@@ -629,10 +631,14 @@ def maxsim_packed(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
-        batch.offsets(offsets, D_packed.shape[0])
+        # The launch takes the longest document from offsets only to choose several queries'
+        # tiling: one query's (or a caller's max_doc_len) lets a new offsets wait until after it.
+        one_query = Q.dim() == 2 or Q.shape[0] == 1
+        batch.offsets(offsets, D_packed.shape[0], defer=one_query or max_doc_len is not None,
+                      longest=max_doc_len)
         batch.in_range("pids", pids, 0, num_docs, defer=True)
         stats = batch.run()
-        if max_doc_len is None and num_docs:
+        if max_doc_len is None and num_docs and "offsets" in stats:
             max_doc_len = stats["offsets"][3]
         pids, query_lengths = batch.safe("pids", pids), batch.safe("query_lengths", query_lengths)
         offsets = batch.safe("offsets", offsets)
