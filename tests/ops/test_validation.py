@@ -590,6 +590,20 @@ def test_new_offsets_are_read_after_a_launch_that_takes_none_of_their_stats(devi
     assert log == []
 
 
+def test_a_single_tile_config_reads_new_offsets_before_its_launch(device, stub_kernels,
+                                                                   monkeypatch):
+    """One query with config.single_tile: the launch needs the longest document, so a new
+    offsets is read before it (and the config's bound is checked against it)."""
+    call, t = make("packed", device)
+    t = dict(t, Q=t["Q"][0], query_lengths=None)
+    config = dense.MaxSimConfig(block_t=8, single_tile=True)
+    seen = []
+    monkeypatch.setattr(dense, "_launch", lambda Q3, D, **kw: (
+        seen.append(kw["max_doc_len"]), torch.zeros(1, kw["num_out_docs"], device=Q3.device))[1])
+    call(dict(t, offsets=t["offsets"].clone()), config=config)
+    assert seen == [max(LENGTHS)]
+
+
 @pytest.mark.parametrize("way", ["one query", "max_doc_len"])
 def test_new_offsets_judged_after_the_launch_score_as_remembered_ones(device, way):
     """The real kernels: a new offsets each call (a column view too) scores as the remembered

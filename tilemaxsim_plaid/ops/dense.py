@@ -631,11 +631,13 @@ def maxsim_packed(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
-        # The launch takes the longest document from offsets only to choose several queries'
-        # tiling: one query's (or a caller's max_doc_len) lets a new offsets wait until after it.
-        one_query = Q.dim() == 2 or Q.shape[0] == 1
-        batch.offsets(offsets, D_packed.shape[0], defer=one_query or max_doc_len is not None,
-                      longest=max_doc_len)
+        # The launch takes the longest document from offsets only for several queries' tiling
+        # and a single-tile config: without them (or with a caller's max_doc_len) a new
+        # offsets waits until after it.
+        needs_longest = (not (Q.dim() == 2 or Q.shape[0] == 1)
+                         or (config is not None and config.single_tile))
+        batch.offsets(offsets, D_packed.shape[0],
+                      defer=not needs_longest or max_doc_len is not None, longest=max_doc_len)
         batch.in_range("pids", pids, 0, num_docs, defer=True)
         stats = batch.run()
         if max_doc_len is None and num_docs and "offsets" in stats:
