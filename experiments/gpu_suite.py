@@ -235,14 +235,15 @@ def validate(work: Path, opts) -> list[Step]:
 
 
 def new_offsets(work: Path, opts) -> list[Step]:
-    """The GPU tests of offsets judged after the launch (the checks, every dense kernel path
-    with an end before its start, the mma kernels' shared document bounds), then maxsim_packed's
-    validate=True against validate=False for --before and this tree, 3 rounds each (a new batch
-    each call among the ways; about 5 minutes)."""
+    """The GPU tests of offsets judged after the launch (the checks, every dense and residual
+    kernel path with an end before its start, the mma kernels' shared document bounds), then
+    maxsim_packed's validate=True against validate=False for --before and this tree, 3 rounds
+    each (a new batch each call among the ways; about 5 minutes)."""
     tests = ("tests/ops/test_validation.py", "tests/kernels/test_maxsim_dense_mma.py",
              "tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py")
     steps = [Step("offsets-tests", (*PYTEST, *parallel_workers(), *tests), 150),
              Step("kernel-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
+                                   "tests/kernels/test_maxsim_residual.py",
                                    "-k", "end_before or every_config or flat"), 100)]
     for tree, root in (("before", (ROOT / opts.before).resolve()), ("after", ROOT)):
         steps.append(Step(f"packed-{tree}", module("experiments.bench_validate", "--ops", "packed",

@@ -411,6 +411,39 @@ def test_codes_out_of_range_are_clamped_by_the_kernel(device, poisoned_outputs, 
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("many_docs", [pytest.param(False, id="default"),
+                                       pytest.param(True, id="many-documents-default")])
+@pytest.mark.parametrize("pipeline_codes", [pytest.param(False, id="per-tile"),
+                                            pytest.param(True, id="pipelined")])
+def test_an_end_before_its_start_is_an_empty_document(device, poisoned_outputs, monkeypatch,
+                                                      many_docs, pipeline_codes):
+    """Offsets out of order but inside the rows (what a check judged after the launch gives
+    the kernel before the call raises): a document whose end is before its start scores -inf,
+    every other as the reference of its own rows."""
+    from tilemaxsim_plaid.ops import residual
+
+    if many_docs:
+        monkeypatch.setattr(residual, "MANY_DOCS", 2)
+    index = random_index(device, 128, 2)
+    offsets = index["offsets"].clone()
+    offsets[2] = offsets[4] + 1  # document 1 runs into document 3's rows; document 2 is empty
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    bounds = offsets.tolist()
+    rows = [torch.arange(a, max(a, b)) for a, b in zip(bounds, bounds[1:])]
+    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
+    take = torch.cat(rows).to(device)
+    in_order = dict(index, codes=index["codes"][take], residuals=index["residuals"][take],
+                    offsets=ordered.to(device))
+    pids = torch.tensor([3, 1, 2, 0, 4], device=device)
+    cfg = None if many_docs else ResidualConfig(pipeline_codes=pipeline_codes)
+    for args in ({}, {"pids": pids}):
+        got = score(Q, dict(index, offsets=offsets), 2, config=cfg, validate=False, **args)
+        assert_close(got, expected(Q, in_order, 2, **args), "maxsim_residual", torch.float16)
+        empty = [0, 2] if not args else [2, 3]  # document 0 has no rows either
+        assert (got[:, empty] == float("-inf")).all()
+
+
 def test_many_queries_long_query_and_empty_query(device, poisoned_outputs):
     """Several query blocks, Lq above one launch's 128 rows (chunked), a query with no tokens."""
     index = random_index(device, 64, 2, lengths=[3, 0, 20])

@@ -590,6 +590,24 @@ def test_new_offsets_are_read_after_a_launch_that_takes_none_of_their_stats(devi
     assert log == []
 
 
+def test_new_residual_offsets_are_read_after_a_launch_that_took_them_clamped(device,
+                                                                            residual_codes_log):
+    """The residual op's launch takes none of the offsets' statistics: a new offsets (with new
+    codes, a new packed batch) is judged after it; a bad one raises naming offsets."""
+    call, t = make("residual", device)
+    call(t)
+    residual_codes_log.clear()
+    call(dict(t, offsets=t["offsets"].clone(), codes=t["codes"].clone()))
+    assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+    for bad in (_set(t["offsets"], 2, 1), _set(t["offsets"], -1, 99)):
+        residual_codes_log.clear()
+        with pytest.raises(ValueError, match="offsets"):
+            call(dict(t, offsets=bad))
+        assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+        given = residual_codes_log[0][2]
+        assert int(given.min()) >= 0 and int(given.max()) <= t["codes"].shape[0]
+
+
 def test_a_single_tile_config_reads_new_offsets_before_its_launch(device, stub_kernels,
                                                                    monkeypatch):
     """One query with config.single_tile: the launch needs the longest document, so a new
@@ -668,13 +686,13 @@ def test_inference_index_of_strided_views_scores_as_when_first_read(device, op):
 
 @pytest.fixture
 def residual_codes_log(monkeypatch):
-    """Stubbed residual launches that log ("launch", the codes they were given); host reads
-    log ("read",)."""
+    """Stubbed residual launches that log ("launch", the codes and offsets they were given);
+    host reads log ("read",)."""
     log = []
     real = checks.host_read
     monkeypatch.setattr(checks, "host_read", lambda t: (log.append(("read",)), real(t))[1])
     monkeypatch.setattr(residual, "_launch", lambda Q3, codes, *a: (
-        log.append(("launch", codes)), torch.zeros(Q3.shape[0], a[8], device=Q3.device))[1])
+        log.append(("launch", codes, a[1])), torch.zeros(Q3.shape[0], a[8], device=Q3.device))[1])
     return log
 
 

@@ -841,9 +841,10 @@ def maxsim_residual(
         validate: check values (offsets, pids, codes, query_lengths in range; no NaN or inf in
             centroids, bucket_weights or inv_norms; Q and centroid_scores are not read) with
             one host sync per call, none when every checked tensor was checked before unchanged
-            (same object and version: an index's offsets and codes are read once). A new pids, query_lengths
-            or codes is judged after the launch, which reads it clamped into range (codes are
-            clamped by the kernel as it reads them).
+            (same object and version: an index's offsets and codes are read once). A new
+            offsets, pids, query_lengths or codes is judged after the launch, which reads it
+            clamped into range (codes are clamped by the kernel as it reads them; a document
+            whose end is before its start is empty).
 
     Q, centroids and the residual rows are read through their strides; a strided view of a 1-D
     tensor (offsets, pids, codes, inv_norms, query_lengths) is copied once, as is a
@@ -863,7 +864,8 @@ def maxsim_residual(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
-        batch.offsets(offsets, codes.shape[0])
+        # The launch takes none of the offsets' statistics: a new one waits until after it.
+        batch.offsets(offsets, codes.shape[0], defer=True)
         batch.in_range("pids", pids, 0, num_docs, defer=True)
         batch.in_range("codes", codes, 0, centroids.shape[0], f"[0, C={centroids.shape[0]})",
                        defer=True, launch_clamps=True)
