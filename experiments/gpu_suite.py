@@ -807,6 +807,10 @@ def main(argv=None) -> int:
         steps = suite_steps(opts.name, Path("$WORK"), opts)
         print(command_text(steps, any(s.name == "wheels" for s in steps)), end="")
         return 0
+    before = (ROOT / opts.before).resolve()
+    if not any(s.cwd == before for s in suite_steps(opts.name, Path("$WORK"), opts)):
+        # The steps kept by --only run in this tree alone: the older one need not be carried.
+        needs = [path for path in needs if not (ROOT / path).resolve().is_relative_to(before)]
     missing = [path for path in needs if not (ROOT / path).exists()]
     if missing:
         for path in missing:

@@ -362,6 +362,19 @@ def test_missing_carried_paths_refuse_before_running(tmp_path, capsys):
     assert not list(tmp_path.glob("*.tar.gz"))
 
 
+def test_steps_kept_in_this_tree_need_no_older_tree(tmp_path, monkeypatch, capsys):
+    """new-offsets with --only its tests runs nothing in --before: a missing older tree is no
+    refusal then; with its benchmarks kept it is."""
+    ran = []
+    monkeypatch.setattr(gpu_suite, "run_suite", lambda name, steps, *a, **kw: ran.append(
+        [s.name for s in steps]) or 0)
+    args = ["new-offsets", "--before", str(tmp_path / "none"), "--out", str(tmp_path)]
+    assert gpu_suite.main([*args, "--only", "offsets-tests,kernel-tests"]) == 0
+    assert ran and ran[0][-2:] == ["offsets-tests", "kernel-tests"]
+    assert gpu_suite.main(args) == 2
+    assert f"missing {tmp_path / 'none'}/tilemaxsim_plaid" in capsys.readouterr().err
+
+
 def toy(name: str, code: str, timeout: float = 30) -> Step:
     return Step(name, (PY, "-c", code), timeout)
 
