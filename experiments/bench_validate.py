@@ -15,8 +15,9 @@ way once, so clock drift hits them alike; a row keeps the median over rounds):
 - ``new documents validate=True`` / ``new documents validate=False`` (``maxsim_packed`` over every
   document; ``maxsim_padded``, with its doc_lengths): the same documents as a new tensor each
   call (its version counter moved, :func:`_renewed`), as a reranker meets the embeddings it
-  gathers per query; the second is the first's baseline; ``new batch`` (``maxsim_packed``) renews
-  the offsets too, as a reranker that packs its candidates meets them;
+  gathers per query; the second is the first's baseline; ``new batch`` (``maxsim_packed``,
+  ``maxsim_pq``: its codes) renews the offsets too, as a reranker that packs its candidates
+  meets them;
 - ``inference tensors`` / ``inference tensors validate=False``: copies of the index made under
   ``torch.inference_mode()``, whose tensors have no version counter: their range checks are read
   on every call (after the launch once remembered); the second is the first's baseline.
@@ -217,6 +218,10 @@ def pq_inputs(num_docs: int, device, generator) -> list[dict]:
         dict(op="maxsim_pq", input=f"M={PQ_M} all", ref=ref_all, ways={
             "validate=False": lambda: maxsim_pq(Q, codes, offsets, books, validate=False),
             "validate=True": lambda: maxsim_pq(Q, codes, offsets, books),
+            "new batch validate=False": lambda: maxsim_pq(Q, _renewed(codes), _renewed(offsets),
+                                                          books, validate=False),
+            "new batch validate=True": lambda: maxsim_pq(Q, _renewed(codes), _renewed(offsets),
+                                                         books),
             "inference tensors validate=False": lambda: maxsim_pq(Q, codes_inf, offsets_inf,
                                                                   books_inf, validate=False),
             "inference tensors": lambda: maxsim_pq(Q, codes_inf, offsets_inf, books_inf)}),

@@ -235,20 +235,24 @@ def validate(work: Path, opts) -> list[Step]:
 
 
 def new_offsets(work: Path, opts) -> list[Step]:
-    """The GPU tests of offsets judged after the launch (the checks, every dense and residual
-    kernel path with an end before its start, the mma kernels' shared document bounds), then
-    maxsim_packed's validate=True against validate=False for --before and this tree, 3 rounds
-    each (a new batch each call among the ways; about 5 minutes)."""
+    """The GPU tests of offsets judged after the launch (the checks, every dense, residual and
+    PQ kernel path with an end before its start, the mma kernels' shared document bounds), then
+    maxsim_packed's and maxsim_pq's validate=True against validate=False for --before and this
+    tree, 3 rounds each (a new batch each call among the ways; about 6 minutes)."""
     tests = ("tests/ops/test_validation.py", "tests/kernels/test_maxsim_dense_mma.py",
              "tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py")
     steps = [Step("offsets-tests", (*PYTEST, *parallel_workers(), *tests), 150),
              Step("kernel-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
                                    "tests/kernels/test_maxsim_residual.py",
-                                   "-k", "end_before or every_config or flat"), 100)]
+                                   "tests/kernels/test_maxsim_pq.py",
+                                   "tests/kernels/test_maxsim_pq_mma.py",
+                                   "-k", "end_before or every_config or flat or matches_reference"),
+                   100)]
     for tree, root in (("before", (ROOT / opts.before).resolve()), ("after", ROOT)):
-        steps.append(Step(f"packed-{tree}", module("experiments.bench_validate", "--ops", "packed",
-                                                   "--rounds", "3", "--out", str(work / tree)),
-                          150, cwd=root))
+        steps.append(Step(f"validate-{tree}", module("experiments.bench_validate", "--ops",
+                                                     "packed", "pq", "--rounds", "3",
+                                                     "--out", str(work / tree)),
+                          180, cwd=root))
     return steps
 
 
@@ -595,8 +599,9 @@ SUITES = {
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "
                       "every op at 100k documents, alternated", validate),
-    "new-offsets": Suite("GPU tests of offsets judged after the launch; maxsim_packed's "
-                         "validate=True against validate=False for --before and this tree",
+    "new-offsets": Suite("GPU tests of offsets judged after the launch; maxsim_packed's and "
+                         "maxsim_pq's validate=True against validate=False for --before and "
+                         "this tree",
                          new_offsets, needs=("{before}/tilemaxsim_plaid", "{before}/experiments")),
     "grid": Suite("dense sweeps over the last grid's cells below target, then the full shape "
                   "grid with the peers", grid),

@@ -251,11 +251,11 @@ def test_every_suite_is_expected():
     assert set(gpu_suite.SUITES) == set(EXPECTED) | {"before-after", "new-offsets"}
 
 
-def test_new_offsets_runs_its_tests_then_the_packed_ways_in_both_trees():
+def test_new_offsets_runs_its_tests_then_the_packed_and_pq_ways_in_both_trees():
     opts = argparse.Namespace(before="/old", rounds=1, only=None)
     steps = steps_of("new-offsets", opts)
-    assert [s.name for s in steps] == ["offsets-tests", "kernel-tests", "packed-before",
-                                       "packed-after"]
+    assert [s.name for s in steps] == ["offsets-tests", "kernel-tests", "validate-before",
+                                       "validate-after"]
     assert steps[0].argv[1:] == (*PYTEST, *XDIST, "tests/ops/test_validation.py",
                                  "tests/kernels/test_maxsim_dense_mma.py",
                                  "tests/kernels/test_maxsim_residual_mma.py",
@@ -263,7 +263,7 @@ def test_new_offsets_runs_its_tests_then_the_packed_ways_in_both_trees():
     for step, tree in zip(steps[2:], ("before", "after")):
         assert step.cwd == (Path("/old") if tree == "before" else ROOT)
         assert list(step.argv[1:]) == ["-m", "experiments.bench_validate", "--ops", "packed",
-                                       "--rounds", "3", "--out", str(WORK / tree)]
+                                       "pq", "--rounds", "3", "--out", str(WORK / tree)]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -412,3 +412,43 @@ def test_lookup_tables_for_a_long_query(device, poisoned_outputs):
     Q = unit_queries(1, 150, 64, torch.float16, device)
     out = maxsim_pq(Q, *args, config=PQConfig(scoring="lut", lut_rows=32))
     assert_close(out, reference.maxsim_pq(Q, *args), "maxsim_pq", torch.float32)
+
+
+# Every scoring that reads packed offsets: the decode kernel (few- and many-document defaults),
+# the lookup tables through L1; on a GPU the tables in shared memory and the mma kernel too.
+END_BEFORE_START = [pytest.param(dict(scoring="decode"), id="decode-default"),
+                    pytest.param(dict(scoring="many"), id="many-documents-default"),
+                    pytest.param(dict(scoring="lut", lut_shared=False), id="lut")]
+if ON_GPU:
+    END_BEFORE_START += [pytest.param(dict(scoring="lut", lut_shared=True), id="lut-shared"),
+                         pytest.param(dict(scoring="mma"), id="mma")]
+
+
+@pytest.mark.parametrize("how", END_BEFORE_START)
+def test_an_end_before_its_start_is_an_empty_document(device, poisoned_outputs, how):
+    """Offsets out of order but inside the rows (what a check judged after the launch gives
+    the kernel before the call raises): a document whose end is before its start scores -inf,
+    every other as the reference of its own rows."""
+    index = random_pq_index(device, 128, 16, [5, 9, 40, 33, 2, 17])
+    offsets = index["offsets"].clone()
+    offsets[2] = offsets[4] + 1  # document 1 runs into document 3's rows; document 2 is empty
+    bounds = offsets.tolist()
+    rows = [torch.arange(a, max(a, b)) for a, b in zip(bounds, bounds[1:])]
+    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
+    take = torch.cat(rows).to(device)
+    codes, codebooks = index["pq_codes"], index["codebooks"]
+    Q = unit_queries(1, 32, 128, torch.float16, device)
+    if how["scoring"] == "decode":
+        config = None
+    elif how["scoring"] == "many":
+        config = default_pq_config(1, 32, MANY_DOCS, num_subquantizers=16, sub_dim=8)
+    else:
+        config = PQConfig(**how)
+    pids = torch.tensor([3, 1, 2, 0, 4], device=device)
+    for args in ({}, {"pids": pids}):
+        got = maxsim_pq(Q, codes, offsets, codebooks, **args, config=config, validate=False)
+        want = reference.maxsim_pq(Q, codes[take], ordered.to(device), codebooks, **args)
+        assert_close(got, want, "maxsim_pq",
+                     torch.float32 if how["scoring"] == "lut" else torch.float16)
+        assert (got[:, 2] == float("-inf")).all()  # document 2 (pids[2] is document 2 too)

@@ -684,16 +684,22 @@ def test_inference_index_of_strided_views_scores_as_when_first_read(device, op):
     torch.testing.assert_close(call(t, validate=False), first, rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture
-def residual_codes_log(monkeypatch):
-    """Stubbed residual launches that log ("launch", the codes and offsets they were given);
-    host reads log ("read",)."""
+def _launch_log(monkeypatch, module, logged, num_out):
+    """Stub ``module._launch`` to log ("launch", *its arguments at positions ``logged``) and
+    return zeros [B, its argument at ``num_out``]; host reads log ("read",)."""
     log = []
     real = checks.host_read
     monkeypatch.setattr(checks, "host_read", lambda t: (log.append(("read",)), real(t))[1])
-    monkeypatch.setattr(residual, "_launch", lambda Q3, codes, *a: (
-        log.append(("launch", codes, a[1])), torch.zeros(Q3.shape[0], a[8], device=Q3.device))[1])
+    monkeypatch.setattr(module, "_launch", lambda Q3, *a: (
+        log.append(("launch", *(a[i] for i in logged))),
+        torch.zeros(Q3.shape[0], a[num_out], device=Q3.device))[1])
     return log
+
+
+@pytest.fixture
+def residual_codes_log(monkeypatch):
+    """Stubbed residual launches that log ("launch", the codes and offsets they were given)."""
+    return _launch_log(monkeypatch, residual, (0, 2), 9)
 
 
 def test_new_codes_are_judged_after_a_launch_that_clamps_them(device, residual_codes_log):
@@ -734,3 +740,50 @@ def test_inference_codes_are_read_again_but_not_copied(device, residual_codes_lo
     with pytest.raises(ValueError, match="codes"):
         call(t)
     assert [e[0] for e in residual_codes_log] == ["launch", "read"]
+
+
+@pytest.fixture
+def pq_launch_log(monkeypatch):
+    """Stubbed PQ launches that log ("launch", the offsets and centroid_codes they were given)."""
+    return _launch_log(monkeypatch, pq, (1, 4), 8)
+
+
+def test_new_pq_offsets_and_centroid_codes_are_read_after_a_launch_that_took_them_clamped(
+        device, pq_launch_log):
+    """The PQ op's launch takes none of their statistics: a new offsets and centroid_codes (a
+    new packed batch) are judged after it, which got them clamped; a bad one raises naming it."""
+    call, t = make("pq", device)
+    call(t)
+    pq_launch_log.clear()
+    call(dict(t, offsets=t["offsets"].clone(), centroid_codes=t["centroid_codes"].clone()))
+    assert [e[0] for e in pq_launch_log] == ["launch", "read"]
+    num_tokens, num_centroids = t["pq_codes"].shape[0], t["centroids"].shape[0]
+    for name, bad in (("offsets", _set(t["offsets"], 2, 1)),
+                      ("offsets", _set(t["offsets"], -1, 99)),
+                      ("offsets", _set(t["offsets"], 0, -1)),
+                      ("centroid_codes", _set(t["centroid_codes"], 4, num_centroids)),
+                      ("centroid_codes", _set(t["centroid_codes"], 4, -1))):
+        pq_launch_log.clear()
+        with pytest.raises(ValueError, match=name):
+            call(dict(t, **{name: bad}))
+        assert [e[0] for e in pq_launch_log] == ["launch", "read"]
+        offsets, centroid_codes = pq_launch_log[0][1:]
+        assert int(offsets.min()) >= 0 and int(offsets.max()) <= num_tokens
+        assert int(centroid_codes.min()) >= 0 and int(centroid_codes.max()) < num_centroids
+
+
+def test_new_pq_offsets_score_as_remembered_ones(device):
+    """The real kernels: a new offsets and centroid_codes each call (column views too) score as
+    the remembered ones; out-of-order offsets raise naming offsets."""
+    call, t = make("pq", device)
+    want = call(t)
+
+    def column(x):
+        return torch.stack([x, torch.full_like(x, -7)], 1)[:, 0]
+
+    for new in ((lambda x: x.clone()), column):
+        got = call(dict(t, offsets=new(t["offsets"]), centroid_codes=new(t["centroid_codes"])))
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="offsets"):
+        call(dict(t, offsets=_set(t["offsets"], 2, 1)))
+    assert torch.equal(call(dict(t, offsets=t["offsets"].clone())), want)

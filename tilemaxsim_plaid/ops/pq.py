@@ -416,8 +416,9 @@ def maxsim_pq(
         validate: check values (offsets, pids, centroid_codes, query_lengths in range; no NaN
             or inf in codebooks, centroids or inv_norms; Q is not read) with one host sync per
             call, none when every checked tensor was checked before unchanged (same object and
-            version: an index's offsets and codes are read once). A new pids or query_lengths
-            is judged after the launch, which reads it clamped into range.
+            version: an index's offsets and codes are read once). A new offsets, pids,
+            centroid_codes or query_lengths is judged after the launch, which reads it clamped
+            into range (a document whose end is before its start is empty).
 
     Any strides: Q is read with its strides (the mma kernel copies it where its rows are not
     4-byte pairs). The other tensors are made contiguous here when they are not (a copy per call
@@ -471,11 +472,12 @@ def maxsim_pq(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
-        batch.offsets(offsets, num_tokens)
+        # The launch takes none of these tensors' statistics: a new one waits until after it.
+        batch.offsets(offsets, num_tokens, defer=True)
         batch.in_range("pids", pids, 0, num_docs, defer=True)
         if centroid_codes is not None:
             batch.in_range("centroid_codes", centroid_codes, 0, centroids.shape[0],
-                           f"[0, C={centroids.shape[0]})")
+                           f"[0, C={centroids.shape[0]})", defer=True)
         for name, t in (("codebooks", codebooks), ("centroids", centroids),
                         ("inv_norms", inv_norms)):
             batch.finite(name, t)
