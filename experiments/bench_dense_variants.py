@@ -30,20 +30,15 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``tail apart``: a split query's tail (``dense.default_query_chunks``) in a second launch
   of its own where the default holds it beside the head (``dense.tail_joins_head``): the head
   then takes 8 x 16 slots, the tail its own config, and the documents are read twice;
-* ``validate=False``: the default launch without the checks' host work;
-* ``mma``, ``mma grab 2``: the packed call with ``MaxSimConfig(scoring="mma")``
-  (kernels/maxsim_dense_mma.cu: the lanes load their tensor-core operands from the rows, a warp a
-  document stream), taking 4 (its default) or 2 documents a grab; skipped, with a line saying
-  so, on a cell it does not cover (d not a multiple of 64).
+* ``validate=False``: the default launch without the checks' host work.
 
 Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
 alone, captured under its switch): where ``ms`` exceeds it, the call is bound by the host's
 work, not the kernel, and variants within the rounds' spread are compared by it.
 
 Every switch's scores are checked equal to the default's up to fp32 rounding (the switches
-change addressing, not arithmetic); the mma kernel's, which sums each product in another order,
-within the tests' tolerance of the default's. The peers (flash-maxsim, late-interaction-kernels) are timed
-in the same rounds.
+change addressing, not arithmetic). The peers (flash-maxsim, late-interaction-kernels) are
+timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -132,12 +127,6 @@ JOINED_TAIL_CELLS = ("B4-Lq48", "B16-Lq48", "B32-Lq48")
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
-# One query's packed cells at d a multiple of 64 furthest below the read roof in grid
-# h200-975e3d8-full (65-85 %), beside the headline: where the mma kernel is weighed against the
-# default.
-MMA_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64",
-             "d192-Lq64", "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30",
-             "d384-lognormal-70", "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -221,12 +210,6 @@ VARIANTS = {"default": contextlib.nullcontext,
             "held block": _held_block_switch,
             "tail apart": _tail_apart_switch}
 
-# Variants that are another config of the same call, not a switch around the default's.
-CONFIG_VARIANTS = {
-    "mma": dense.MaxSimConfig(scoring="mma"),
-    "mma grab 2": dense.MaxSimConfig(scoring="mma", docs_per_program=2),
-}
-
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:
     if name not in CELLS:
@@ -253,23 +236,12 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
     want = ours()
     calls = {}
     for variant in dict.fromkeys(("default", *variants)):
-        if variant in CONFIG_VARIANTS:
-            switch, fn = contextlib.nullcontext, bg.provider_ours(
-                cell, x, config=CONFIG_VARIANTS[variant])
-            try:
-                got = fn()  # compiles the kernel outside the timed rounds
-            except ValueError as err:  # a config that does not cover this cell
-                print(f"{cell.name}: variant {variant!r} skipped: {err}", flush=True)
-                continue
-            same = torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
-        else:
-            switch, fn = VARIANTS[variant], ours
-            with switch():
-                got = ours()  # compiles the variant's specialisation outside the timed rounds
-            same = _same_scores(got, want)
-        if not same:
+        switch = VARIANTS[variant]
+        with switch():
+            got = ours()  # compiles the variant's specialisation outside the timed rounds
+        if not _same_scores(got, want):
             raise AssertionError(f"{cell.name}: variant {variant!r} does not score as the default")
-        calls[variant] = (switch, fn)
+        calls[variant] = (switch, ours)
     unchecked = bg.provider_ours(cell, x, validate=False)
     if not _same_scores(unchecked(), want):
         raise AssertionError(f"{cell.name}: validate=False does not score as the default")
@@ -312,7 +284,7 @@ def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                        choices=[*VARIANTS, *CONFIG_VARIANTS],
+                        choices=list(VARIANTS),
                         help="variants timed beside the default (which is always timed)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-docs", type=int, default=bg.MAX_DOCS,

@@ -239,8 +239,8 @@ def new_offsets(work: Path, opts) -> list[Step]:
     PQ kernel path with an end before its start, the mma kernels' shared document bounds), then
     maxsim_packed's and maxsim_pq's validate=True against validate=False for --before and this
     tree, 3 rounds each (a new batch each call among the ways; about 6 minutes)."""
-    tests = ("tests/ops/test_validation.py", "tests/kernels/test_maxsim_dense_mma.py",
-             "tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py")
+    tests = ("tests/ops/test_validation.py", "tests/kernels/test_maxsim_residual_mma.py",
+             "tests/kernels/test_maxsim_pq_mma.py")
     steps = [Step("offsets-tests", (*PYTEST, *parallel_workers(), *tests), 150),
              Step("kernel-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense.py",
                                    "tests/kernels/test_maxsim_residual.py",
@@ -391,26 +391,13 @@ def stage4_table(work: Path, opts) -> list[Step]:
                                         "--out", str(work / "stage4-table")), 400)]
 
 
-def dense_mma(work: Path, opts) -> list[Step]:
-    """The GPU tests of the dense mma kernel (MaxSimConfig(scoring="mma")), then the dense default
-    beside it (4 and 2 documents a grab) and the peers on one query's packed cells furthest below
-    the read roof and the headline, 3 alternated rounds (about 4 minutes)."""
-    from experiments.bench_dense_variants import MMA_CELLS
-
-    return [Step("mma-tests", (*PYTEST, *parallel_workers(), "tests/kernels/test_maxsim_dense_mma.py"),
-                 100),
-            Step("dense-mma", module("experiments.bench_dense_variants", "--cells", *MMA_CELLS,
-                                     "--variants", "mma", "mma grab 2", "--rounds", "3",
-                                     "--out", str(work / "dense-mma")), 300)]
-
-
 def dense_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the dense op's default launches where the grid is below its targets
     beside the headline: one query of 64 tokens and 4 queries of 32 sharing the documents, the
-    headline one query of 32 by the default, by the dense mma kernel and by flash-maxsim's
-    packed kernel (profile_kernels ncu)."""
+    headline one query of 32 by the default and by flash-maxsim's packed kernel
+    (profile_kernels ncu)."""
     return [Step("dense-ncu", module("experiments.profile_kernels", "ncu", "--ops", "dense,wide",
-                                     "--only", "=packed,=packed mma,=flash_maxsim_packed,"
+                                     "--only", "=packed,=flash_maxsim_packed,"
                                      "=packed B1 Lq64,=packed B4 Lq32",
                                      "--out", str(work / "dense-ncu")), 300)]
 
@@ -429,12 +416,11 @@ def grid(work: Path, opts) -> list[Step]:
 
 def predictions(work: Path, opts) -> list[Step]:
     """The open predictions of results/PERFORMANCE_LOG.md that one device call can check: the
-    dense mma kernel's GPU tests and its cells (dense-mma), the residual op's default beside its
-    other kernel and dense on the decoded documents at C = 2^16 and 2^18 and the table's build
-    (residual-mma, whose tests ran on an sm_90 card at the same commit's sources), and the flat
-    walk's short-document cells (dense-flat, without its tests); about 7 minutes."""
-    return [*dense_mma(work, opts),
-            *(s for s in residual_mma(work, opts) if s.name != "residual-tests"),
+    residual op's default beside its other kernel and dense on the decoded documents at
+    C = 2^16 and 2^18 and the table's build (residual-mma, whose tests ran on an sm_90 card at
+    the same commit's sources), and the flat walk's short-document cells (dense-flat, without
+    its tests); about 4 minutes."""
+    return [*(s for s in residual_mma(work, opts) if s.name != "residual-tests"),
             *(s for s in dense_flat(work, opts) if s.name != "flat-tests")]
 
 
@@ -591,10 +577,8 @@ SUITES = {
                           "default) beside split by query rows or gathered, C = 2^18-2^20, "
                           "2k-100k candidates",
                           stage4_table),
-    "dense-mma": Suite("GPU tests of the dense mma kernel; the dense default beside it and the "
-                       "peers on one query's packed cells below the read roof", dense_mma),
-    "predictions": Suite("the log's open predictions in one call: dense-mma, residual-mma and "
-                         "dense-flat without the residual and flat-walk tests", predictions),
+    "predictions": Suite("the log's open predictions in one call: residual-mma and dense-flat "
+                         "without their tests", predictions),
     "variants": Suite("the dense default beside its row-offset variants and the peers, alternated; "
                       "residual codes at C = 2^16 and 2^18", variants),
     "validate": Suite("GPU tests of the ops' host checks; validate=True against validate=False for "

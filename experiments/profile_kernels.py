@@ -43,7 +43,7 @@ from .bench_compressed import NBITS, make_index, queries
 from .packed_read import expected_read, per_document_read
 from .residual_floors import expected_floor, residual_floor
 from tilemaxsim_plaid import reference
-from tilemaxsim_plaid.ops.dense import MaxSimConfig, maxsim_packed, maxsim_padded
+from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
 from tilemaxsim_plaid.ops.pq import maxsim_pq
 from tilemaxsim_plaid.ops import nvrtc
 from tilemaxsim_plaid.ops.residual import (MMA_NBITS, default_residual_config, maxsim_residual,
@@ -73,9 +73,8 @@ def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float =
 
 
 def dense_ops(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
-    """{name: (run, check)} for maxsim_packed and maxsim_padded at their defaults, the packed call
-    by the dense mma kernel (on a GPU with NVRTC), flash-maxsim and the packed floors; check
-    raises if run's output is wrong."""
+    """{name: (run, check)} for maxsim_packed and maxsim_padded at their defaults, flash-maxsim
+    and the packed floors; check raises if run's output is wrong."""
     case = Case(f"1q packed N={num_docs} mean70 d=128", 1, QUERY_LEN, num_docs, 0, DIM, packed=True)
     x = make_inputs(case, device=device)
     Q = x.Q[0]
@@ -85,11 +84,6 @@ def dense_ops(num_docs: int = NUM_DOCS, device: str = "cuda") -> dict:
     ops = {"packed": (lambda: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len,
                                             validate=False),
                       lambda out: _assert_close("packed", out[:n], ref))}
-    if torch.device(device).type == "cuda" and nvrtc.available():
-        mma = MaxSimConfig(scoring="mma")
-        ops["packed mma"] = (lambda: maxsim_packed(Q, x.D_packed, x.offsets, config=mma,
-                                                   validate=False),
-                             lambda out: _assert_close("packed mma", out[:n], ref))
     padded_case = Case(f"1q N={num_docs} Ld={PADDED_LEN} d=128", 1, QUERY_LEN, num_docs,
                        PADDED_LEN, DIM)
     xp = make_inputs(padded_case, device=device)

@@ -71,17 +71,6 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
                                             "validate=False"]
 
 
-def test_a_config_variant_that_does_not_cover_the_cell_is_skipped(capsys):
-    """The mma kernel needs a GPU (and d a multiple of 64): on the CPU its variants are left out
-    with a line saying why, and the rest of the cell is timed."""
-    cell = dv.make_cell("d64-lognormal-30", bg.Sizing(max_docs=3))
-    rows = dv.run_cell(cell, 1, bg.wall_clock_ms, {}, torch.device("cpu"), ("mma", "mma grab 2"))
-    assert [r["variant"] for r in rows] == ["default", "validate=False"]
-    assert "variant 'mma' skipped: config.scoring='mma' does not cover" in capsys.readouterr().out
-    # The cells the mma kernel is timed on are all ones it covers.
-    assert all(dv.make_cell(name, bg.Sizing()).d % 64 == 0 for name in dv.MMA_CELLS)
-
-
 def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
     """The results are written after every cell: a run killed in its second cell (a device
     call's time limit) leaves the first cell's rows."""

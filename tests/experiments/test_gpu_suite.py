@@ -166,17 +166,9 @@ EXPECTED = {
                          "524288", "1048576", "--query-lens", "32", "64",
                          "--candidates", "2000", "12000", "100000", "--out", "W/stage4-table"],
     },
-    "dense-mma": {
-        "mma-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense_mma.py"],
-        "dense-mma": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
-                      "d64-lognormal-30", "d128-lognormal-30", "d64-Lq64", "Lq64", "d192-Lq64",
-                      "d256-Lq48", "d256-lognormal-70", "d384-lognormal-30", "d384-lognormal-70",
-                      "d512-Lq31", "d512-heavy-512", "d768-lognormal-30", "d768-Lq31",
-                      "--variants", "mma", "mma grab 2", "--rounds", "3", "--out", "W/dense-mma"],
-    },
     "dense-ncu": {
         "dense-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "dense,wide", "--only",
-                      "=packed,=packed mma,=flash_maxsim_packed,=packed B1 Lq64,=packed B4 Lq32",
+                      "=packed,=flash_maxsim_packed,=packed B1 Lq64,=packed B4 Lq32",
                       "--out", "W/dense-ncu"],
     },
     "residual-ncu": {
@@ -226,9 +218,9 @@ EXPECTED = {
                               "W/distributed"],
     },
 }
-# The open predictions' one call: three suites above in order, without the residual and flat-walk
+# The open predictions' one call: two suites above in order, without the residual and flat-walk
 # tests.
-EXPECTED["predictions"] = {name: argv for suite in ("dense-mma", "residual-mma", "dense-flat")
+EXPECTED["predictions"] = {name: argv for suite in ("residual-mma", "dense-flat")
                            for name, argv in EXPECTED[suite].items()
                            if name not in ("residual-tests", "flat-tests")}
 HEADLINE = {
@@ -257,7 +249,6 @@ def test_new_offsets_runs_its_tests_then_the_packed_and_pq_ways_in_both_trees():
     assert [s.name for s in steps] == ["offsets-tests", "kernel-tests", "validate-before",
                                        "validate-after"]
     assert steps[0].argv[1:] == (*PYTEST, *XDIST, "tests/ops/test_validation.py",
-                                 "tests/kernels/test_maxsim_dense_mma.py",
                                  "tests/kernels/test_maxsim_residual_mma.py",
                                  "tests/kernels/test_maxsim_pq_mma.py")
     for step, tree in zip(steps[2:], ("before", "after")):

@@ -1,7 +1,8 @@
-// What the CUDA MaxSim kernels share (maxsim_dense_mma.cu, maxsim_pq_mma.cu,
-// maxsim_residual_mma.cu): the query held as the A operand of mma.sync.m16n8k16 (blocks of 16
-// rows), document tokens as B, a lane (g = lane / 4, quad q = lane % 4) keeping the running max
-// of query rows g + 8j over its tokens, and documents found by offsets (and pids). Included by NVRTC (ops/nvrtc.py passes the kernels' folder).
+// What the CUDA MaxSim kernels share (maxsim_pq_mma.cu, maxsim_residual_mma.cu): the query
+// held as the A operand of mma.sync.m16n8k16 (blocks of 16 rows), document tokens as B, a lane
+// (g = lane / 4, quad q = lane % 4) keeping the running max of query rows g + 8j over its
+// tokens, and documents found by offsets (and pids). Included by NVRTC (ops/nvrtc.py passes the
+// kernels' folder).
 // Needs ELEM ("f16" or "bf16") defined.
 
 #pragma once

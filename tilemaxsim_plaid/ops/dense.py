@@ -8,7 +8,7 @@ import torch
 
 from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim_packed_flat_kernel,
                                                    _maxsim_packed_slots_kernel)
-from tilemaxsim_plaid.ops import checks, dense_mma
+from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
                                          launch_in_query_chunks, pow2, scoring_op)
 
@@ -63,11 +63,6 @@ class MaxSimConfig:
             128-wide chunks above). A narrower chunk that divides d masks no column (d = 96 as
             3 x 32, d = 144 as 9 x 16) at the cost of more, smaller products; single_tile needs
             d in one chunk.
-        scoring: "tiles" (the Triton kernels, kernels/maxsim_dense.py, which every other field
-            configures) or "mma" (kernels/maxsim_dense_mma.cu by NVRTC, packed documents only:
-            each lane loads the tensor-core operand it multiplies straight from the rows; d a
-            multiple of 64 up to dense_mma.MAX_DIM, fp16 or bf16: ops/dense_mma.py). With "mma"
-            only docs_per_program (documents a warp takes per grab) applies.
     """
 
     block_t: int = 64
@@ -81,11 +76,7 @@ class MaxSimConfig:
     hold_query: bool = False
     block_d: int | None = None
     running_max: bool = False
-    scoring: str = "tiles"
     length_order: bool = False
-
-
-SCORING = ("tiles", "mma")
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
@@ -237,8 +228,6 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
 def _check_config(cfg: MaxSimConfig) -> None:
     """Tile sizes are tl.arange extents: powers of two (a slot tile also needs >= 16 rows, a
     d chunk is a tl.dot extent: >= 16)."""
-    if cfg.scoring not in SCORING:
-        raise ValueError(f"config.scoring must be one of {SCORING}, got {cfg.scoring!r}")
     block_d = cfg.block_d
     if block_d is not None and not (isinstance(block_d, int) and not isinstance(block_d, bool)
                                     and MIN_DOT_DIM <= block_d <= MAX_BLOCK_D
@@ -382,15 +371,6 @@ def _launch(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, num_out
                               padded_doc_len=padded_doc_len, max_doc_len=max_doc_len,
                               config=config, tail_tokens=tail_tokens)
 
-    if config is not None and config.scoring == "mma":
-        _check_config(config)
-        if not packed:
-            raise ValueError("config.scoring='mma' is for the packed layout (maxsim_packed)")
-        dense_mma.check_applies(Q3, D)
-        return launch_in_query_chunks(
-            Q3, query_lengths, num_out_docs,
-            lambda Q_chunk, chunk_lengths: dense_mma.launch_dense_mma(
-                Q_chunk, D, offsets, pids, chunk_lengths, num_out_docs, config.docs_per_program))
     chunks = default_query_chunks(Q3.shape[0], Q3.shape[1]) if config is None else None
     if chunks and tail_joins_head(Q3.shape[0], *chunks, max_doc_len, Q3.shape[2], packed,
                                   num_out_docs, Q3.element_size()):
