@@ -425,7 +425,7 @@ def predictions(work: Path, opts) -> list[Step]:
 
 
 # The last full shape grid: profile-batched takes its lowest B >= 4 cells.
-BATCHED_GRID = "results/grid/h200-c165218-full/grid.json"
+BATCHED_GRID = "results/grid/h100-f460491-full/grid.json"
 
 
 def profile_batched(work: Path, opts) -> list[Step]:

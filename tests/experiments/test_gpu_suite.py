@@ -187,9 +187,9 @@ EXPECTED = {
     },
     "profile-batched": {
         "batched-time": ["-m", "experiments.profile_batched", "time", "--grid",
-                         "results/grid/h200-c165218-full/grid.json", "--out", "W/profile-batched"],
+                         "results/grid/h100-f460491-full/grid.json", "--out", "W/profile-batched"],
         "batched-ncu": ["-m", "experiments.profile_batched", "ncu", "--grid",
-                        "results/grid/h200-c165218-full/grid.json", "--out", "W/profile-batched"],
+                        "results/grid/h100-f460491-full/grid.json", "--out", "W/profile-batched"],
         "batched-summary": ["-m", "experiments.profile_batched", "summarize", "W/profile-batched/ncu.csv",
                             "--launches", "W/profile-batched/profile_launches.json", "--out",
                             "W/profile-batched"],
