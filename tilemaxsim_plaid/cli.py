@@ -29,6 +29,7 @@ COMMANDS = {
     "plots": ("plots_bench", "plots of a dense benchmark result file"),
     "plots-plaid": ("plots_plaid", "plots of end-to-end PLAID benchmark runs"),
     "plots-grid": ("plots_grid", "heatmaps of shape-grid benchmark result files"),
+    "plots-validate": ("plots_validate", "validate=True's cost against the host's work per call"),
     "explain": ("tilemaxsim_plaid.explain", "which path each op and PLAID stage takes on this machine, and why"),
 }
 
