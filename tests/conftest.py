@@ -55,6 +55,17 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
+def rows_in_order(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For offsets out of order (a document whose end is before its start is empty): the row
+    index of each document's rows in turn and the non-decreasing offsets of that packing, so the
+    reference scores the same documents (``index[rows]`` with the second as offsets)."""
+    bounds = offsets.tolist()
+    rows = [torch.arange(start, max(start, end)) for start, end in zip(bounds, bounds[1:])]
+    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
+    return torch.cat(rows).to(offsets.device), ordered.to(offsets.device)
+
+
 def compile_cubin_sm90(source_path, defines: dict) -> bytes:
     """``source_path`` (a kernels/*.cu file) compiled by NVRTC for sm_90 with ``defines``, its
     includes given by name; fails the test, saying how to install NVRTC, where it is missing."""

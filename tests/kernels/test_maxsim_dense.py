@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import property_examples
+from tests.conftest import property_examples, rows_in_order
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
@@ -294,16 +294,6 @@ def test_flat_documents_score_as_a_loop_per_document(B, Lq, d, config, device, m
     assert torch.equal(none, torch.full_like(none, float("-inf")))
 
 
-def _in_order(D, offsets):
-    """A packed layout of the same documents whose offsets never decrease: a document whose end
-    is before its start is empty."""
-    bounds = offsets.tolist()
-    rows = [D[start:max(start, end)] for start, end in zip(bounds, bounds[1:])]
-    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
-    return torch.cat(rows), ordered.to(offsets.device)
-
-
 OUT_OF_ORDER_CONFIGS = [*(c.values[0] for c in CONFIGS), *(c.values[3] for c in FLAT_CONFIGS)]
 
 
@@ -316,7 +306,8 @@ def test_an_end_before_its_start_is_an_empty_document(config, device, monkeypatc
     D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
     offsets[4], offsets[7] = 40, 120  # documents 3 and 6 end before they start
     Q = _rand(3, 19, 64, dtype=torch.float16, device=device)
-    want_D, want_offsets = _in_order(D, offsets)
+    rows, want_offsets = rows_in_order(offsets)
+    want_D = D[rows]
     pids = torch.tensor([3, 6, 5, 1, 7], device=device)
     monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
     for args in ((), (pids,)):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.kernels.test_maxsim_residual import DOC_LENGTHS, poisoned_outputs  # noqa: F401
-from tests.conftest import ON_GPU, property_examples
+from tests.conftest import ON_GPU, property_examples, rows_in_order
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.pq import MANY_DOCS, PQConfig, default_pq_config, maxsim_pq
@@ -432,11 +432,7 @@ def test_an_end_before_its_start_is_an_empty_document(device, poisoned_outputs, 
     index = random_pq_index(device, 128, 16, [5, 9, 40, 33, 2, 17])
     offsets = index["offsets"].clone()
     offsets[2] = offsets[4] + 1  # document 1 runs into document 3's rows; document 2 is empty
-    bounds = offsets.tolist()
-    rows = [torch.arange(a, max(a, b)) for a, b in zip(bounds, bounds[1:])]
-    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
-    take = torch.cat(rows).to(device)
+    take, ordered = rows_in_order(offsets)
     codes, codebooks = index["pq_codes"], index["codebooks"]
     Q = unit_queries(1, 32, 128, torch.float16, device)
     if how["scoring"] == "decode":
@@ -448,7 +444,7 @@ def test_an_end_before_its_start_is_an_empty_document(device, poisoned_outputs, 
     pids = torch.tensor([3, 1, 2, 0, 4], device=device)
     for args in ({}, {"pids": pids}):
         got = maxsim_pq(Q, codes, offsets, codebooks, **args, config=config, validate=False)
-        want = reference.maxsim_pq(Q, codes[take], ordered.to(device), codebooks, **args)
+        want = reference.maxsim_pq(Q, codes[take], ordered, codebooks, **args)
         assert_close(got, want, "maxsim_pq",
                      torch.float32 if how["scoring"] == "lut" else torch.float16)
         assert (got[:, 2] == float("-inf")).all()  # document 2 (pids[2] is document 2 too)

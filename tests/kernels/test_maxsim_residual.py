@@ -14,7 +14,7 @@ import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ON_GPU, poison, property_examples
+from tests.conftest import ON_GPU, poison, property_examples, rows_in_order
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import residual_inverse_norms
@@ -428,13 +428,9 @@ def test_an_end_before_its_start_is_an_empty_document(device, poisoned_outputs, 
     offsets = index["offsets"].clone()
     offsets[2] = offsets[4] + 1  # document 1 runs into document 3's rows; document 2 is empty
     Q = unit_queries(1, 32, 128, torch.float16, device)
-    bounds = offsets.tolist()
-    rows = [torch.arange(a, max(a, b)) for a, b in zip(bounds, bounds[1:])]
-    ordered = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    ordered[1:] = torch.tensor([len(r) for r in rows]).cumsum(0)
-    take = torch.cat(rows).to(device)
+    take, ordered = rows_in_order(offsets)
     in_order = dict(index, codes=index["codes"][take], residuals=index["residuals"][take],
-                    offsets=ordered.to(device))
+                    offsets=ordered)
     pids = torch.tensor([3, 1, 2, 0, 4], device=device)
     cfg = None if many_docs else ResidualConfig(pipeline_codes=pipeline_codes)
     for args in ({}, {"pids": pids}):
