@@ -30,6 +30,11 @@ in each round, in turn, on the same inputs, and the round medians are compared. 
 * ``tail apart``: a split query's tail (``dense.default_query_chunks``) in a second launch
   of its own where the default holds it beside the head (``dense.tail_joins_head``): the head
   then takes 8 x 16 slots, the tail its own config, and the documents are read twice;
+* ``masked remainder`` / ``widest chunks``: the default launch with d's last chunk, where d
+  is past its whole chunks by a power of two, as a whole chunk masked past d instead of a
+  narrower one of its own (the tiled kernels' ``REM_D``); or, where the default holds one query
+  in chunks of d, in the widest chunks (up to 128 columns) that leave such a remainder
+  (d = 144 as 128 + 16 instead of 4 x 32 + 16);
 * ``validate=False``: the default launch without the checks' host work.
 
 Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -106,6 +111,11 @@ CELLS = {
     "d384-lognormal-30": {"d": 384, "dist": "lognormal-30"},
     "d768-lognormal-30": {"d": 768, "dist": "lognormal-30"},
     "d512-heavy-512": {"d": 512, "dist": "heavy-512"},
+    "d144-Lq16": {"d": 144, "Lq": 16},
+    "d144": {"d": 144},
+    "d144-Lq33": {"d": 144, "Lq": 33},
+    "d96": {"d": 96},
+    "d160": {"d": 160},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
@@ -127,6 +137,12 @@ JOINED_TAIL_CELLS = ("B4-Lq48", "B16-Lq48", "B32-Lq48")
 # One query's short documents, where the default walks them as one loop (flat documents).
 SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
+# One query at a d whose held chunks leave a remainder (d = 80 and 144 in 32-column chunks) or
+# could take wider chunks that do (d = 96, 160 and 192): one-warp and 64-row held blocks, flat
+# documents.
+REMAINDER_CELLS = ("d144-Lq16", "d144", "d144-Lq33", "d144-Lq48", "d144-Lq64",
+                   "d144-lognormal-30", "d96", "d96-Lq48", "d96-lognormal-30", "d80",
+                   "d160", "d192-Lq64")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
@@ -197,6 +213,33 @@ def _flat_switch(flat: bool):
         flat and dense._flat_applies(config, packed, tail_tokens))
 
 
+def _masked_remainder_switch():
+    return mock.patch.object(dense, "_remainder_chunk", lambda dim, block_d: 0)
+
+
+def _widest_chunk(dim: int) -> int:
+    """The widest power of two up to MAX_BLOCK_D below d that divides d or leaves a
+    remainder chunk (dense._remainder_chunk)."""
+    width = dense.MAX_BLOCK_D
+    while width > dense.MIN_DOT_DIM and not (
+            width < dim and (dim % width == 0 or dense._remainder_chunk(dim, width))):
+        width //= 2
+    return width
+
+
+def _widest_chunks_switch():
+    """One query's default held in chunks of d (block_d set) taken in the widest chunks."""
+    saved = dense.default_config
+
+    def config(num_queries, Lq, max_doc_len, dim, *args, **kwargs):
+        cfg = saved(num_queries, Lq, max_doc_len, dim, *args, **kwargs)
+        if num_queries == 1 and cfg.hold_query and cfg.block_d is not None:
+            return dataclasses.replace(cfg, block_d=_widest_chunk(dim))
+        return cfg
+
+    return mock.patch.object(dense, "default_config", config)
+
+
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
@@ -208,7 +251,9 @@ VARIANTS = {"default": contextlib.nullcontext,
             "order given": lambda: _length_order_switch(on=False),
             "slots 8x16 by length": lambda: _length_order_switch(8, 16),
             "held block": _held_block_switch,
-            "tail apart": _tail_apart_switch}
+            "tail apart": _tail_apart_switch,
+            "masked remainder": _masked_remainder_switch,
+            "widest chunks": _widest_chunks_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

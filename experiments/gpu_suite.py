@@ -341,6 +341,21 @@ def dense_flat(work: Path, opts) -> list[Step]:
                                       "--rounds", "5", "--out", str(work / "dense-flat")), 300)]
 
 
+def remainder_chunk(work: Path, opts) -> list[Step]:
+    """The GPU tests of the dense kernels (d's remainder chunk among them), then one query's
+    default at a d past its whole chunks by a power of two beside the same launch with that
+    remainder masked in a whole chunk and with the query held in the widest chunks, and the
+    peers, 3 alternated rounds (about 4 minutes)."""
+    from experiments.bench_dense_variants import REMAINDER_CELLS
+
+    tests = ("tests/kernels/test_maxsim_dense.py", "tests/ops/test_dense.py")
+    return [Step("dense-tests", (*PYTEST, *parallel_workers(), *tests), 150),
+            Step("remainder-chunk", module("experiments.bench_dense_variants", "--cells",
+                                           *REMAINDER_CELLS, "--variants", "masked remainder",
+                                           "widest chunks", "--rounds", "3",
+                                           "--out", str(work / "remainder-chunk")), 400)]
+
+
 def slots_length(work: Path, opts) -> list[Step]:
     """The GPU tests of the slots kernel (its documents in order of length among them), then the
     dense default beside its slots in order of length or in the order given, 8 x 16 slots for
@@ -567,6 +582,10 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
+    "remainder-chunk": Suite("GPU tests of the dense kernels; one query's default at d past its "
+                             "whole chunks by a power of two beside that remainder masked and "
+                             "the widest chunks, and the peers, 3 alternated rounds",
+                             remainder_chunk),
     "slots-length": Suite("GPU tests of the slots kernel; the dense default beside its slots in "
                           "order of length or not, 8 x 16 slots and the held block, "
                           "B >= 4 packed", slots_length),

@@ -47,6 +47,27 @@ def test_flat_documents_switch_where_the_kernel_applies_and_restore_the_rule():
     assert dense._flat_documents is rule
 
 
+def test_remainder_switches_mask_it_or_widen_the_held_chunks_and_restore_the_rules():
+    rule, config = dense._remainder_chunk, dense.default_config
+    assert rule(144, 32) == 16 and rule(144, 128) == 16 and rule(96, 64) == 32
+    assert rule(112, 64) == 0 and rule(80, 128) == 0 and rule(128, 64) == 0
+    with dv.VARIANTS["masked remainder"]():
+        assert dense._remainder_chunk(144, 32) == 0
+    held = config(1, 48, None, 144, True, dense.MANY_DOCS)
+    assert held.hold_query and held.block_d == 32
+    with dv.VARIANTS["widest chunks"]():
+        assert dense.default_config(1, 48, None, 144, True, dense.MANY_DOCS) == \
+            dataclasses.replace(held, block_d=128)
+        assert dense.default_config(1, 32, None, 96, True, dense.MANY_DOCS).block_d == 64
+        # d = 112 is one masked 128-column chunk by default: nothing held in chunks to widen.
+        assert dense.default_config(1, 32, None, 112, True, dense.MANY_DOCS).block_d is None
+        several = config(4, 32, None, 144, True, dense.MANY_DOCS)
+        assert dense.default_config(4, 32, None, 144, True, dense.MANY_DOCS) == several
+    assert dense._remainder_chunk is rule and dense.default_config is config
+    assert [dv._widest_chunk(d) for d in (80, 96, 112, 144, 160, 256)] == [64, 64, 32, 128, 128,
+                                                                          128]
+
+
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
     full = {c.key: c for c in bg.build_cells("full")}
     sizing = bg.Sizing(max_docs=3)

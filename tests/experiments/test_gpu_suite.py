@@ -139,6 +139,15 @@ EXPECTED = {
                        "d64-heavy-512", "--variants", "flat documents", "loop per document",
                        "--rounds", "5", "--out", "W/dense-flat"],
     },
+    "remainder-chunk": {
+        "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
+                        "tests/ops/test_dense.py"],
+        "remainder-chunk": ["-m", "experiments.bench_dense_variants", "--cells", "d144-Lq16",
+                            "d144", "d144-Lq33", "d144-Lq48", "d144-Lq64", "d144-lognormal-30",
+                            "d96", "d96-Lq48", "d96-lognormal-30", "d80", "d160", "d192-Lq64",
+                            "--variants", "masked remainder", "widest chunks", "--rounds", "3",
+                            "--out", "W/remainder-chunk"],
+    },
     "slots-length": {
         "slots-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py", "-k",
                         "slots or length or any_config"],

@@ -251,6 +251,9 @@ FLAT_CONFIGS = [
                                           num_warps=1, block_d=32), id="one-warp-d144"),
     pytest.param(1, 24, 256, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
                                           num_warps=1, block_d=64), id="one-warp-d256"),
+    # d = 144 as one 128-column chunk and a 16-column remainder.
+    pytest.param(1, 32, 144, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
+                                          num_warps=1, block_d=128), id="one-warp-d144-128+16"),
 ]
 
 
@@ -502,6 +505,25 @@ def test_a_tail_joining_the_held_head_is_exact(B, Lq, d, q_lengths, way, device,
                  torch.float16)
 
 
+@pytest.mark.parametrize("d,block_d", [pytest.param(144, 128, id="d144-128+16"),
+                                       pytest.param(80, 32, id="d80-2x32+16")])
+def test_a_joined_tail_takes_the_remainder_chunk(d, block_d, device):
+    """A tail held beside its head's block multiplies the same chunks of d as the head, the
+    narrower last one included."""
+    B, Lq, tail = 4, 40, 8
+    Q = _rand(B, Lq, d, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths([3, 0, 40, 1, 17, 33], d, torch.float16, device)
+    query_lengths = torch.tensor([40, 20, 33, 0], device=device)
+    out = dense._launch_kernel(
+        Q, D, packed=True, offsets=offsets, doc_lengths=None, pids=None,
+        query_lengths=query_lengths, num_out_docs=6, padded_doc_len=0, max_doc_len=None,
+        config=MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=4,
+                            hold_query=True, block_d=block_d), tail_tokens=tail)
+    assert dense._remainder_chunk(d, block_d) == 16
+    assert_close(out, reference.maxsim_packed(Q, D, offsets, query_lengths=query_lengths),
+                 "maxsim_dense", torch.float16)
+
+
 def test_which_tails_join_the_head():
     """A tail joins a held head where its block has TAIL_JOIN_MIN_ROWS rows: 4 queries' 16
     tokens (Lq 41-48), 2 queries' 32 (Lq 81-96); smaller tails, few documents (no held block)
@@ -585,14 +607,19 @@ def test_64_bit_row_offsets_score_as_32_bit_ones(config, device, monkeypatch):
 
 
 # block_d: d in narrower chunks, with no masked column where block_d divides d (96 as 3 x 32,
-# 144 as 9 x 16, 80 as 5 x 16, 256 as 4 x 64: the default's held chunks past one) and with a
-# masked last chunk where it does not (80 as 3 x 32).
+# 144 as 9 x 16, 80 as 5 x 16, 256 as 4 x 64: the default's held chunks past one), with a
+# narrower last chunk where d is past whole chunks by a power of two (144 as 128 + 16 and as
+# 4 x 32 + 16, 96 as 64 + 32; the slots kernel masks it instead), and with a masked last chunk
+# where it is past them by another width (112 as 64 + 48 in two 64-column chunks).
 BLOCK_D_CASES = [
     pytest.param(256, 64, id="d256-4x64"),
     pytest.param(96, 32, id="d96-3x32"),
     pytest.param(144, 16, id="d144-9x16"),
     pytest.param(80, 16, id="d80-5x16"),
-    pytest.param(80, 32, id="d80-masked-3x32"),
+    pytest.param(144, 128, id="d144-128+16"),
+    pytest.param(144, 32, id="d144-4x32+16"),
+    pytest.param(96, 64, id="d96-64+32"),
+    pytest.param(112, 64, id="d112-masked-2x64"),
 ]
 
 
@@ -742,16 +769,18 @@ def test_packed_property(B, Lq, lengths, d, with_pids, device):
     with_pids=st.booleans(),
     block_d=st.sampled_from([None, 16, 32, 64, 128]),
     row_masks=st.sampled_from(["default", "masked"]),
+    d=st.sampled_from([64, 80]),
 )
 def test_any_config_is_exact_or_refused(B, lengths, block_t, queries_per_block, q_blocks_per_program,
-                                        docs_per_program, kind, with_pids, block_d, row_masks,
+                                        docs_per_program, kind, with_pids, block_d, row_masks, d,
                                         device, monkeypatch):
-    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked: a
+    """Over the whole MaxSimConfig space, rows past a document's end repeated or masked, d in
+    whole chunks or with a remainder (80 as 2 x 32 + 16, 64 + 16, or one masked chunk): a
     launch either matches the float64 reference in every element or is refused with a
     ValueError naming the config, never a silent partial result."""
     force_row_masks(monkeypatch, row_masks)
-    D, offsets = _packed_from_lengths(lengths, 64, torch.float16, device)
-    Q = _rand(B, 13, 64, dtype=torch.float16, device=device)
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(B, 13, d, dtype=torch.float16, device=device)
     pids = torch.randint(0, len(lengths), (len(lengths) + 1,), device=device) if with_pids else None
     config = MaxSimConfig(block_t=block_t, queries_per_block=queries_per_block,
                           q_blocks_per_program=q_blocks_per_program, docs_per_program=docs_per_program,

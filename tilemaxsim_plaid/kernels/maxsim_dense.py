@@ -12,8 +12,9 @@ Ways to walk a document:
   once and then reused from registers/shared memory by every query block of the program
   (cross-query tiling).
 * otherwise: tiles of BLOCK_T tokens; the embedding dimension is walked in NUM_D_TILES chunks of
-  BLOCK_D (d = 384 as 3 x 128 or 6 x 64, d = 96 as one masked 128 chunk or 3 x 32: the host's
-  config chooses), so d is never padded in memory.
+  BLOCK_D and, where REM_D > 0, one last chunk of REM_D columns (d = 384 as 3 x 128 or 6 x 64,
+  d = 144 as 128 + 16, d = 96 as one masked 128 chunk, 3 x 32 or 64 + 32: the host's config
+  chooses), so d is never padded in memory.
 * _maxsim_packed_slots_kernel (packed only): several short documents side by side in one tile,
   so one tensor-core product scores them all against a block of several queries.
 * _maxsim_packed_flat_kernel (packed, held query): the tiles of a program's documents as one
@@ -59,6 +60,21 @@ def _load_query_tile(p_q, offs_b, offs_i, mask_r, d0, dim, stride_qb, stride_qt,
 
 
 @triton.jit
+def _held_query(p_q, offs_b, offs_i, mask_r, dim, stride_qb, stride_qt, stride_qd,
+                BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr, REM_D: tl.constexpr):
+    """A query block as a tuple of register tiles, one per chunk of d: NUM_D_TILES of BLOCK_D
+    columns, then one of REM_D columns where REM_D > 0."""
+    q_held = ()
+    for k in tl.static_range(NUM_D_TILES):
+        q_held = q_held + (_load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
+                                            stride_qb, stride_qt, stride_qd, BLOCK_D),)
+    if REM_D > 0:
+        q_held = q_held + (_load_query_tile(p_q, offs_b, offs_i, mask_r, NUM_D_TILES * BLOCK_D,
+                                            dim, stride_qb, stride_qt, stride_qd, REM_D),)
+    return q_held
+
+
+@triton.jit
 def _load_doc_tile(p_doc, t0, doc_len, d0, dim, stride_dt, stride_dd,
                    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                    FULL: tl.constexpr = False, REPEAT_ROWS: tl.constexpr = False):
@@ -86,10 +102,10 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
               ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
               NUM_D_TILES: tl.constexpr, HOLD_QUERY: tl.constexpr, EVEN_D: tl.constexpr,
               FULL: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-              REPEAT_ROWS: tl.constexpr = False):
+              REPEAT_ROWS: tl.constexpr = False, REM_D: tl.constexpr = 0):
     """[ROWS, BLOCK_T] fp32 products of the query block with document rows t0 .. t0 + BLOCK_T
     (rows past the document are 0 here, and the caller masks them, or with REPEAT_ROWS the last
-    row's products again). FULL: all rows are in it."""
+    row's products again). FULL: all rows are in it. REM_D: the last chunk of d (_held_query)."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
     if HOLD_QUERY:
         # The held chunks are a tuple: indexed by a compile-time k.
@@ -107,6 +123,15 @@ def _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
                                     BLOCK_T, BLOCK_D, EVEN_D, FULL, REPEAT_ROWS)
             # [ROWS, BLOCK_D] @ [BLOCK_D, BLOCK_T] -> [ROWS, BLOCK_T]
             sim += tile_dot(q_tile, d_tile, INPUT_PRECISION, UPCAST)
+    if REM_D > 0:
+        if HOLD_QUERY:
+            q_rem = q_held[NUM_D_TILES]
+        else:
+            q_rem = _load_query_tile(p_q, offs_b, offs_i, mask_r, NUM_D_TILES * BLOCK_D, dim,
+                                     stride_qb, stride_qt, stride_qd, REM_D)
+        d_tile = _load_doc_tile(p_doc, t0, doc_len, NUM_D_TILES * BLOCK_D, dim, stride_dt,
+                                stride_dd, BLOCK_T, REM_D, True, FULL, REPEAT_ROWS)
+        sim += tile_dot(q_rem, d_tile, INPUT_PRECISION, UPCAST)
     return sim
 
 
@@ -115,7 +140,7 @@ def _tile_sim_with_tail(q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stri
                         ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr, EVEN_D: tl.constexpr,
                         INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                        REPEAT_ROWS: tl.constexpr = False):
+                        REPEAT_ROWS: tl.constexpr = False, REM_D: tl.constexpr = 0):
     """_tile_sim of a held query block and of a held block of the same queries' tail tokens,
     from one read of the document tile: ([ROWS, BLOCK_T], [TAIL_ROWS, BLOCK_T])."""
     sim = tl.zeros([ROWS, BLOCK_T], tl.float32)
@@ -125,6 +150,11 @@ def _tile_sim_with_tail(q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stri
                                 BLOCK_T, BLOCK_D, EVEN_D, REPEAT_ROWS, REPEAT_ROWS)
         sim += tile_dot(q_held[k], d_tile, INPUT_PRECISION, UPCAST)
         sim_tail += tile_dot(q_tail[k], d_tile, INPUT_PRECISION, UPCAST)
+    if REM_D > 0:
+        d_tile = _load_doc_tile(p_doc, t0, doc_len, NUM_D_TILES * BLOCK_D, dim, stride_dt,
+                                stride_dd, BLOCK_T, REM_D, True, REPEAT_ROWS, REPEAT_ROWS)
+        sim += tile_dot(q_held[NUM_D_TILES], d_tile, INPUT_PRECISION, UPCAST)
+        sim_tail += tile_dot(q_tail[NUM_D_TILES], d_tile, INPUT_PRECISION, UPCAST)
     return sim, sim_tail
 
 
@@ -167,7 +197,7 @@ def _maxsim_dense_kernel(
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
-    REPEAT_ROWS: tl.constexpr = False,
+    REPEAT_ROWS: tl.constexpr = False, REM_D: tl.constexpr = 0,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -175,8 +205,9 @@ def _maxsim_dense_kernel(
     HOLD_QUERY (one query block per program, tiled path): the query block is loaded once per
     program, as one register tile per d chunk (a tuple of NUM_D_TILES tiles: d = 96 as 3 x 32
     with no masked column), and held across all its tiles and documents, instead of once per
-    document; the chunk loop is then unrolled. EVEN_D: BLOCK_D divides d (no column mask on
-    document tiles). TOKENS_I32: row offsets within a document, times stride_dt, fit int32.
+    document; the chunk loop is then unrolled. REM_D (tiled path): d is NUM_D_TILES chunks of
+    BLOCK_D and one last chunk of REM_D columns (d = 144 as 128 + 16), none masked. EVEN_D: no
+    chunk has a column past d (no column mask on document tiles). TOKENS_I32: row offsets within a document, times stride_dt, fit int32.
     RUNNING_MAX (tiled path): a document's whole tiles are loaded unmasked and kept in an
     elementwise running max over the tile, reduced over tokens once per document, instead of
     masking every tile and reducing it over tokens (a select, a reduction and cross-lane
@@ -200,20 +231,15 @@ def _maxsim_dense_kernel(
         offs_b_held, offs_i_held, mask_r_held = _query_rows(pid_qgroup, Lq, p_query_lengths,
                                                             num_queries, HAS_QUERY_LENGTHS, LQ,
                                                             QUERIES_PER_BLOCK)
-        q_held = ()
-        for k in tl.static_range(NUM_D_TILES):
-            q_held = q_held + (_load_query_tile(p_q, offs_b_held, offs_i_held, mask_r_held,
-                                                k * BLOCK_D, dim, stride_qb, stride_qt,
-                                                stride_qd, BLOCK_D),)
+        q_held = _held_query(p_q, offs_b_held, offs_i_held, mask_r_held, dim, stride_qb,
+                             stride_qt, stride_qd, BLOCK_D, NUM_D_TILES, REM_D)
         q_tail = ()
         if TAIL_LQ > 0:
             offs_b_tail, offs_i_tail, mask_r_tail = _query_rows(
                 pid_qgroup, Lq, p_query_lengths, num_queries, HAS_QUERY_LENGTHS, TAIL_LQ,
                 QUERIES_PER_BLOCK, LQ)
-            for k in tl.static_range(NUM_D_TILES):
-                q_tail = q_tail + (_load_query_tile(p_q, offs_b_tail, offs_i_tail, mask_r_tail,
-                                                    k * BLOCK_D, dim, stride_qb, stride_qt,
-                                                    stride_qd, BLOCK_D),)
+            q_tail = _held_query(p_q, offs_b_tail, offs_i_tail, mask_r_tail, dim, stride_qb,
+                                 stride_qt, stride_qd, BLOCK_D, NUM_D_TILES, REM_D)
     else:
         q_held = ()  # each tile reads the query (_tile_sim)
 
@@ -274,12 +300,13 @@ def _maxsim_dense_kernel(
                             q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
                             stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS, BLOCK_T,
                             BLOCK_D, NUM_D_TILES, HOLD_QUERY, EVEN_D, True, INPUT_PRECISION,
-                            UPCAST))
+                            UPCAST, REM_D=REM_D))
                     if full_end < doc_len:
                         sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, full_end,
                                         doc_len, dim, stride_qb, stride_qt, stride_qd, stride_dt,
                                         stride_dd, ROWS, BLOCK_T, BLOCK_D, NUM_D_TILES,
-                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST)
+                                        HOLD_QUERY, EVEN_D, False, INPUT_PRECISION, UPCAST,
+                                        REM_D=REM_D)
                         mask_t = (full_end + tl.arange(0, BLOCK_T)) < doc_len
                         run = maximum_nan(run, tl.where(mask_t[None, :], sim, float("-inf")))
                     row_max = max_nan(run, 1)
@@ -296,7 +323,8 @@ def _maxsim_dense_kernel(
                             sim, sim_tail = _tile_sim_with_tail(
                                 q_held, q_tail, p_doc, t0, doc_len, dim, stride_dt, stride_dd,
                                 ROWS, QUERIES_PER_BLOCK * TAIL_LQ, BLOCK_T, BLOCK_D,
-                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+                                NUM_D_TILES, EVEN_D, INPUT_PRECISION, UPCAST, REPEAT_ROWS,
+                                REM_D)
                             if not REPEAT_ROWS:
                                 sim_tail = tl.where(mask_t[None, :], sim_tail, float("-inf"))
                             tail_max = maximum_nan(tail_max, max_nan(sim_tail, 1))
@@ -305,7 +333,7 @@ def _maxsim_dense_kernel(
                                             doc_len, dim, stride_qb, stride_qt, stride_qd,
                                             stride_dt, stride_dd, ROWS, BLOCK_T, BLOCK_D,
                                             NUM_D_TILES, HOLD_QUERY, EVEN_D, REPEAT_ROWS,
-                                            INPUT_PRECISION, UPCAST, REPEAT_ROWS)
+                                            INPUT_PRECISION, UPCAST, REPEAT_ROWS, REM_D)
                         if not REPEAT_ROWS:
                             sim = tl.where(mask_t[None, :], sim, float("-inf"))
                         row_max = maximum_nan(row_max, max_nan(sim, 1))
@@ -331,7 +359,7 @@ def _maxsim_packed_flat_kernel(
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REM_D: tl.constexpr = 0,
 ):
     """_maxsim_dense_kernel's held query over packed documents, the tiles of a program's
     DOCS_PER_PROGRAM documents walked as one loop instead of a loop per document, so the
@@ -341,8 +369,8 @@ def _maxsim_packed_flat_kernel(
     at its last tile. Rows past a document's end repeat its last row (REPEAT_ROWS of
     _maxsim_dense_kernel), so no load or product is masked; an empty document takes one tile of
     a row at or before num_rows - 1 (D has at least one row) and scores -inf.
-    DOCS_PER_PROGRAM is a power of two; TOKENS_I32 as _maxsim_dense_kernel's. Shapes as
-    _maxsim_dense_kernel (packed)."""
+    DOCS_PER_PROGRAM is a power of two; TOKENS_I32 and REM_D as _maxsim_dense_kernel's. Shapes
+    as _maxsim_dense_kernel (packed)."""
     TOKENS: tl.constexpr = tl.int32 if TOKENS_I32 else tl.int64
     pid = tl.program_id(0)
     pid_qgroup = pid % num_qgroups
@@ -350,10 +378,8 @@ def _maxsim_packed_flat_kernel(
     ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
     offs_b, offs_i, mask_r = _query_rows(pid_qgroup, Lq, p_query_lengths, num_queries,
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
-    q_held = ()
-    for k in tl.static_range(NUM_D_TILES):
-        q_held = q_held + (_load_query_tile(p_q, offs_b, offs_i, mask_r, k * BLOCK_D, dim,
-                                            stride_qb, stride_qt, stride_qd, BLOCK_D),)
+    q_held = _held_query(p_q, offs_b, offs_i, mask_r, dim, stride_qb, stride_qt, stride_qd,
+                         BLOCK_D, NUM_D_TILES, REM_D)
 
     # Tiles of the program's documents (an empty one takes one): the loop's length.
     out_idx = first_doc + tl.arange(0, DOCS_PER_PROGRAM)
@@ -374,7 +400,8 @@ def _maxsim_packed_flat_kernel(
         p_doc = p_d + tl.minimum(start, num_rows - 1) * stride_dt
         sim = _tile_sim(q_held, p_q, offs_b, offs_i, mask_r, p_doc, t0, doc_len, dim,
                         stride_qb, stride_qt, stride_qd, stride_dt, stride_dd, ROWS, BLOCK_T,
-                        BLOCK_D, NUM_D_TILES, True, EVEN_D, True, INPUT_PRECISION, UPCAST, True)
+                        BLOCK_D, NUM_D_TILES, True, EVEN_D, True, INPUT_PRECISION, UPCAST, True,
+                        REM_D)
         row_max = maximum_nan(row_max, max_nan(sim, 1))
         done = t0 + BLOCK_T >= doc_len
         if done:

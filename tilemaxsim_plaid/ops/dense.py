@@ -60,9 +60,12 @@ class MaxSimConfig:
         num_warps, num_stages: Triton launch parameters.
         block_d: embedding columns per chunk, a power of two in [MIN_DOT_DIM, MAX_BLOCK_D], or
             None for the default (one chunk up to d = 128, masked when d is not a power of two;
-            128-wide chunks above). A narrower chunk that divides d masks no column (d = 96 as
-            3 x 32, d = 144 as 9 x 16) at the cost of more, smaller products; single_tile needs
-            d in one chunk.
+            128-wide chunks above). Where d is past its whole chunks by a power of two >= 16,
+            the tiled paths take that remainder as a narrower last chunk (d = 144 in chunks of
+            128 as 128 + 16); otherwise the last chunk is masked past d (the slots path always
+            masks it). A narrower chunk that divides d masks no column (d = 96 as 3 x 32,
+            d = 144 as 9 x 16) at the cost of more, smaller products; single_tile needs d in
+            one chunk.
     """
 
     block_t: int = 64
@@ -99,6 +102,15 @@ FLAT_MAX_MEAN_TOKENS = 48
 
 def _block_d(dim: int) -> int:
     return min(MAX_BLOCK_D, max(MIN_DOT_DIM, pow2(dim)))
+
+
+def _remainder_chunk(dim: int, block_d: int) -> int:
+    """Columns of d's last chunk where the tiled kernels take it as a chunk of its own (their
+    REM_D): d past its whole chunks of block_d by a power of two >= MIN_DOT_DIM (d = 144 as
+    128 + 16, d = 96 as 64 + 32), so no column is masked; else 0 (the last chunk is masked past
+    d, and the chunk count is the same)."""
+    rem = dim % block_d
+    return rem if dim > block_d and rem >= MIN_DOT_DIM and rem & (rem - 1) == 0 else 0
 
 
 def _wide_chunk(dim: int) -> int:
@@ -435,6 +447,10 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     if cfg.slots and not packed:
         raise ValueError("config.slots is for the packed layout (maxsim_packed)")
     mean_tokens = D.shape[0] / max(1, offsets.shape[0] - 1) if packed else 0.0
+    rem_d = _remainder_chunk(dim, block_d)
+    # The tiled kernels' chunks: whole ones, then the remainder (the slots kernel masks it).
+    chunks = dict(NUM_D_TILES=num_d_tiles - (rem_d > 0), REM_D=rem_d,
+                  EVEN_D=dim % block_d == 0 or rem_d > 0)
     if cfg.slots or (D.shape[0] and _flat_documents(B, cfg, packed, tail_tokens, mean_tokens)):
         # The packed-only kernels: documents side by side, or the flat walk.
         args = (Q3, D, offsets, pids if pids is not None else dummy,
@@ -456,11 +472,11 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
             block_t = max(MIN_DOT_DIM, cfg.block_t)
             _maxsim_packed_flat_kernel[grid](
                 *args, D.shape[0], *strides, BLOCK_T=block_t,
-                DOCS_PER_PROGRAM=cfg.docs_per_program, EVEN_D=dim % block_d == 0,
+                DOCS_PER_PROGRAM=cfg.docs_per_program,
                 TOKENS_I32=_row_offsets_fit_int32(
                     (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
                     num_d_tiles * block_d, D.stride(0), D.stride(1)),
-                **kwargs)
+                **{**kwargs, **chunks})
         return out
     stride_dn = 0 if packed else D.stride(0)
     stride_dt, stride_dd = D.stride(-2), D.stride(-1)
@@ -490,12 +506,11 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         DOCS_PER_PROGRAM=cfg.docs_per_program,
         SINGLE_TILE=cfg.single_tile,
         HOLD_QUERY=cfg.hold_query,
-        EVEN_D=dim % block_d == 0,
         TOKENS_I32=tokens_i32,
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
         REPEAT_ROWS=_repeat_rows(B, cfg, dim),
-        **common,
+        **{**common, **chunks},
     )
     return out
 
