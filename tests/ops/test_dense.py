@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from tilemaxsim_plaid.ops import dense
 from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM,
                                         HELD_ONE_WARP_MAX_DIM, MANY_DOCS,
                                         MaxSimConfig, default_config, default_query_chunks,
@@ -185,11 +186,15 @@ def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():
     for Lq in (1, 16, 32):
         at_144 = default_config(1, Lq, 180, 144, variable_lengths=True, num_docs=MANY_DOCS)
         at_192 = default_config(1, Lq, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
+        # 144 as 128 + 16 (a remainder chunk), 192 as 3 x 64.
         assert at_144 == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
-                                      hold_query=True, block_d=HELD_CHUNK_COLUMNS)
+                                      hold_query=True, block_d=128)
         assert at_192 == dataclasses.replace(at_144, block_d=2 * HELD_CHUNK_COLUMNS)
     wide = default_config(1, 48, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
     assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, 2 * HELD_CHUNK_COLUMNS)
+    # A 64-row block keeps 32-column chunks where 64 does not divide d.
+    wide = default_config(1, 48, 180, 144, variable_lengths=True, num_docs=MANY_DOCS)
+    assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, HELD_CHUNK_COLUMNS)
     # Up to 16 tokens at a d that fits one chunk keep it.
     assert default_config(1, 16, 180, 96, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
     # d = 256: up to 32 tokens held in one warp over 64-column chunks; a 64-row block is not
@@ -203,11 +208,15 @@ def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():
     assert not default_config(1, 32, 180, 256, num_docs=MANY_DOCS).hold_query  # padded
 
 
-@pytest.mark.parametrize("dim", [80, 96, 144, 160])
-def test_default_config_holds_a_d_not_a_power_of_two_in_32_column_chunks(dim):
+@pytest.mark.parametrize("dim,block_d", [(80, 64), (96, 64), (144, 128), (160, 128), (176, 32)])
+def test_default_config_holds_a_d_not_a_power_of_two_in_the_widest_chunks_with_a_remainder(
+        dim, block_d):
+    """One warp holds d in the widest chunks that leave a power-of-two remainder (80 = 64 + 16,
+    144 = 128 + 16), else (176 = 5 x 32 + 16) in 32-column ones."""
     held = default_config(1, 32, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
     assert held == MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
-                                hold_query=True, block_d=HELD_CHUNK_COLUMNS)
+                                hold_query=True, block_d=block_d)
+    assert dense._remainder_chunk(dim, block_d) == dim % block_d > 0
     assert default_config(1, 17, 180, dim, variable_lengths=True, num_docs=MANY_DOCS) == held
     # Not for a shorter query block where d fits one chunk, a wider one, padded documents, few
     # documents, fp32, or past the cap.
