@@ -116,6 +116,10 @@ CELLS = {
     "d144-Lq33": {"d": 144, "Lq": 33},
     "d96": {"d": 96},
     "d160": {"d": 160},
+    "d96-Lq33": {"d": 96, "Lq": 33},
+    "d96-Lq64": {"d": 96, "Lq": 64},
+    "d192-Lq33": {"d": 192, "Lq": 33},
+    "d192-Lq48": {"d": 192, "Lq": 48},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
@@ -143,6 +147,10 @@ SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
 REMAINDER_CELLS = ("d144-Lq16", "d144", "d144-Lq33", "d144-Lq48", "d144-Lq64",
                    "d144-lognormal-30", "d96", "d96-Lq48", "d96-lognormal-30", "d80",
                    "d160", "d192-Lq64")
+# One query of 33-64 tokens held as a 64-row block across 4 warps in chunks of d (32 columns at
+# d = 96 and 144, 64 at d = 192).
+HELD_BLOCK_CELLS = ("d144-Lq33", "d144-Lq48", "d144-Lq64", "d96-Lq33", "d96-Lq48", "d96-Lq64",
+                    "d192-Lq33", "d192-Lq48", "d192-Lq64")
 PEERS = ("flash_maxsim", "late_interaction_kernels")
 
 
