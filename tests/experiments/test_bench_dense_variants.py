@@ -92,6 +92,16 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
                                             "validate=False"]
 
 
+def test_each_round_starts_one_call_further_on():
+    """No call is always timed first: round r starts at the r-th call, in the same cycle."""
+    names = ["default", "masked rows", "validate=False"]
+    assert [dv.round_order(names, r) for r in range(4)] == [
+        names, ["masked rows", "validate=False", "default"],
+        ["validate=False", "default", "masked rows"], names]
+    firsts = [dv.round_order(names, r)[0] for r in range(3)]
+    assert sorted(firsts) == sorted(names)
+
+
 def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
     """The results are written after every cell: a run killed in its second cell (a device
     call's time limit) leaves the first cell's rows."""
