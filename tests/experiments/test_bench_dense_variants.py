@@ -53,11 +53,11 @@ def test_remainder_switches_mask_it_or_widen_the_held_chunks_and_restore_the_rul
     assert rule(112, 64) == 0 and rule(80, 128) == 0 and rule(128, 64) == 0
     with dv.VARIANTS["masked remainder"]():
         assert dense._remainder_chunk(144, 32) == 0
-    held = config(1, 48, None, 144, True, dense.MANY_DOCS)
+    held = config(1, 48, None, 96, True, dense.MANY_DOCS)
     assert held.hold_query and held.block_d == 32
     with dv.VARIANTS["widest chunks"]():
-        assert dense.default_config(1, 48, None, 144, True, dense.MANY_DOCS) == \
-            dataclasses.replace(held, block_d=128)
+        assert dense.default_config(1, 48, None, 96, True, dense.MANY_DOCS) == \
+            dataclasses.replace(held, block_d=64)
         assert dense.default_config(1, 32, None, 96, True, dense.MANY_DOCS).block_d == 64
         # d = 112 is one masked 128-column chunk by default: nothing held in chunks to widen.
         assert dense.default_config(1, 32, None, 112, True, dense.MANY_DOCS).block_d is None

@@ -192,9 +192,10 @@ def test_default_config_holds_d_past_one_chunk_in_chunks_that_divide_it():
         assert at_192 == dataclasses.replace(at_144, block_d=2 * HELD_CHUNK_COLUMNS)
     wide = default_config(1, 48, 180, 192, variable_lengths=True, num_docs=MANY_DOCS)
     assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, 2 * HELD_CHUNK_COLUMNS)
-    # A 64-row block keeps 32-column chunks where 64 does not divide d.
-    wide = default_config(1, 48, 180, 144, variable_lengths=True, num_docs=MANY_DOCS)
-    assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, HELD_CHUNK_COLUMNS)
+    # A 64-row block: 32-column chunks where they divide d, else the widest with a remainder.
+    for dim, block_d in ((96, HELD_CHUNK_COLUMNS), (144, 128), (80, 64)):
+        wide = default_config(1, 48, 180, dim, variable_lengths=True, num_docs=MANY_DOCS)
+        assert (wide.hold_query, wide.num_warps, wide.block_d) == (True, 4, block_d), dim
     # Up to 16 tokens at a d that fits one chunk keep it.
     assert default_config(1, 16, 180, 96, variable_lengths=True, num_docs=MANY_DOCS).block_d is None
     # d = 256: up to 32 tokens held in one warp over 64-column chunks; a 64-row block is not
@@ -229,12 +230,13 @@ def test_default_config_holds_a_d_not_a_power_of_two_in_the_widest_chunks_with_a
                           element_size=4) != held
     assert not default_config(1, 32, 180, HELD_CHUNKED_MAX_DIM + 16, variable_lengths=True,
                               num_docs=MANY_DOCS).hold_query
-    # A wider query block held across 4 warps takes 32-column chunks at d = 96 as well.
-    for wide_dim in (96, 144):
+    # A wider query block held across 4 warps takes 32-column chunks where they divide d
+    # (d = 96), else the same widest chunks.
+    for wide_dim, wide_block_d in ((96, HELD_CHUNK_COLUMNS), (144, 128)):
         for Lq in (33, 64):
             wide = default_config(1, Lq, 180, wide_dim, variable_lengths=True, num_docs=MANY_DOCS)
             assert (wide.hold_query, wide.num_warps, wide.block_t, wide.docs_per_program,
-                    wide.block_d) == (True, 4, 32, 8, HELD_CHUNK_COLUMNS)
+                    wide.block_d) == (True, 4, 32, 8, wide_block_d)
     # Powers of two, and d that 32-column chunks would pad as much (48, 112), keep one chunk.
     for one_chunk in (64, 128, 48, 112):
         assert default_config(1, 32, 180, one_chunk, variable_lengths=True,

@@ -113,14 +113,18 @@ def _remainder_chunk(dim: int, block_d: int) -> int:
     return rem if dim > block_d and rem >= MIN_DOT_DIM and rem & (rem - 1) == 0 else 0
 
 
-def _one_warp_chunk(dim: int) -> int:
-    """Columns per chunk of a query held in one warp over chunks of d (default_config): 64 where
-    64 divides d (d = 192, 256); else the widest power of two up to 128 below d that leaves a
-    remainder chunk (d = 80 and 96 as 64 + 16 / 32, 144 and 160 as 128 + 16 / 32: two products
-    a tile instead of three to five, 1.02-1.05x: results/dense_variants/h100-fa1d6a1-remainder);
-    else HELD_CHUNK_COLUMNS."""
+def _held_chunk(dim: int, one_warp: bool) -> int:
+    """Columns per chunk of one query held over chunks of d (default_config): 64 where 64
+    divides d (d = 192, 256); a 64-row block (4 warps) in HELD_CHUNK_COLUMNS where they divide
+    d (d = 96 as 3 x 32); else the widest power of two up to 128 below d that leaves a remainder
+    chunk (one warp: d = 80 and 96 as 64 + 16 / 32, 144 and 160 as 128 + 16 / 32, 1.02-1.05x;
+    a 64-row block: d = 144 as 128 + 16 against 4 x 32 + 16, 1.03-1.04x, where 64 + 32 at d = 96
+    and 128 + 64 at d = 192 lose 1-2 %: results/dense_variants/h100-44456c4-held-block); else
+    HELD_CHUNK_COLUMNS."""
     if dim % (2 * HELD_CHUNK_COLUMNS) == 0:
         return 2 * HELD_CHUNK_COLUMNS
+    if not one_warp and dim % HELD_CHUNK_COLUMNS == 0:
+        return HELD_CHUNK_COLUMNS
     width = MAX_BLOCK_D
     while width > HELD_CHUNK_COLUMNS and not (width < dim and _remainder_chunk(dim, width)):
         width //= 2
@@ -158,11 +162,11 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
     if num_queries == 1:
         wide_query = pow2(Lq) > 32
         # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
-        # 144, 192) hold the query in chunks of 64 columns where they divide d, else a 64-row
-        # block in chunks of 32 and a one-warp block in the widest chunks that leave a remainder
-        # chunk (_one_warp_chunk): one 128-wide chunk multiplies 32 masked columns at d = 96, and
-        # 16-column chunks make d = 144 nine small products a tile. Where d fits one chunk, a
-        # query of up to 16 tokens
+        # 144, 192) hold the query in chunks of 64 columns where they divide d, else in the
+        # widest chunks that leave a remainder chunk, except a 64-row block where 32-column
+        # chunks divide d (_held_chunk): one 128-wide chunk multiplies 32 masked columns at
+        # d = 96, and 16-column chunks make d = 144 nine small products a tile. Where d fits
+        # one chunk, a query of up to 16 tokens
         # keeps it: its smaller products gain less from the columns than they lose to the chunk
         # count (runs 99, 102, 104, 107 and 108). A 32-row block is also held at d = 256, one
         # warp over 64-column chunks (HELD_ONE_WARP_MAX_DIM).
@@ -187,13 +191,12 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             # tiles, 4 documents a program (16 leave long documents' last programs running
             # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
             # 8 documents (one warp would need 128 registers per thread for the held query alone).
+            block_d = _held_chunk(dim, one_warp=not wide_query) if chunked else None
             if wide_query:
-                block_d = (2 * HELD_CHUNK_COLUMNS if dim % (2 * HELD_CHUNK_COLUMNS) == 0
-                           else HELD_CHUNK_COLUMNS) if chunked else None
                 return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
                                     hold_query=True, block_d=block_d)
             return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
-                                hold_query=True, block_d=_one_warp_chunk(dim) if chunked else None)
+                                hold_query=True, block_d=block_d)
         # One query is memory-bound: plain per-document tiles, each program one document.
         # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
         # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
