@@ -110,10 +110,13 @@ MULTI = ({"B": 32}, {"B": 4, "Lq": 64}, {"B": 4}, {"B": 16}, {"B": 32, "Lq": 64}
 # The weakest packed one-query cells of the full grid of run 117: one query of 33-64 tokens at
 # d = 144 (66 % of the read roof), 64 and 256.
 SIXTH = ({"Lq": 64, "d": 144}, {"Lq": 33, "d": 144}, {"Lq": 64, "d": 64}, {"Lq": 64, "d": 256})
+# Short documents walked as one loop by one warp (the flat kernel, which the sweeps above
+# predate): the last packed one-query cells under 90 % of the read roof on an H100 (run 196).
+SEVENTH = ({"d": 64, "dist": "lognormal-30"}, {"dist": "lognormal-30"})
 # Two cells of the grid for a CPU run under the interpreter: packed one query, padded four.
 SMOKE = ({"Lq": 8}, {"B": 4, "layout": "padded", "dist": bg.PADDED_DIST})
 CELL_SETS = {"weak": WEAK, "second": SECOND, "third": THIRD, "fourth": FOURTH, "fifth": FIFTH,
-             "sixth": SIXTH, "wide": WIDE, "multi": MULTI, "smoke": SMOKE}
+             "sixth": SIXTH, "seventh": SEVENTH, "wide": WIDE, "multi": MULTI, "smoke": SMOKE}
 
 # After a cell's single pass, its validate=False default and the REMATCH_TOP fastest candidates
 # are timed again in REMATCH_ROUNDS alternated rounds, and their speed-ups come from the round
