@@ -100,9 +100,9 @@ def main(argv=None) -> int:
             calls["torch matmul"] = lambda: centroids @ rows_q.T
             # Alternated rounds, so that clocks settling cannot pass for a tile's cost.
             times = {name: [] for name in calls}
-            for _ in range(args.rounds):
-                for name, call in calls.items():
-                    times[name].append(harness.time_ms(call)[0])
+            for r in range(args.rounds):
+                for name in harness.round_order(list(calls), r):
+                    times[name].append(harness.time_ms(calls[name])[0])
             for name, round_ms in times.items():
                 ms = statistics.median(round_ms)
                 rows_out.append({"suite": SUITE, "shape": shape, "provider": name, "ms": ms,

@@ -282,14 +282,6 @@ def _same_scores(got: torch.Tensor, want: torch.Tensor) -> bool:
                                                     equal_nan=True)
 
 
-def round_order(names: list[str], r: int) -> list[str]:
-    """The calls of round ``r``, starting ``r`` calls further on in the same cycle, so no call
-    is always timed first (a card that clocks down under a run of heavy calls favours
-    whichever comes first)."""
-    k = r % len(names)
-    return names[k:] + names[:k]
-
-
 def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
              variants=tuple(VARIANTS)) -> list[dict]:
     x = bg.make_inputs(cell, device)
@@ -315,7 +307,7 @@ def run_cell(cell: bg.Cell, rounds: int, time_fn, ceilings: dict, device,
             calls[peer] = (contextlib.nullcontext, fn)
     times = {name: [] for name in calls}
     for r in range(rounds):
-        for name in round_order(list(calls), r):
+        for name in harness.round_order(list(calls), r):
             switch, fn = calls[name]
             with switch():
                 times[name].append(time_fn(fn))

@@ -104,9 +104,9 @@ def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int,
                 raise AssertionError(f"{mode} C={C} {m} candidates: {name!r} does not score as "
                                      "the split table")
         times = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, fn in calls.items():
-                times[name].append(harness.time_ms(fn)[0])
+        for r in range(rounds):
+            for name in harness.round_order(list(calls), r):
+                times[name].append(harness.time_ms(calls[name])[0])
         lookups = m * tokens_per_doc / C
         for name, samples in times.items():
             ms = statistics.median(samples)

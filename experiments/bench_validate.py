@@ -4,7 +4,8 @@
 
 One fp16 query of 32 tokens, d = 128, documents of MS MARCO-like lengths (bench.py's). For
 each op and input, the ways a user calls it, timed in alternated rounds (a round times every
-way once, so clock drift hits them alike; a row keeps the median over rounds):
+way once, each round starting one way further on, so clock drift and a place in the round hit
+them alike; a row keeps the median over rounds):
 
 - ``validate=False``: a caller that vouches for its inputs (``maxsim_packed`` given max_doc_len);
 - ``validate=True``: the default call with the same tensors every call, so the index's checks
@@ -394,7 +395,8 @@ def main(argv=None) -> int:
     meta = {"argv": sys.argv if argv is None else argv, "rounds": args.rounds}
     for r in range(args.rounds):
         for i, entry in enumerate(entries):
-            for way, fn in entry["ways"].items():
+            for way in harness.round_order(list(entry["ways"]), r):
+                fn = entry["ways"][way]
                 times[(i, way)].append(time_fn(fn)[0])
                 loops[(i, way)].append(loop_ms(fn, device))
                 hosts[(i, way)].append(host_ms(fn, device))

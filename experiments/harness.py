@@ -90,6 +90,16 @@ def time_ms(fn, warmup_ms: int = 25, rep_ms: int = 200) -> tuple[float, float, f
     return float(med), float(p20), float(p80)
 
 
+def round_order(names: list, r: int) -> list:
+    """The calls of round ``r`` of alternated timing rounds: ``names`` starting ``r`` further
+    on in the same cycle, so no call is always timed first or after the same one. A card that
+    clocks down under a run of heavy calls favours whichever comes first: the same launch timed
+    fourth in every round came out 5-9 % slower than when timed first
+    (results/dense_variants/h100-1d471e8-held-block-fixed-order)."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def graph_replay_ms(fn, warmup_ms: int = 50, rep_ms: int = 500) -> float:
     """Median ms of ``fn`` captured in a CUDA graph and replayed: its GPU time alone, without
     the host's launch work (Python, argument checks, one launch per operation)."""

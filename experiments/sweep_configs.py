@@ -496,8 +496,8 @@ def rematch(rows: list[dict], fns: dict, time_fn) -> None:
         return
     for row in group:
         row["rematch_ms"] = []
-    for _ in range(REMATCH_ROUNDS):
-        for row in group:
+    for r in range(REMATCH_ROUNDS):
+        for row in harness.round_order(group, r):
             row["rematch_ms"].append(time_fn(fns[row["provider"]])[0])
     for row in group:
         row["ms_rematch"] = statistics.median(row["rematch_ms"])

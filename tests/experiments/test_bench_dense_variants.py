@@ -10,6 +10,7 @@ import torch
 
 from experiments import bench_dense_variants as dv
 from experiments import bench_grid as bg
+from experiments import harness
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
 
@@ -92,14 +93,20 @@ def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():
                                             "validate=False"]
 
 
-def test_each_round_starts_one_call_further_on():
-    """No call is always timed first: round r starts at the r-th call, in the same cycle."""
+def test_each_round_starts_one_call_further_on(monkeypatch):
+    """No call is always timed first: round r starts at the r-th call, in the same cycle, and
+    the variants' rounds are timed so (the peers among them on a GPU)."""
     names = ["default", "masked rows", "validate=False"]
-    assert [dv.round_order(names, r) for r in range(4)] == [
+    assert [harness.round_order(names, r) for r in range(4)] == [
         names, ["masked rows", "validate=False", "default"],
         ["validate=False", "default", "masked rows"], names]
-    firsts = [dv.round_order(names, r)[0] for r in range(3)]
-    assert sorted(firsts) == sorted(names)
+    assert harness.round_order([], 3) == []
+    orders = []
+    real = harness.round_order
+    monkeypatch.setattr(harness, "round_order", lambda n, r: orders.append(real(n, r)) or orders[-1])
+    dv.run_cell(dv.make_cell("headline", bg.Sizing(max_docs=3)), 3, bg.wall_clock_ms, {},
+                torch.device("cpu"), ("masked rows",))
+    assert [o[0] for o in orders] == names
 
 
 def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
