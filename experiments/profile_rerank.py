@@ -31,7 +31,7 @@ import dataclasses
 import torch
 
 from .bench_compressed import make_index, queries
-from .harness import graph_replay_ms, time_ms
+from .harness import graph_replay_ms, provenance, provenance_line, time_ms
 from tilemaxsim_plaid.codecs.residual import bucket_table, residual_inverse_norms
 from tilemaxsim_plaid.plaid import backends
 from tilemaxsim_plaid.plaid.device_index import DeviceIndex
@@ -93,6 +93,8 @@ def main(argv=None) -> None:
         raise SystemExit("profile_rerank times GPU kernels and needs a CUDA device")
     device = torch.device("cuda")
     index = random_device_index(args.num_docs, device, args.num_centroids, args.nbits)
+    print(f"== index: {args.num_docs} documents, C = {args.num_centroids}, nbits = {args.nbits}, "
+          f"d = {DIM}", flush=True)
     Q = queries(1, QUERY_LEN, DIM, device)[0].float()
     generator = torch.Generator().manual_seed(0)
     summary = []
@@ -141,6 +143,7 @@ def main(argv=None) -> None:
     print(f"\n{'candidates':>10} {'ms':>9} {'graph ms':>9} {'ms per 100k':>12} {'M cand/s':>9}")
     for size, ms, graph in summary:
         print(f"{size:>10} {ms:>9.4f} {graph:>9.4f} {ms * 1e5 / size:>12.4f} {size / ms / 1e3:>9.1f}")
+    print(provenance_line(provenance(), {}))
 
 
 if __name__ == "__main__":

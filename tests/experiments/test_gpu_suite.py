@@ -227,6 +227,14 @@ EXPECTED = {
                               "W/distributed"],
     },
 }
+EXPECTED["targets"] = {
+    "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
+                  "--no-plots", "--out", "W/grid-full"],
+    "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
+    "rerank-c18": ["-m", "experiments.profile_rerank", "--sizes", "100000", "--num-docs",
+                    "1000000", "--num-centroids", "262144"],
+    "bench-validate": ["-m", "experiments.bench_validate", "--out", "W/validate"],
+}
 # The open predictions' one call: two suites above in order, without the residual and flat-walk
 # tests.
 EXPECTED["predictions"] = {name: argv for suite in ("residual-mma", "dense-flat")

@@ -1,0 +1,223 @@
+"""Issue 25's GPU targets read off result files: one line each, what was asked, what was measured,
+met or not, and on which card.
+
+    python -m experiments.targets FOLDER [FOLDER ...] [--out FILE]
+
+Each FOLDER (a gpu_suite bundle unpacked, or results folders) is searched for the newest
+``grid.json`` (bench_grid), ``residual_scale.json`` (bench_residual_scale), ``validate.json``
+(bench_validate) and ``profile_rerank`` log (a ``*.log`` with profile_rerank's lines), by the date
+in their provenance (a log's by the file's time). What is not found is listed as not measured.
+The targets are the issue's, asked of an H200 in one run; a line measured on another card says
+which, and the last line says whether every source is one H200 run (same GPU and commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+
+TARGET_GPU = "H200"
+READ_PCT = 90.0  # packed, one query, cells of >= 10 MB: % of the read ceiling
+ROOF_PCT = 70.0  # several queries: % of the binding roof (bf16 tensor ceiling or read)
+PEER_RATIO = 1.0  # ours / best peer on every cell with a peer
+C_SMALL, C_LARGE, C_SLOWDOWN = 1 << 16, 1 << 18, 1.10  # C = 2^18 within 10 % of C = 2^16
+DENSE_SPEEDUP = {2: 1.3, 4: 1.1}  # residual docs/s over dense on the decoded documents
+RERANK_MS, RERANK_PRODUCTS, RERANK_SIZE = 1.0, "fp16x2", 100_000  # the plugin's stage 4 at 2^18
+VALIDATE_RATIO = 1.05  # validate=True against validate=False, every op and way
+DENSE_DECODED = "maxsim_packed on decoded fp16"
+RESIDUAL_DEFAULT = "maxsim_residual"
+
+
+@dataclasses.dataclass
+class Target:
+    name: str
+    asked: str
+    measured: str
+    met: bool | None  # None: not measured
+    gpu: str = ""
+    commit: str = ""
+    source: str = ""
+
+
+def _gpu(doc: dict) -> tuple[str, str]:
+    p = doc.get("provenance", {})
+    return (p.get("gpu") or "?").replace("NVIDIA ", ""), (p.get("commit") or "?")[:7]
+
+
+def grid_targets(doc: dict, source: str) -> list[Target]:
+    """Packed one-query cells of >= 10 MB at >= READ_PCT of the read ceiling; several-query cells
+    at >= ROOF_PCT of their roof; every cell with a peer at >= PEER_RATIO of the best one."""
+    gpu, commit = _gpu(doc)
+    ours = [r for r in doc["rows"] if r["provider"] == "tilemaxsim" and r["status"] == "ok"]
+
+    def line(name, asked, rows, key, limit, fmt):
+        rows = [r for r in rows if r.get(key) is not None]
+        low = sorted((r for r in rows if r[key] < limit), key=lambda r: r[key])
+        worst = "; ".join(f"{r['shape'].split(' N=')[0]} {fmt(r[key])}" for r in low[:3])
+        measured = f"{len(rows) - len(low)}/{len(rows)} cells" + (f" (lowest: {worst})" if low else "")
+        return Target(name, asked, measured, bool(rows) and not low, gpu, commit, source)
+
+    big = [r for r in ours if r.get("at_least_10mb")]
+    return [
+        line("packed one query, read", f">= {READ_PCT:g} % of the read ceiling, cells >= 10 MB",
+             [r for r in big if r["layout"] == "packed" and r["B"] == 1], "pct_read_bw",
+             READ_PCT, lambda v: f"{v:.1f} %"),
+        line("several queries", f"B >= 4: >= {ROOF_PCT:g} % of the roof (bf16 or read)",
+             [r for r in big if r["B"] >= 4], "pct_roof", ROOF_PCT, lambda v: f"{v:.1f} %"),
+        line("against the peers", f">= {PEER_RATIO:g}x the best peer, every cell with one",
+             ours, "ratio_to_best_peer", PEER_RATIO, lambda v: f"{v:.3f}x"),
+    ]
+
+
+_SHAPE = re.compile(r"C=(\d+) nbits=(\d)")
+
+
+def residual_targets(doc: dict, source: str) -> list[Target]:
+    """The default call at C = 2^18 within C_SLOWDOWN of C = 2^16, nbits 1, 2 and 4; at nbits 2
+    and 4, DENSE_SPEEDUP over dense scoring of the same documents decoded to fp16 (timed beside
+    the residual call at each nbits; the decoded documents do not depend on C)."""
+    gpu, commit = _gpu(doc)
+    ms, dense = {}, {}
+    for r in doc["rows"]:
+        m = _SHAPE.search(r["shape"])
+        if not m:
+            continue
+        C, nbits = int(m.group(1)), int(m.group(2))
+        if r["provider"] == RESIDUAL_DEFAULT:
+            ms[(C, nbits)] = r["ms"]
+        elif r["provider"] == DENSE_DECODED:
+            dense[nbits] = r["ms"]
+    out = []
+    ratios = {nbits: ms[(C_LARGE, nbits)] / ms[(C_SMALL, nbits)]
+              for nbits in (1, 2, 4) if (C_LARGE, nbits) in ms and (C_SMALL, nbits) in ms}
+    out.append(Target(
+        "residual, C = 2^18", f"<= {C_SLOWDOWN:.2f}x the time at C = 2^16, nbits 1, 2, 4",
+        ", ".join(f"nbits {n} {r:.3f}x" for n, r in ratios.items()) or "not measured",
+        len(ratios) == 3 and all(r <= C_SLOWDOWN for r in ratios.values()) if ratios else None,
+        gpu, commit, source))
+    for nbits, want in DENSE_SPEEDUP.items():
+        have = {C: dense[nbits] / ms[(C, nbits)] for C in (C_SMALL, C_LARGE)
+                if (C, nbits) in ms and nbits in dense}
+        out.append(Target(
+            f"residual nbits {nbits} against dense", f">= {want:g}x dense on the decoded documents",
+            ", ".join(f"C = 2^{C.bit_length() - 1} {s:.2f}x" for C, s in have.items())
+            or "not measured",
+            all(s >= want for s in have.values()) if have else None, gpu, commit, source))
+    return out
+
+
+def checked_ways(doc: dict) -> list[dict]:
+    """bench_validate's rows of validate=True calls (every way but the unchecked ones and the
+    peer), each against its way's validate=False."""
+    return [r for r in doc["rows"] if r["provider"] != r["baseline"]
+            and r["provider"] != "flash_maxsim" and "validate=False" not in r["provider"]]
+
+
+def validate_targets(doc: dict, source: str) -> list[Target]:
+    """Every checked way within VALIDATE_RATIO of its baseline, GPU time (do_bench) and a loop of
+    calls (what a caller's loop sees, the host's work included)."""
+    gpu, commit = _gpu(doc)
+    rows = checked_ways(doc)
+    worst = max(rows, key=lambda r: max(r["ratio_to_baseline"], r["loop_ratio_to_baseline"]),
+                default=None)
+    over = [r for r in rows if max(r["ratio_to_baseline"], r["loop_ratio_to_baseline"])
+            > VALIDATE_RATIO]
+    measured = (f"{len(rows) - len(over)}/{len(rows)} ways" + (
+        f" (worst: {worst['op']} {worst['input']} {worst['provider']} "
+        f"{worst['ratio_to_baseline']:.3f}x, loop {worst['loop_ratio_to_baseline']:.3f}x)"
+        if worst else "")) if rows else "not measured"
+    return [Target("validate=True", f"<= {VALIDATE_RATIO:g}x validate=False, every op and way",
+                   measured, not over if rows else None, gpu, commit, source)]
+
+
+_RERANK_INDEX = re.compile(r"== index: (\d+) documents, C = (\d+), nbits = (\d)")
+_RERANK = re.compile(r"== (\d+) candidates, products (\S+): ([\d.]+) ms from Python")
+
+
+_PROVENANCE = re.compile(r"GPU (?:NVIDIA )?([^|]+?) \|.*\| commit (\w+)")
+
+
+def rerank_targets(text: str, source: str) -> list[Target]:
+    """The plugin's stage 4 over RERANK_SIZE candidates at C = 2^18 (profile_rerank's log): its
+    fast products path and at most RERANK_MS from Python."""
+    prov = _PROVENANCE.search(text)
+    gpu, commit = (prov.group(1), prov.group(2)[:7]) if prov else ("?", "?")
+    index = _RERANK_INDEX.search(text)
+    runs = [(int(n), products, float(ms)) for n, products, ms in _RERANK.findall(text)]
+    hit = [(p, ms) for n, p, ms in runs if n == RERANK_SIZE]
+    C = int(index.group(2)) if index else None
+    if not hit or C != C_LARGE:
+        measured = "not measured" if not hit else f"measured at C = {C}, not 2^18"
+        return [Target("plugin rerank, C = 2^18", f"{RERANK_PRODUCTS}, <= {RERANK_MS:g} ms",
+                       measured, None, gpu, commit, source)]
+    products, ms = hit[0]
+    return [Target("plugin rerank, C = 2^18",
+                   f"{RERANK_SIZE // 1000}k candidates: {RERANK_PRODUCTS}, <= {RERANK_MS:g} ms",
+                   f"{products}, {ms:.3f} ms", products == RERANK_PRODUCTS and ms <= RERANK_MS,
+                   gpu, commit, source)]
+
+
+def _newest_json(folders, name: str):
+    found = []
+    for folder in folders:
+        for path in pathlib.Path(folder).rglob(name):
+            doc = json.loads(path.read_text())
+            found.append((doc.get("provenance", {}).get("date", ""), str(path), doc))
+    return max(found, key=lambda f: (f[0], f[1]))[1:] if found else (None, None)
+
+
+def _newest_rerank_log(folders):
+    logs = [p for folder in folders for p in pathlib.Path(folder).rglob("*.log")
+            if _RERANK.search(p.read_text(errors="replace"))]
+    return max(logs, key=lambda p: p.stat().st_mtime) if logs else None
+
+
+def collect(folders) -> list[Target]:
+    targets = []
+    for name, read in (("grid.json", grid_targets), ("residual_scale.json", residual_targets),
+                       ("validate.json", validate_targets)):
+        path, doc = _newest_json(folders, name)
+        if doc is None:
+            targets.append(Target(name, "", "not measured", None))
+        else:
+            targets += read(doc, path)
+    log = _newest_rerank_log(folders)
+    targets += rerank_targets(log.read_text(errors="replace") if log else "", str(log or ""))
+    return targets
+
+
+def table(targets: list[Target]) -> list[str]:
+    lines = ["| target | asked | measured | met | GPU | commit | source |",
+             "|---|---|---|---|---|---|---|"]
+    for t in targets:
+        met = "not measured" if t.met is None else ("yes" if t.met else "no")
+        lines.append(f"| {t.name} | {t.asked} | {t.measured} | {met} | {t.gpu} | {t.commit} | "
+                     f"{t.source} |")
+    measured = [t for t in targets if t.met is not None]
+    one_run = (bool(measured) and len({t.gpu for t in measured}) == 1
+               and all(TARGET_GPU in t.gpu for t in measured)
+               and len({t.commit for t in measured if t.commit}) <= 1)
+    lines.append("")
+    lines.append(f"{sum(bool(t.met) for t in targets)} of {len(targets)} met; every source one "
+                 f"{TARGET_GPU} run at one commit: {'yes' if one_run else 'no'}")
+    return lines
+
+
+def main(argv=None) -> list[str]:
+    parser = argparse.ArgumentParser(prog="python -m experiments.targets",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+")
+    parser.add_argument("--out", help="also write the table to this file")
+    args = parser.parse_args(argv)
+    lines = table(collect(args.folders))
+    print("\n".join(lines))
+    if args.out:
+        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    return lines
+
+
+if __name__ == "__main__":
+    main()

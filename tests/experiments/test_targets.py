@@ -1,0 +1,136 @@
+"""experiments.targets: issue 25's targets read off small result files in the benchmarks' formats."""
+
+import json
+
+from experiments import targets
+
+H200 = {"gpu": "NVIDIA H200", "commit": "abcdef0123", "date": "2026-12-07T10:00:00+00:00"}
+H100 = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "1234567890", "date": "2026-12-06T10:00:00+00:00"}
+
+
+def grid_row(shape, B, layout, pct_read, pct_roof, peer, big=True, provider="tilemaxsim"):
+    return {"shape": shape, "provider": provider, "status": "ok", "B": B, "layout": layout,
+            "at_least_10mb": big, "pct_read_bw": pct_read, "pct_roof": pct_roof,
+            "ratio_to_best_peer": peer}
+
+
+def grid_doc(prov=H200, low_read=92.0):
+    return {"provenance": prov, "rows": [
+        grid_row("B=1 Lq=32 d=128 fp16 packed lognormal-70 N=100000", 1, "packed", 98.0, 98.0, 1.01),
+        grid_row("B=1 Lq=64 d=144 fp16 packed lognormal-70 N=100000", 1, "packed", low_read,
+                 low_read, 1.2),
+        grid_row("B=1 Lq=32 d=128 fp16 padded fixed-128 N=65536", 1, "padded", 80.0, 80.0, 1.0),
+        grid_row("B=1 Lq=1 d=64 fp16 packed lognormal-70 N=900", 1, "packed", 40.0, 40.0, None,
+                 big=False),  # under 10 MB: no read target, no peer
+        grid_row("B=4 Lq=32 d=128 fp16 packed lognormal-70 N=100000", 4, "packed", 60.0, 72.0, 1.5),
+        grid_row("B=4 Lq=32 d=128 fp16 packed lognormal-70 N=100000", 4, "packed", 60.0, 72.0, None,
+                 provider="flash_maxsim"),
+    ]}
+
+
+def residual_doc(prov=H200, slow=1.0):
+    rows = []
+    for C in (65536, 262144):
+        for nbits, ms in ((1, 0.40), (2, 0.30), (4, 0.35)):
+            shape = f"1q N=100k C={C} nbits={nbits} d=128"
+            rows.append({"shape": shape, "provider": "maxsim_residual validate=False", "ms": ms})
+            rows.append({"shape": shape, "provider": "maxsim_residual",
+                         "ms": ms * (slow if C == 262144 else 1.0)})
+            if C == 65536:
+                rows.append({"shape": shape, "provider": targets.DENSE_DECODED, "ms": 0.43})
+    return {"provenance": prov, "rows": rows}
+
+
+def validate_doc(prov=H200, worst=1.03):
+    def row(op, provider, baseline, ratio, loop):
+        return {"op": op, "input": "all", "provider": provider, "baseline": baseline,
+                "ratio_to_baseline": ratio, "loop_ratio_to_baseline": loop}
+    return {"provenance": prov, "rows": [
+        row("maxsim_packed", "validate=False", "validate=False", 1.0, 1.0),
+        row("maxsim_packed", "validate=True", "validate=False", 1.01, 1.02),
+        row("maxsim_packed", "flash_maxsim", "validate=False", 0.9, 0.9),
+        row("maxsim_pq", "inference tensors validate=False", "validate=False", 1.2, 1.2),
+        row("maxsim_pq", "new batch validate=True", "new batch validate=False", 1.0, worst),
+    ]}
+
+
+RERANK_LOG = """== index: 1000000 documents, C = 262144, nbits = 2, d = 128
+== 100000 candidates, products fp16x2: 0.9400 ms from Python, 0.9300 ms as a graph
+GPU NVIDIA H200 | torch 2.11.0+cu130 | triton 3.6.0 | commit abcdef0123 | ceilings {}
+"""
+
+
+def by_name(found):
+    return {t.name: t for t in found}
+
+
+def test_grid_targets_count_the_cells_each_target_covers():
+    got = by_name(targets.grid_targets(grid_doc(), "grid.json"))
+    read = got["packed one query, read"]
+    assert (read.met, read.measured) == (True, "2/2 cells")
+    assert got["several queries"].met and got["several queries"].measured == "1/1 cells"
+    assert got["against the peers"].measured == "4/4 cells"  # ours with a peer, any size
+    low = by_name(targets.grid_targets(grid_doc(low_read=88.6), "grid.json"))
+    read = low["packed one query, read"]
+    assert read.met is False and "1/2 cells" in read.measured and "d=144" in read.measured
+    assert "88.6 %" in read.measured and read.gpu == "H200" and read.commit == "abcdef0"
+
+
+def test_residual_targets_compare_c_and_the_decoded_dense_call():
+    got = by_name(targets.residual_targets(residual_doc(), "r.json"))
+    assert got["residual, C = 2^18"].met
+    assert got["residual nbits 2 against dense"].measured == "C = 2^16 1.43x, C = 2^18 1.43x"
+    assert got["residual nbits 2 against dense"].met  # 0.43 / 0.30 >= 1.3
+    assert got["residual nbits 4 against dense"].met  # 0.43 / 0.35 >= 1.1
+    slow = by_name(targets.residual_targets(residual_doc(slow=1.2), "r.json"))
+    assert slow["residual, C = 2^18"].met is False
+    assert "nbits 2 1.200x" in slow["residual, C = 2^18"].measured
+    assert slow["residual nbits 2 against dense"].met is False  # 0.43 / 0.36 < 1.3
+    empty = by_name(targets.residual_targets({"rows": []}, "r.json"))
+    assert empty["residual, C = 2^18"].met is None
+
+
+def test_validate_targets_judge_every_checked_way_by_both_ratios():
+    ways = targets.checked_ways(validate_doc())
+    assert [r["provider"] for r in ways] == ["validate=True", "new batch validate=True"]
+    (ok,) = targets.validate_targets(validate_doc(), "v.json")
+    assert ok.met and ok.measured.startswith("2/2 ways")
+    (over,) = targets.validate_targets(validate_doc(worst=1.08), "v.json")
+    assert over.met is False and "new batch validate=True" in over.measured
+    assert "loop 1.080x" in over.measured
+
+
+def test_rerank_target_needs_c_2_18_and_the_fast_products():
+    (got,) = targets.rerank_targets(RERANK_LOG, "rerank.log")
+    assert (got.met, got.measured, got.gpu, got.commit) == (True, "fp16x2, 0.940 ms", "H200",
+                                                            "abcdef0")
+    (slow,) = targets.rerank_targets(RERANK_LOG.replace("fp16x2: 0.94", "tf32x3: 0.94"), "r")
+    assert slow.met is False
+    (other_c,) = targets.rerank_targets(RERANK_LOG.replace("C = 262144", "C = 65536"), "r")
+    assert other_c.met is None and "65536" in other_c.measured
+    (none,) = targets.rerank_targets("", "")
+    assert none.met is None and none.measured == "not measured"
+
+
+def test_the_table_says_whether_every_source_is_one_h200_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "grid").mkdir(parents=True)
+    (run / "grid" / "grid.json").write_text(json.dumps(grid_doc()))
+    (run / "residual_scale.json").write_text(json.dumps(residual_doc()))
+    (run / "validate.json").write_text(json.dumps(validate_doc()))
+    (run / "rerank-c18.log").write_text(RERANK_LOG)
+    out = tmp_path / "targets.md"
+    lines = targets.main([str(run), "--out", str(out)])
+    assert lines[-1] == "8 of 8 met; every source one H200 run at one commit: yes"
+    assert out.read_text().splitlines() == lines
+    # An older H100 grid elsewhere: the newest of each kind is read, here still the H200's.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "grid.json").write_text(json.dumps(grid_doc(prov=H100, low_read=50.0)))
+    assert targets.main([str(run), str(old)])[-1].endswith("yes")
+    # A residual file from an H100: not one H200 run.
+    (run / "residual_scale.json").write_text(json.dumps(residual_doc(prov=H100)))
+    assert targets.main([str(run)])[-1].endswith("at one commit: no")
+    # Nothing found: every line not measured.
+    lines = targets.main([str(tmp_path / "nothing")])
+    assert lines[-1] == "0 of 4 met; every source one H200 run at one commit: no"
