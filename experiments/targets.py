@@ -1,12 +1,13 @@
 """Issue 25's GPU targets read off result files: one line each, what was asked, what was measured,
 met or not, and on which card.
 
-    python -m experiments.targets FOLDER [FOLDER ...] [--out FILE]
+    python -m experiments.targets FOLDER [FOLDER ...] [--gpu NAME ...] [--out FILE]
 
 Each FOLDER (a gpu_suite bundle unpacked, or results folders) is searched for the newest
 ``grid.json`` (bench_grid), ``residual_scale.json`` (bench_residual_scale), ``validate.json``
 (bench_validate) and ``profile_rerank`` log (a ``*.log`` with profile_rerank's lines), by the date
-in their provenance (a log's by the file's time). What is not found is listed as not measured.
+in their provenance (a log's by the file's time); with ``--gpu``, one table per name, of the
+sources measured on a GPU whose name holds it. What is not found is listed as not measured.
 The targets are the issue's, asked of an H200 in one run; a line measured on another card says
 which, and the last line says whether every source is one H200 run (same GPU and commit).
 """
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import sys
 
 TARGET_GPU = "H200"
 READ_PCT = 90.0  # packed, one query, cells of >= 10 MB: % of the read ceiling
@@ -150,7 +152,8 @@ def rerank_targets(text: str, source: str) -> list[Target]:
     hit = [(p, ms) for n, p, ms in runs if n == RERANK_SIZE]
     C = int(index.group(2)) if index else None
     if not hit or C != C_LARGE:
-        measured = "not measured" if not hit else f"measured at C = {C}, not 2^18"
+        measured = ("not measured" if not hit else f"measured at C = {C}, not 2^18" if C
+                    else "the log does not say C (profile_rerank before its index line)")
         return [Target("plugin rerank, C = 2^18", f"{RERANK_PRODUCTS}, <= {RERANK_MS:g} ms",
                        measured, None, gpu, commit, source)]
     products, ms = hit[0]
@@ -160,31 +163,51 @@ def rerank_targets(text: str, source: str) -> list[Target]:
                    gpu, commit, source)]
 
 
-def _newest_json(folders, name: str):
+# What a result file must cover to stand for its targets: the full grid; the issue's 100k
+# documents.
+COVERS = {
+    "grid.json": lambda doc: doc.get("meta", {}).get("cells") == "full",
+    "residual_scale.json": lambda doc: any("N=100k " in r["shape"] for r in doc["rows"]),
+    "validate.json": lambda doc: bool(doc["rows"]) and all(
+        r.get("num_docs", 0) >= 100_000 for r in doc["rows"]),
+}
+
+
+def _newest_json(folders, name: str, gpu: str = ""):
     found = []
     for folder in folders:
-        for path in pathlib.Path(folder).rglob(name):
+        for path in sorted(pathlib.Path(folder).rglob(name)):
             doc = json.loads(path.read_text())
-            found.append((doc.get("provenance", {}).get("date", ""), str(path), doc))
+            prov = doc.get("provenance", {})
+            if gpu in (prov.get("gpu") or "") and COVERS[name](doc):
+                found.append((prov.get("date", ""), str(path), doc))
     return max(found, key=lambda f: (f[0], f[1]))[1:] if found else (None, None)
 
 
-def _newest_rerank_log(folders):
-    logs = [p for folder in folders for p in pathlib.Path(folder).rglob("*.log")
-            if _RERANK.search(p.read_text(errors="replace"))]
-    return max(logs, key=lambda p: p.stat().st_mtime) if logs else None
+def _newest_rerank_log(folders, gpu: str = ""):
+    logs = []
+    for folder in folders:
+        for path in pathlib.Path(folder).rglob("*.log"):
+            text = path.read_text(errors="replace")
+            prov = _PROVENANCE.search(text)
+            if _RERANK.search(text) and (not gpu or (prov and gpu in prov.group(1))):
+                logs.append(path)
+    return max(logs, key=lambda p: (p.stat().st_mtime, str(p))) if logs else None
 
 
-def collect(folders) -> list[Target]:
+def collect(folders, gpu: str = "") -> list[Target]:
+    """The targets from the newest source of each kind in ``folders`` (measured on a GPU whose
+    name holds ``gpu``)."""
     targets = []
     for name, read in (("grid.json", grid_targets), ("residual_scale.json", residual_targets),
                        ("validate.json", validate_targets)):
-        path, doc = _newest_json(folders, name)
-        if doc is None:
-            targets.append(Target(name, "", "not measured", None))
+        path, doc = _newest_json(folders, name, gpu)
+        if doc is None:  # the same lines, none measured
+            targets += [dataclasses.replace(t, measured="not measured", met=None, gpu="",
+                                            commit="") for t in read({"rows": []}, "")]
         else:
             targets += read(doc, path)
-    log = _newest_rerank_log(folders)
+    log = _newest_rerank_log(folders, gpu)
     targets += rerank_targets(log.read_text(errors="replace") if log else "", str(log or ""))
     return targets
 
@@ -210,12 +233,22 @@ def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(prog="python -m experiments.targets",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+")
-    parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument("--gpu", nargs="+", default=[""],
+                        help="one table per name: sources measured on a GPU whose name holds it")
+    parser.add_argument("--out", help="also write the table(s) to this file")
     args = parser.parse_args(argv)
-    lines = table(collect(args.folders))
+    lines = []
+    for gpu in args.gpu:
+        if len(args.gpu) > 1:
+            lines += [*([""] if lines else []), f"## {gpu}", ""]
+        lines += table(collect(args.folders, gpu))
     print("\n".join(lines))
     if args.out:
-        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+        command = " ".join(["python -m experiments.targets", *(argv if argv is not None
+                                                                  else sys.argv[1:])])
+        pathlib.Path(args.out).write_text(
+            f"# The kernel targets, from the newest result file of each kind\n\n"
+            f"Written by `{command}`.\n\n" + "\n".join(lines) + "\n")
     return lines
 
 

@@ -14,8 +14,8 @@ def grid_row(shape, B, layout, pct_read, pct_roof, peer, big=True, provider="til
             "ratio_to_best_peer": peer}
 
 
-def grid_doc(prov=H200, low_read=92.0):
-    return {"provenance": prov, "rows": [
+def grid_doc(prov=H200, low_read=92.0, cells="full"):
+    return {"provenance": prov, "meta": {"cells": cells}, "rows": [
         grid_row("B=1 Lq=32 d=128 fp16 packed lognormal-70 N=100000", 1, "packed", 98.0, 98.0, 1.01),
         grid_row("B=1 Lq=64 d=144 fp16 packed lognormal-70 N=100000", 1, "packed", low_read,
                  low_read, 1.2),
@@ -41,10 +41,10 @@ def residual_doc(prov=H200, slow=1.0):
     return {"provenance": prov, "rows": rows}
 
 
-def validate_doc(prov=H200, worst=1.03):
+def validate_doc(prov=H200, worst=1.03, num_docs=100_000):
     def row(op, provider, baseline, ratio, loop):
         return {"op": op, "input": "all", "provider": provider, "baseline": baseline,
-                "ratio_to_baseline": ratio, "loop_ratio_to_baseline": loop}
+                "ratio_to_baseline": ratio, "loop_ratio_to_baseline": loop, "num_docs": num_docs}
     return {"provenance": prov, "rows": [
         row("maxsim_packed", "validate=False", "validate=False", 1.0, 1.0),
         row("maxsim_packed", "validate=True", "validate=False", 1.01, 1.02),
@@ -112,6 +112,24 @@ def test_rerank_target_needs_c_2_18_and_the_fast_products():
     assert none.met is None and none.measured == "not measured"
 
 
+def test_only_files_that_cover_a_target_stand_for_it(tmp_path):
+    """A quick grid (a subset of cells) or a validate run at 2,000 documents (a host profile)
+    newer than the full ones does not replace them; a log without its index line says so."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "grid.json").write_text(json.dumps(grid_doc(low_read=50.0)))
+    (tmp_path / "full" / "validate.json").write_text(json.dumps(validate_doc(worst=1.2)))
+    newer = {**H200, "date": "2026-12-08T00:00:00+00:00"}
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "quick" / "grid.json").write_text(json.dumps(grid_doc(prov=newer, cells="quick")))
+    (tmp_path / "quick" / "validate.json").write_text(
+        json.dumps(validate_doc(prov=newer, num_docs=2000)))
+    (tmp_path / "old.log").write_text(RERANK_LOG.splitlines()[1] + "\n")
+    got = by_name(targets.collect([tmp_path]))
+    assert got["packed one query, read"].met is False  # the full grid's 50 %
+    assert got["validate=True"].met is False  # the 100k run's 1.2x
+    assert "does not say C" in got["plugin rerank, C = 2^18"].measured
+
+
 def test_the_table_says_whether_every_source_is_one_h200_run(tmp_path):
     run = tmp_path / "run"
     (run / "grid").mkdir(parents=True)
@@ -122,15 +140,24 @@ def test_the_table_says_whether_every_source_is_one_h200_run(tmp_path):
     out = tmp_path / "targets.md"
     lines = targets.main([str(run), "--out", str(out)])
     assert lines[-1] == "8 of 8 met; every source one H200 run at one commit: yes"
-    assert out.read_text().splitlines() == lines
+    text = out.read_text().splitlines()
+    assert text[-len(lines):] == lines and text[0].startswith("# The kernel targets")
+    assert f"`python -m experiments.targets {run} --out {out}`" in text[2]
     # An older H100 grid elsewhere: the newest of each kind is read, here still the H200's.
     old = tmp_path / "old"
     old.mkdir()
     (old / "grid.json").write_text(json.dumps(grid_doc(prov=H100, low_read=50.0)))
     assert targets.main([str(run), str(old)])[-1].endswith("yes")
+    # One table per GPU name: the H100's has only its grid (and the H200's is unchanged).
+    lines = targets.main([str(run), str(old), "--gpu", "H200", "H100"])
+    assert lines[0] == "## H200" and "## H100" in lines
+    h100 = lines[lines.index("## H100"):]
+    assert "| packed one query, read |" in h100[4] and "| no | H100 80GB HBM3 |" in h100[4]
+    assert h100[-1] == "2 of 8 met; every source one H200 run at one commit: no"
     # A residual file from an H100: not one H200 run.
     (run / "residual_scale.json").write_text(json.dumps(residual_doc(prov=H100)))
     assert targets.main([str(run)])[-1].endswith("at one commit: no")
     # Nothing found: every line not measured.
     lines = targets.main([str(tmp_path / "nothing")])
-    assert lines[-1] == "0 of 4 met; every source one H200 run at one commit: no"
+    assert lines[-1] == "0 of 8 met; every source one H200 run at one commit: no"
+    assert sum("| not measured |" in line for line in lines) == 8
