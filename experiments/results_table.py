@@ -1,4 +1,6 @@
-"""One table of where things stand: ``results/TABLE.md`` and ``results/headline_over_commits.png``.
+"""One table of where things stand: ``results/TABLE.md`` and ``results/headline_over_commits.png``,
+and beside the table ``TARGETS.md``, the kernel targets from the newest H200 and H100 results
+(``experiments.targets``).
 
     tilemaxsim results [--results results] [--out results/TABLE.md] [--plot PATH | --no-plot]
                        [--readme README.md]
@@ -43,6 +45,11 @@ import shlex
 import subprocess
 from pathlib import Path
 from typing import Callable, Iterable
+
+from . import targets
+
+# The GPUs TARGETS.md (beside the table) reads the kernel targets for, newest result of each.
+TARGET_GPUS = ("H200", "H100")
 
 __all__ = ["Measurement", "Headline", "HEADLINES", "load_measurements", "latest", "headline_rows",
            "render_table", "render_readme_headline", "update_readme", "plot_headlines", "main"]
@@ -818,6 +825,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_table(measurements, out, root) + "\n", encoding="utf-8")
     print(f"wrote {out} ({len(latest(measurements))} workloads, {len(measurements)} measurements)")
+    targets_out = out.parent / "TARGETS.md"
+    targets.write(targets_out, targets.tables([root], TARGET_GPUS), "tilemaxsim results")
+    print(f"wrote {targets_out}")
     if args.readme:
         readme = Path(args.readme)
         link = os.path.relpath(out.resolve(), readme.resolve().parent)

@@ -229,6 +229,23 @@ def table(targets: list[Target]) -> list[str]:
     return lines
 
 
+def tables(folders, gpus=("",)) -> list[str]:
+    """:func:`table` of the targets in ``folders``, one under a heading per GPU name where
+    several are given."""
+    lines = []
+    for gpu in gpus:
+        if len(gpus) > 1:
+            lines += [*([""] if lines else []), f"## {gpu}", ""]
+        lines += table(collect(folders, gpu))
+    return lines
+
+
+def write(path, lines: list[str], command: str) -> None:
+    pathlib.Path(path).write_text(
+        f"# The kernel targets, from the newest result file of each kind\n\n"
+        f"Written by `{command}`.\n\n" + "\n".join(lines) + "\n")
+
+
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(prog="python -m experiments.targets",
                                      description=__doc__.splitlines()[0])
@@ -237,18 +254,11 @@ def main(argv=None) -> list[str]:
                         help="one table per name: sources measured on a GPU whose name holds it")
     parser.add_argument("--out", help="also write the table(s) to this file")
     args = parser.parse_args(argv)
-    lines = []
-    for gpu in args.gpu:
-        if len(args.gpu) > 1:
-            lines += [*([""] if lines else []), f"## {gpu}", ""]
-        lines += table(collect(args.folders, gpu))
+    lines = tables(args.folders, args.gpu)
     print("\n".join(lines))
     if args.out:
-        command = " ".join(["python -m experiments.targets", *(argv if argv is not None
-                                                                  else sys.argv[1:])])
-        pathlib.Path(args.out).write_text(
-            f"# The kernel targets, from the newest result file of each kind\n\n"
-            f"Written by `{command}`.\n\n" + "\n".join(lines) + "\n")
+        write(args.out, lines, " ".join(["python -m experiments.targets",
+                                         *(argv if argv is not None else sys.argv[1:])]))
     return lines
 
 

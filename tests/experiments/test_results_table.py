@@ -97,6 +97,11 @@ def test_table_rows_provenance_and_paper_columns(tmp_path):
     again = tmp_path / "again.md"
     rt.main(["--results", str(FIXTURE), "--out", str(again), "--no-plot"])
     assert again.read_text() == text
+    # The kernel targets beside the table, one table per GPU, from the same results.
+    targets = (tmp_path / "TARGETS.md").read_text().splitlines()
+    assert targets[2] == "Written by `tilemaxsim results`."
+    assert "## H200" in targets and "## H100" in targets
+    assert sum(line.startswith("| packed one query, read |") for line in targets) == 2
 
 
 def test_plot_is_written(tmp_path):
