@@ -197,7 +197,7 @@ def _one_query_packed(cell: bg.Cell) -> list[MaxSimConfig]:
     slots = [_cfg(16, 2, 2, 4, slots=True), _cfg(16, 4, 2, 8, slots=True),
              _cfg(32, 2, 2, 2, slots=True), _cfg(32, 4, 3, 4, slots=True)]
     # Narrower d chunks on the paths that walk several: no masked column at d = 96 (3 x 32) and
-    # 144 (9 x 16; 5 x 32 masks 16), smaller pipelined chunks at 320 - 768. They are what these
+    # 144 (9 x 16; 4 x 32 + 16), smaller pipelined chunks at 320 - 768. They are what these
     # cells are weak for, so they come right after the held query.
     chunked = []
     for block_d in {96: (32,), 144: (16, 32), 192: (32, 64), 256: (128, 64), 320: (64,),
