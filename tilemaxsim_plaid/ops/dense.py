@@ -166,10 +166,10 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         # widest chunks that leave a remainder chunk, except a 64-row block where 32-column
         # chunks divide d (_held_chunk): one 128-wide chunk multiplies 32 masked columns at
         # d = 96, and 16-column chunks make d = 144 nine small products a tile. Where d fits
-        # one chunk, a query of up to 16 tokens
-        # keeps it: its smaller products gain less from the columns than they lose to the chunk
-        # count (runs 99, 102, 104, 107 and 108). A 32-row block is also held at d = 256, one
-        # warp over 64-column chunks (HELD_ONE_WARP_MAX_DIM).
+        # one chunk, a query of up to 16 tokens keeps it: its smaller products gain less from
+        # the columns than they lose to the chunk count (runs 99, 102, 104, 107 and 108). A
+        # 32-row block is also held at d = 256, one warp over 64-column chunks
+        # (HELD_ONE_WARP_MAX_DIM).
         pads_less = cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < pow2(dim)
         chunked = variable_lengths and (
             (pads_less and (pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
