@@ -85,8 +85,9 @@ class MaxSimConfig:
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
 # unrolled product per document tile.
 MAX_HELD_CHUNKS = 16
-# A held query at a d that 32-column chunks pad less is held in them, or in twice as wide ones
-# that divide d (default_config), up to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of
+# A held query at a d that 32-column chunks pad less than a power of two is held in chunks
+# (_held_chunk: 32 or 64 columns where they divide d, else the widest with a remainder chunk), up
+# to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of
 # 192 fp16 columns in 96 registers a thread (d = 96, 144 and 192 measured). A query of up to 32
 # tokens is also held at d = 256 in 64-column chunks, in one warp (127 registers, no spill;
 # results/sweep_configs/h200-34d0588-third). Wider d keeps the streamed chunks.
