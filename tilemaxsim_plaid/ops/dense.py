@@ -87,8 +87,8 @@ class MaxSimConfig:
 MAX_HELD_CHUNKS = 16
 # A held query at a d that 32-column chunks pad less than a power of two is held in chunks
 # (_held_chunk: 32 or 64 columns where they divide d, else the widest with a remainder chunk), up
-# to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of
-# 192 fp16 columns in 96 registers a thread (d = 96, 144 and 192 measured). A query of up to 32
+# to HELD_CHUNKED_MAX_DIM: one warp holds a 32-row block of 192 fp16 columns in 96 registers a
+# thread (d = 96, 144 and 192 measured). A query of up to 32
 # tokens is also held at d = 256 in 64-column chunks, in one warp (127 registers, no spill;
 # results/sweep_configs/h200-34d0588-third). Wider d keeps the streamed chunks.
 HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM, HELD_ONE_WARP_MAX_DIM = 32, 192, 256
