@@ -650,7 +650,8 @@ def test_block_d_packed_is_exact(d, block_d, B, device):
 
 
 @pytest.mark.parametrize("d,block_d", [pytest.param(96, 32, id="d96-3x32"),
-                                       pytest.param(144, 16, id="d144-9x16")])
+                                       pytest.param(144, 16, id="d144-9x16"),
+                                       pytest.param(144, 128, id="d144-128+16")])
 def test_held_chunks_read_strided_views(d, block_d, device):
     """The query held one tile per chunk reads Q, D, offsets, pids and query lengths through
     their strides: views (every other column and row of wider tensors, columns of 2-D index

@@ -160,6 +160,34 @@ def test_packed_poisoned_last_rows(device, config, value, repeat, monkeypatch):
 
 
 @pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("where", ["Q", "D_packed"])
+@pytest.mark.parametrize("config", [
+    pytest.param(MaxSimConfig(block_t=16, block_d=32), id="tiled-2x32+16"),
+    pytest.param(MaxSimConfig(block_t=16, hold_query=True, block_d=64), id="held-64+16"),
+    pytest.param(MaxSimConfig(block_t=16, hold_query=True, running_max=True, block_d=32),
+                 id="running-max-2x32+16"),
+    pytest.param(MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, num_warps=1,
+                              block_d=64), id="flat-64+16"),
+])
+def test_packed_poison_in_the_remainder_chunk(device, config, where, value, monkeypatch):
+    """d = 80 past its whole chunks by 16 columns (the kernels' narrower last chunk): a poison in
+    one of those columns, in the query or in a document, reaches the same scores as in torch."""
+    monkeypatch.setattr(dense, "_flat_documents", flat_where_it_applies)
+    assert dense._remainder_chunk(80, config.block_d) == 16
+    offsets = _offsets(LENGTHS)
+    Q = torch.randn(B, LQ, 80).half().to(device)
+    D = torch.randn(int(offsets[-1]), 80).half().to(device)
+    offsets = offsets.to(device)
+    if where == "Q":
+        Q = _poisoned(Q, (1, 2, 70), value)
+    else:
+        D = _poisoned(D, (int(offsets[POISONED_DOC]) + 4, 75), value)
+    out = dense.maxsim_packed(Q, D, offsets, config=config, validate=False)
+    assert_same_pattern(out, reference.maxsim_packed(Q, D, offsets), "maxsim_dense",
+                        torch.float16, value)
+
+
+@pytest.mark.parametrize("value", VALUES)
 @pytest.mark.parametrize("where", ["Q", "D_packed", "last rows"])
 def test_packed_flat_documents(device, where, value, monkeypatch):
     """The held query's documents walked as one loop (ops.dense._flat_documents): a poison in
