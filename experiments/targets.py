@@ -59,7 +59,8 @@ def grid_targets(doc: dict, source: str) -> list[Target]:
         rows = [r for r in rows if r.get(key) is not None]
         low = sorted((r for r in rows if r[key] < limit), key=lambda r: r[key])
         worst = "; ".join(f"{r['shape'].split(' N=')[0]} {fmt(r[key])}" for r in low[:3])
-        measured = f"{len(rows) - len(low)}/{len(rows)} cells" + (f" (lowest: {worst})" if low else "")
+        measured = f"{len(rows) - len(low)}/{len(rows)} cells" + (
+            f" (lowest: {worst})" if low else "")
         return Target(name, asked, measured, bool(rows) and not low, gpu, commit, source)
 
     big = [r for r in ours if r.get("at_least_10mb")]

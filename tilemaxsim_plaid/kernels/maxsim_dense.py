@@ -208,10 +208,10 @@ def _maxsim_dense_kernel(
     document; the chunk loop is then unrolled. REM_D (tiled path): d is NUM_D_TILES chunks of
     BLOCK_D and one last chunk of REM_D columns (d = 144 as 128 + 16), none masked. EVEN_D: no
     chunk has a column past d (no column mask on document tiles). TOKENS_I32: row offsets
-    within a document, times stride_dt, fit int32. RUNNING_MAX (tiled path): a document's whole tiles are loaded unmasked and kept in an
-    elementwise running max over the tile, reduced over tokens once per document, instead of
-    masking every tile and reducing it over tokens (a select, a reduction and cross-lane
-    shuffles per tile). TAIL_LQ (HOLD_QUERY without RUNNING_MAX): the query block covers tokens
+    within a document, times stride_dt, fit int32. RUNNING_MAX (tiled path): a document's
+    whole tiles are loaded unmasked and kept in an elementwise running max over the tile,
+    reduced over tokens once per document, instead of masking every tile and reducing it over
+    tokens (a select, a reduction and cross-lane shuffles per tile). TAIL_LQ (HOLD_QUERY without RUNNING_MAX): the query block covers tokens
     0 .. LQ - 1 of its queries, and a second held block of TAIL_LQ rows per query their tokens
     LQ .. LQ + TAIL_LQ - 1 (Lq is the whole length), multiplied by the same document tiles, so
     a query a little longer than a power of two is scored in one read of the documents.
