@@ -226,16 +226,6 @@ def _masked_remainder_switch():
     return mock.patch.object(dense, "_remainder_chunk", lambda dim, block_d: 0)
 
 
-def _widest_chunk(dim: int) -> int:
-    """The widest power of two up to MAX_BLOCK_D below d that divides d or leaves a
-    remainder chunk (dense._remainder_chunk)."""
-    width = dense.MAX_BLOCK_D
-    while width > dense.MIN_DOT_DIM and not (
-            width < dim and (dim % width == 0 or dense._remainder_chunk(dim, width))):
-        width //= 2
-    return width
-
-
 def _widest_chunks_switch():
     """One query's default held in chunks of d (block_d set) taken in the widest chunks."""
     saved = dense.default_config
@@ -243,7 +233,7 @@ def _widest_chunks_switch():
     def config(num_queries, Lq, max_doc_len, dim, *args, **kwargs):
         cfg = saved(num_queries, Lq, max_doc_len, dim, *args, **kwargs)
         if num_queries == 1 and cfg.hold_query and cfg.block_d is not None:
-            return dataclasses.replace(cfg, block_d=_widest_chunk(dim))
+            return dataclasses.replace(cfg, block_d=dense._widest_chunk(dim) or dense.MIN_DOT_DIM)
         return cfg
 
     return mock.patch.object(dense, "default_config", config)

@@ -65,8 +65,8 @@ def test_remainder_switches_mask_it_or_widen_the_held_chunks_and_restore_the_rul
         several = config(4, 32, None, 144, True, dense.MANY_DOCS)
         assert dense.default_config(4, 32, None, 144, True, dense.MANY_DOCS) == several
     assert dense._remainder_chunk is rule and dense.default_config is config
-    assert [dv._widest_chunk(d) for d in (80, 96, 112, 144, 160, 256)] == [64, 64, 32, 128, 128,
-                                                                          128]
+    assert [dense._widest_chunk(d) for d in (80, 96, 112, 144, 160, 256, 72)] == [
+        64, 64, 32, 128, 128, 128, None]
 
 
 def test_cells_are_grid_cells_and_every_variant_scores_as_the_default():

@@ -114,6 +114,17 @@ def _remainder_chunk(dim: int, block_d: int) -> int:
     return rem if dim > block_d and rem >= MIN_DOT_DIM and rem & (rem - 1) == 0 else 0
 
 
+def _widest_chunk(dim: int) -> int | None:
+    """The widest power of two from MAX_BLOCK_D down to MIN_DOT_DIM below d that divides d or
+    leaves a remainder chunk (_remainder_chunk); None where none does."""
+    width = MAX_BLOCK_D
+    while width >= MIN_DOT_DIM:
+        if width < dim and (dim % width == 0 or _remainder_chunk(dim, width)):
+            return width
+        width //= 2
+    return None
+
+
 def _held_chunk(dim: int, one_warp: bool) -> int:
     """Columns per chunk of one query held over chunks of d (default_config): 64 where 64
     divides d (d = 192, 256); a 64-row block (4 warps) in HELD_CHUNK_COLUMNS where they divide
@@ -126,10 +137,7 @@ def _held_chunk(dim: int, one_warp: bool) -> int:
         return 2 * HELD_CHUNK_COLUMNS
     if not one_warp and dim % HELD_CHUNK_COLUMNS == 0:
         return HELD_CHUNK_COLUMNS
-    width = MAX_BLOCK_D
-    while width > HELD_CHUNK_COLUMNS and not (width < dim and _remainder_chunk(dim, width)):
-        width //= 2
-    return width
+    return max(_widest_chunk(dim) or 0, HELD_CHUNK_COLUMNS)
 
 
 def _wide_chunk(dim: int) -> int:
