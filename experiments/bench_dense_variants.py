@@ -121,6 +121,9 @@ CELLS = {
     "d96-Lq64": {"d": 96, "Lq": 64},
     "d192-Lq33": {"d": 192, "Lq": 33},
     "d192-Lq48": {"d": 192, "Lq": 48},
+    "d144-padded": {"d": 144, "layout": "padded", "dist": bg.PADDED_DIST},
+    "d160-padded": {"d": 160, "layout": "padded", "dist": bg.PADDED_DIST},
+    "d320-padded": {"d": 320, "layout": "padded", "dist": bg.PADDED_DIST},
 }
 # The cells each switch was added for (gpu_suite's variants and dense-rows suites): row offsets;
 # rows past a document's end and flat documents (several queries, one query of 48-64 tokens,
@@ -144,10 +147,10 @@ SHORT_DOC_CELLS = ("d64-lognormal-30", "d96-lognormal-30", "d128-lognormal-30",
                    "d144-lognormal-30", "d192-lognormal-30", "d256-lognormal-30")
 # One query at a d whose held chunks leave a remainder (d = 80 and 144 in 32-column chunks) or
 # could take wider chunks that do (d = 96, 160 and 192): one-warp and 64-row held blocks, flat
-# documents.
+# documents, and the padded layout at d = 144, 160 and 320.
 REMAINDER_CELLS = ("d144-Lq16", "d144", "d144-Lq33", "d144-Lq48", "d144-Lq64",
                    "d144-lognormal-30", "d96", "d96-Lq48", "d96-lognormal-30", "d80",
-                   "d160", "d192-Lq64")
+                   "d160", "d192-Lq64", "d144-padded", "d160-padded", "d320-padded")
 # One query of 33-64 tokens held as a 64-row block across 4 warps in chunks of d (32 columns at
 # d = 96 and 144, 64 at d = 192).
 HELD_BLOCK_CELLS = ("d144-Lq33", "d144-Lq48", "d144-Lq64", "d96-Lq33", "d96-Lq48", "d96-Lq64",

@@ -19,6 +19,8 @@ Ours is timed as a user calls it: ``maxsim_packed`` / ``maxsim_padded`` with the
 arguments (``validate=True``, ``config=None``). The peers are bench.py's providers. Per cell,
 every provider's output is first checked against the float64 reference on a subset of
 documents (the first ones and the longest); a wrong or failing provider is recorded, not timed.
+The providers that pass are then timed in ROUNDS alternated rounds, each starting one provider
+further on, so none is always timed first.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
@@ -64,9 +66,16 @@ TARGET_DOC_BYTES = 10_000_000
 # float64 similarity block B x docs x Lq x Ld would pass CHECK_ELEMENTS (1 GiB of float64).
 CHECK_DOCS = 512
 CHECK_ELEMENTS = 1 << 27
-# do_bench's warmup and measurement windows: every cell is 0.1-10 ms, so 50 ms of repetitions
-# gives 5-500 samples for the median while ~700 provider timings fit in the budget.
-TIMING = {"warmup_ms": 10, "rep_ms": 50}
+# do_bench's warmup and measurement windows: every cell is 0.1-10 ms, so 30 ms of repetitions
+# gives 3-300 samples for a round's median while ~700 provider timings of ROUNDS rounds each fit
+# in the budget.
+TIMING = {"warmup_ms": 10, "rep_ms": 30}
+# A cell's providers are timed in ROUNDS alternated rounds, each round starting one provider
+# further on (harness.round_order), and a row's ms is the median of its rounds' medians. Timed
+# once each in a fixed order, the provider timed first in the cell after the B = 32 cells came
+# out 1.5-2x its own time in every full grid (results/grid/h100-719f57b-full: d = 64
+# lognormal-30, 0.2878 ms with a 27 % p20-p80 spread, 0.1386 when re-timed).
+ROUNDS = 3
 # Wall time per cell for the budget's look-ahead and --dry-run: inputs, reference check and the
 # timing windows of one provider. Compiles come on top (seconds per new kernel specialisation).
 CELL_SETUP_S = 0.4
@@ -181,6 +190,7 @@ AXES = {
         "sweep_d": (64, 80, 96, 112, 128, 144, 160, 192, 256, 320, 384, 512, 640, 768),
         "sweep_B": (1, 4, 16, 32),
         "sweep_padded_Ld": (32, 64, 128, 180, 300, 512),
+        "sweep_d_padded": (64, 96, 144, 160, 256, 320, 384, 768),
         "sweep_bf16_Lq": (1, 17, 31, 33, 64),
         "sweep_bf16_d": (96, 144, 384, 768),
         "grid_Lq": (1, 8, 16, 24, 31, 32, 33, 48, 64),
@@ -193,6 +203,7 @@ AXES = {
         "sweep_d": (64, 96, 128, 144, 384, 768),
         "sweep_B": (1, 4, 32),
         "sweep_padded_Ld": (64, 128, 512),
+        "sweep_d_padded": (144,),
         "sweep_bf16_Lq": (33,),
         "sweep_bf16_d": (384,),
         "grid_Lq": (1, 16, 33, 64),
@@ -243,6 +254,8 @@ def build_cells(mode: str = "full", sizing: Sizing = Sizing(),
     wanted += [("sweep_B", {"B": v}) for v in a["sweep_B"]]
     wanted += [("sweep_B_padded", {"B": v, "layout": "padded", "dist": PADDED_DIST})
                for v in a["sweep_B"]]
+    wanted += [("sweep_d_padded", {"d": v, "layout": "padded", "dist": PADDED_DIST})
+               for v in a["sweep_d_padded"]]
     wanted += [("sweep_dist", {"dist": v}) for v in DISTRIBUTIONS]
     wanted += [("sweep_padded", {"layout": "padded", "dist": f"fixed-{v}"})
                for v in a["sweep_padded_Ld"]]
@@ -412,7 +425,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
     ids = check_subset(cell, x)
     ref = reference_scores(cell, x, ids)
     case = bench_case(cell, x)
-    rows = []
+    rows, calls = [], {}
     for name, make in providers.items():
         if clock() > deadline:
             rows.append(status_row(cell, name, "not_run", x, reason="time budget spent"))
@@ -433,25 +446,42 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             # The first call's wall time holds the compiles (and a peer's autotuning): where a
             # run's budget goes, which the timed median does not show.
             first_call_s = time.perf_counter() - first
-            if math.isnan(err):
-                log.warning("  %s WRONG on %s: not timed", name, cell.name)
-                rows.append(status_row(cell, name, "wrong", x, reason="differs from the float64 "
-                                       f"reference on {len(ids)} documents", max_rel_err=err,
-                                       first_call_s=first_call_s))
-                continue
-            timing = time_fn(fn)
         except Exception as exc:  # a peer that cannot take a shape is recorded, not fatal
             log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
             rows.append(status_row(cell, name, "failed", x,
                                    reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
+        if math.isnan(err):
+            log.warning("  %s WRONG on %s: not timed", name, cell.name)
+            rows.append(status_row(cell, name, "wrong", x, reason="differs from the float64 "
+                                   f"reference on {len(ids)} documents", max_rel_err=err,
+                                   first_call_s=first_call_s))
+            continue
+        calls[name] = (fn, err, first_call_s)
+    rounds: dict[str, list] = {name: [] for name in calls}
+    for r in range(ROUNDS):
+        for name in harness.round_order(list(rounds), r):
+            if name not in rounds:
+                continue  # failed in an earlier round
+            try:
+                rounds[name].append(time_fn(calls[name][0]))
+            except Exception as exc:
+                log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
+                rows.append(status_row(cell, name, "failed", x,
+                                       reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                del rounds[name]
+    for name, samples in rounds.items():
+        _, err, first_call_s = calls[name]
+        timing = tuple(statistics.median(t[i] for t in samples) for i in range(3))
         row = harness.make_row(SUITE, cell.name, name, timing, num_docs=cell.B * cell.N,
                                nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
                                **cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids),
-                               first_call_s=first_call_s)
+                               first_call_s=first_call_s, round_ms=[t[0] for t in samples])
         log.info("  %-26s %9.4f ms  %s %% read BW  (first call %.1f s)", name, row["ms"],
                  "-" if row["pct_read_bw"] is None else f"{row['pct_read_bw']:.1f}", first_call_s)
         rows.append(row)
+    order = list(providers)
+    rows.sort(key=lambda row: order.index(row["provider"]))
     annotate(rows, ceilings)
     del x
     if torch.cuda.is_available():
@@ -493,7 +523,7 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
     deadline = start + budget_s
     meta = dict(meta or {})
     meta.update(budget_s=budget_s, providers=list(providers), planned_cells=len(cells),
-                target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING)
+                target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING, rounds=ROUNDS)
     rows: list[dict] = []
     not_run: list[str] = []
     took: list[float] = []  # wall seconds of each cell run so far

@@ -425,8 +425,8 @@ def grid(work: Path, opts) -> list[Step]:
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
                    150) for cells in ("sixth", "wide", "multi")),
-            Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
-                                     "--no-plots", "--out", str(work / "grid-full")), 560)]
+            Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
+                                     "--no-plots", "--out", str(work / "grid-full")), 565)]
 
 
 def predictions(work: Path, opts) -> list[Step]:
@@ -446,8 +446,8 @@ def targets(work: Path, opts) -> list[Step]:
     minutes: three device calls with --only (grid-full; residual-scale,rerank-c18;
     bench-validate), then ``python -m experiments.targets`` over the three bundles unpacked
     reads the table of targets."""
-    return [Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "500",
-                                     "--no-plots", "--out", str(work / "grid-full")), 560),
+    return [Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
+                                     "--no-plots", "--out", str(work / "grid-full")), 565),
             Step("residual-scale", module("experiments.bench_residual_scale",
                                           "--out", str(work / "residual-scale")), 300),
             Step("rerank-c18", module("experiments.profile_rerank", "--sizes", "100000",

@@ -169,7 +169,7 @@ def test_a_killed_run_names_the_cells_it_did_not_run(tmp_path):
 
     def time_fn(fn):
         calls.append(fn)
-        if len(calls) == 2:
+        if len(calls) == bg.ROUNDS + 1:
             raise KeyboardInterrupt  # what a kill looks like from inside: not an Exception
         return 1.0, 1.0, 1.0
 
@@ -199,7 +199,36 @@ def test_wrong_and_failing_providers_are_recorded_not_timed(tmp_path):
     assert rows["exact"]["status"] == "ok"
     assert rows["wrong"]["status"] == "wrong" and rows["wrong"]["ms"] is None
     assert rows["broken"]["status"] == "failed" and "no kernel" in rows["broken"]["reason"]
-    assert len(timed) == 1
+    assert len(timed) == bg.ROUNDS
+
+
+def test_providers_are_timed_in_rotated_rounds(tmp_path):
+    """Each round starts one provider further on, and a row's ms is the median of its rounds:
+    a provider slowed only where it comes first is not reported at that round's time."""
+    order = []
+
+    def named(tag):
+        def make(cell, x):
+            fn = lambda: _scores(cell, x)  # noqa: E731
+            fn.tag = tag
+            return fn
+        return make
+
+    def time_fn(fn):
+        first = not order or len(order) % 3 == 0
+        order.append(fn.tag)
+        ms = 5.0 if first and fn.tag == "a" else {"a": 1.0, "b": 2.0, "c": 3.0}[fn.tag]
+        return ms, ms * 0.9, ms * 1.1
+
+    cell = bg.build_cells("quick", TINY)[0]
+    path = bg.run([cell], {"a": named("a"), "b": named("b"), "c": named("c")}, tmp_path,
+                  ceilings={}, budget_s=1e9, device="cpu", time_fn=time_fn)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"][:3 * bg.ROUNDS]
+    rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
+    assert [r["provider"] for r in json.loads(path.read_text())["rows"]] == ["a", "b", "c"]
+    assert rows["a"]["round_ms"] == [5.0, 1.0, 1.0]
+    assert rows["a"]["ms"] == 1.0 and rows["a"]["ms_p20"] == pytest.approx(0.9)
+    assert rows["b"]["ms"] == 2.0 and rows["c"]["ms_p80"] == pytest.approx(3.3)
 
 
 # ---- derived columns ----

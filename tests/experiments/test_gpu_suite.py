@@ -145,6 +145,7 @@ EXPECTED = {
         "remainder-chunk": ["-m", "experiments.bench_dense_variants", "--cells", "d144-Lq16",
                             "d144", "d144-Lq33", "d144-Lq48", "d144-Lq64", "d144-lognormal-30",
                             "d96", "d96-Lq48", "d96-lognormal-30", "d80", "d160", "d192-Lq64",
+                            "d144-padded", "d160-padded", "d320-padded",
                             "--variants", "masked remainder", "widest chunks", "--rounds", "3",
                             "--out", "W/remainder-chunk"],
     },
@@ -191,7 +192,7 @@ EXPECTED = {
                        "--out", "W/sweep-wide"],
         "sweep-multi": ["-m", "experiments.sweep_configs", "--cells", "multi", "--budget", "120",
                         "--out", "W/sweep-multi"],
-        "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
+        "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "535",
                       "--no-plots", "--out", "W/grid-full"],
     },
     "profile-batched": {
@@ -228,7 +229,7 @@ EXPECTED = {
     },
 }
 EXPECTED["targets"] = {
-    "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "500",
+    "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "535",
                   "--no-plots", "--out", "W/grid-full"],
     "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
     "rerank-c18": ["-m", "experiments.profile_rerank", "--sizes", "100000", "--num-docs",
