@@ -443,17 +443,18 @@ def targets(work: Path, opts) -> list[Step]:
     """Issue 25's GPU targets in one run: the full shape grid with the peers, residual codes at
     C = 2^16 and 2^18 beside dense on the decoded documents, the plugin's stage 4 over 100k
     candidates at C = 2^18, and validate=True against validate=False for every op. About 17
-    minutes: three device calls with --only (grid-full; residual-scale,rerank-c18;
-    bench-validate), then ``python -m experiments.targets`` over the three bundles unpacked
-    reads the table of targets."""
+    minutes: two device calls with --only (grid-full; residual-scale,rerank-c18,bench-validate),
+    then ``python -m experiments.targets`` over the two bundles unpacked reads the table of
+    targets."""
     return [Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
                                      "--no-plots", "--out", str(work / "grid-full")), 565),
+            # The other three in one call's budget (about 65, 100 and 130 s on an H100).
             Step("residual-scale", module("experiments.bench_residual_scale",
-                                          "--out", str(work / "residual-scale")), 300),
+                                          "--out", str(work / "residual-scale")), 170),
             Step("rerank-c18", module("experiments.profile_rerank", "--sizes", "100000",
-                                       "--num-docs", "1000000", "--num-centroids", "262144"), 200),
+                                       "--num-docs", "1000000", "--num-centroids", "262144"), 150),
             Step("bench-validate", module("experiments.bench_validate",
-                                          "--out", str(work / "validate")), 360)]
+                                          "--out", str(work / "validate")), 240)]
 
 
 # The last full shape grid: profile-batched takes its lowest B >= 4 cells.
@@ -628,7 +629,7 @@ SUITES = {
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
     "targets": Suite("issue 25's GPU targets in one run (grid, residual C = 2^16 / 2^18, the "
-                     "plugin's 2^18 rerank, validate); three calls with --only, then "
+                     "plugin's 2^18 rerank, validate); two calls with --only, then "
                      "experiments.targets over the bundles",
                      targets),
     "profile-batched": Suite("the last grid's lowest B >= 4 packed cells on the roofline, then "
