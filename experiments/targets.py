@@ -185,15 +185,33 @@ def _newest_json(folders, name: str, gpu: str = ""):
     return max(found, key=lambda f: (f[0], f[1]))[1:] if found else (None, None)
 
 
+def _run_date(path: pathlib.Path, root: pathlib.Path) -> str:
+    """The date of the run that wrote ``path``: the ``date`` of the nearest provenance.json in
+    its folder or one above it, up to ``root`` (a log carries none of its own); "" if none."""
+    for folder in (path.parent, *path.parent.parents):
+        prov = folder / "provenance.json"
+        if prov.is_file():
+            try:
+                return str(json.loads(prov.read_text()).get("date") or "")
+            except (ValueError, AttributeError):
+                return ""
+        if folder == root:
+            break
+    return ""
+
+
 def _newest_rerank_log(folders, gpu: str = ""):
+    """The newest profile_rerank log by its run's date (then its file's time and path: a fresh
+    checkout gives every file one time)."""
     logs = []
     for folder in folders:
-        for path in pathlib.Path(folder).rglob("*.log"):
+        root = pathlib.Path(folder)
+        for path in root.rglob("*.log"):
             text = path.read_text(errors="replace")
             prov = _PROVENANCE.search(text)
             if _RERANK.search(text) and (not gpu or (prov and gpu in prov.group(1))):
-                logs.append(path)
-    return max(logs, key=lambda p: (p.stat().st_mtime, str(p))) if logs else None
+                logs.append((_run_date(path, root), path.stat().st_mtime, str(path), path))
+    return max(logs)[-1] if logs else None
 
 
 def collect(folders, gpu: str = "") -> list[Target]:
@@ -221,13 +239,14 @@ def table(targets: list[Target]) -> list[str]:
         lines.append(f"| {t.name} | {t.asked} | {t.measured} | {met} | {t.gpu} | {t.commit} | "
                      f"{t.source} |")
     measured = [t for t in targets if t.met is not None]
-    one_run = (bool(measured) and len({t.gpu for t in measured}) == 1
-               and all(TARGET_GPU in t.gpu for t in measured)
-               and len({t.commit for t in measured if t.commit}) <= 1)
-    lines.append("")
-    lines.append(f"{sum(bool(t.met) for t in targets)} of {len(targets)} met; every source one "
-                 f"{TARGET_GPU} run at one commit: {'yes' if one_run else 'no'}")
-    return lines
+    gpus, commits = {t.gpu for t in measured}, {t.commit for t in measured if t.commit}
+    one_run = bool(measured) and len(gpus) == 1 and len(commits) <= 1
+    on_target = one_run and TARGET_GPU in next(iter(gpus))
+    last = (f"{sum(bool(t.met) for t in targets)} of {len(targets)} met; every source one "
+            f"{TARGET_GPU} run at one commit: {'yes' if on_target else 'no'}")
+    if one_run and not on_target and len(measured) == len(targets):
+        last += f" (every source one {next(iter(gpus))} run at {next(iter(commits), '?')})"
+    return [*lines, "", last]
 
 
 def tables(folders, gpus=("",)) -> list[str]:

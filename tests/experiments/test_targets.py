@@ -1,6 +1,7 @@
 """experiments.targets: issue 25's targets read off small result files in the benchmarks' formats."""
 
 import json
+import os
 
 from experiments import targets
 
@@ -161,3 +162,32 @@ def test_the_table_says_whether_every_source_is_one_h200_run(tmp_path):
     lines = targets.main([str(tmp_path / "nothing")])
     assert lines[-1] == "0 of 8 met; every source one H200 run at one commit: no"
     assert sum("| not measured |" in line for line in lines) == 8
+
+
+def test_the_newest_rerank_log_is_the_newest_run(tmp_path):
+    """Logs carry no date: the run's provenance.json in a folder above says which is newest,
+    whatever the files' times (a fresh checkout gives them all one)."""
+    for name, date, ms in (("new", "2026-12-09T00:00:00Z", "0.81"),
+                           ("old", "2026-12-01T00:00:00Z", "0.94")):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "provenance.json").write_text(json.dumps({"date": date}))
+        (tmp_path / name / "sub" / "rerank.log").write_text(
+            RERANK_LOG.replace("fp16x2: 0.94", f"fp16x2: {ms}"))
+    (tmp_path / "undated.log").write_text(RERANK_LOG)
+    os.utime(tmp_path / "old" / "sub" / "rerank.log", (2e9, 2e9))  # the newest file time
+    got = by_name(targets.collect([tmp_path]))["plugin rerank, C = 2^18"]
+    assert got.source.endswith("new/sub/rerank.log") and "0.810 ms" in got.measured
+
+
+def test_a_whole_run_on_another_gpu_is_named(tmp_path):
+    """Every target measured in one H100 run at one commit: not the H200 run the targets ask
+    for, and the line says which run it is."""
+    (tmp_path / "grid.json").write_text(json.dumps(grid_doc(prov=H100)))
+    (tmp_path / "residual_scale.json").write_text(json.dumps(residual_doc(prov=H100)))
+    (tmp_path / "validate.json").write_text(json.dumps(validate_doc(prov=H100)))
+    (tmp_path / "rerank.log").write_text(
+        RERANK_LOG.replace("NVIDIA H200", "NVIDIA H100 80GB HBM3").replace("abcdef0123",
+                                                                            "1234567890"))
+    assert targets.main([str(tmp_path)])[-1] == (
+        "8 of 8 met; every source one H200 run at one commit: no "
+        "(every source one H100 80GB HBM3 run at 1234567)")
