@@ -231,6 +231,29 @@ def test_providers_are_timed_in_rotated_rounds(tmp_path):
     assert rows["b"]["ms"] == 2.0 and rows["c"]["ms_p80"] == pytest.approx(3.3)
 
 
+def test_a_provider_failing_in_a_later_round_is_recorded_failed(tmp_path):
+    calls = []
+
+    def time_fn(fn):
+        calls.append(fn)
+        if getattr(fn, "flaky", False) and sum(getattr(c, "flaky", False) for c in calls) == 2:
+            raise RuntimeError("launch failed in round 2")
+        return 1.0, 1.0, 1.0
+
+    def flaky(cell, x):
+        fn = lambda: _scores(cell, x)  # noqa: E731
+        fn.flaky = True
+        return fn
+
+    cell = bg.build_cells("quick", TINY)[0]
+    path = bg.run([cell], {"exact": _exact, "flaky": flaky}, tmp_path, ceilings={},
+                  budget_s=1e9, device="cpu", time_fn=time_fn)
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["provider"], r["status"]) for r in rows] == [("exact", "ok"), ("flaky", "failed")]
+    assert "round 2" in rows[1]["reason"] and rows[1]["ms"] is None
+    assert len(rows[0]["round_ms"]) == bg.ROUNDS
+
+
 # ---- derived columns ----
 
 def test_annotate_bound_roof_and_peer_ratio():
