@@ -326,6 +326,19 @@ def dense_rows(work: Path, opts) -> list[Step]:
                                       "--out", str(work / "dense-rows")), 400)]
 
 
+def peer_roof(work: Path, opts) -> list[Step]:
+    """The read-roof cells where a peer was faster on an H100 (run 201): the dense sweep of
+    launch configs over them (sweep_configs' eighth set), then the default beside its
+    validate=False launch and the peers in 5 alternated rounds (about 5 minutes)."""
+    return [Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
+                                        "--budget", "230", "--out", str(work / "sweep-eighth")),
+                 260),
+            Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
+                                     "d512-lognormal-150", "d160-padded", "--variants",
+                                     "validate=False", "--rounds", "5",
+                                     "--out", str(work / "peer-roof")), 150)]
+
+
 def dense_flat(work: Path, opts) -> list[Step]:
     """The GPU tests of the flat walk (one loop over a program's documents), then the dense
     default beside the same launches with documents walked as one loop and a loop per
@@ -600,6 +613,9 @@ SUITES = {
                         "documents walked as one loop, alternated", dense_rows),
     "dense-flat": Suite("GPU tests of the flat walk; the dense default beside documents walked "
                         "as one loop and a loop per document, short documents", dense_flat),
+    "peer-roof": Suite("the read-roof cells where a peer was faster on an H100: the dense "
+                       "config sweep over them, then the default beside the peers in 5 "
+                       "alternated rounds", peer_roof),
     "remainder-chunk": Suite("GPU tests of the dense kernels; one query's default at d past its "
                              "whole chunks by a power of two beside that remainder masked and "
                              "the widest chunks, and the peers, 3 alternated rounds",

@@ -139,6 +139,13 @@ EXPECTED = {
                        "d64-heavy-512", "--variants", "flat documents", "loop per document",
                        "--rounds", "5", "--out", "W/dense-flat"],
     },
+    "peer-roof": {
+        "sweep-eighth": ["-m", "experiments.sweep_configs", "--cells", "eighth", "--budget",
+                         "230", "--out", "W/sweep-eighth"],
+        "peer-roof": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
+                      "d512-lognormal-150", "d160-padded", "--variants", "validate=False",
+                      "--rounds", "5", "--out", "W/peer-roof"],
+    },
     "remainder-chunk": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
                         "tests/ops/test_dense.py"],
