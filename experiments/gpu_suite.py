@@ -329,10 +329,10 @@ def dense_rows(work: Path, opts) -> list[Step]:
 def peer_roof(work: Path, opts) -> list[Step]:
     """The read-roof cells where a peer was faster on an H100 (run 201): the dense sweep of
     launch configs over them (sweep_configs' eighth set), then the default beside its
-    validate=False launch and the peers in 5 alternated rounds (about 5 minutes)."""
+    validate=False launch and the peers in 5 alternated rounds (about 4 minutes)."""
     return [Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
-                                        "--budget", "230", "--out", str(work / "sweep-eighth")),
-                 260),
+                                        "--budget", "150", "--out", str(work / "sweep-eighth")),
+                 180),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "validate=False", "--rounds", "5",

@@ -141,7 +141,7 @@ EXPECTED = {
     },
     "peer-roof": {
         "sweep-eighth": ["-m", "experiments.sweep_configs", "--cells", "eighth", "--budget",
-                         "230", "--out", "W/sweep-eighth"],
+                         "150", "--out", "W/sweep-eighth"],
         "peer-roof": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
                       "d512-lognormal-150", "d160-padded", "--variants", "validate=False",
                       "--rounds", "5", "--out", "W/peer-roof"],
