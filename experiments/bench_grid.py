@@ -3,6 +3,7 @@
     python -m experiments.bench_grid [--out DIR] [--budget SECONDS] [--cells quick|full]
                                      [--providers tilemaxsim,flash_maxsim,...] [--dry-run]
                                      [--groups grid_Lq_d,...] [--skip-done EARLIER.json ...]
+                                     [--rounds 3]
     python -m experiments.bench_grid --summary RESULT.json [MORE.json ...]
 
 A cell is one problem: B queries of Lq tokens sharing N documents of dimension d, in fp16 or
@@ -19,8 +20,8 @@ Ours is timed as a user calls it: ``maxsim_packed`` / ``maxsim_padded`` with the
 arguments (``validate=True``, ``config=None``). The peers are bench.py's providers. Per cell,
 every provider's output is first checked against the float64 reference on a subset of
 documents (the first ones and the longest); a wrong or failing provider is recorded, not timed.
-The providers that pass are then timed in ROUNDS alternated rounds, each starting one provider
-further on, so none is always timed first.
+The providers that pass are then timed in ``--rounds`` alternated rounds (ROUNDS, 3, by
+default), each starting one provider further on, so none is always timed first.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
@@ -417,7 +418,7 @@ def bytes_and_flops(cell: Cell, x: bench.Inputs) -> tuple[int, float]:
 
 
 def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, clock,
-             deadline: float) -> list[dict]:
+             deadline: float, rounds: int = ROUNDS) -> list[dict]:
     x = make_inputs(cell, device)
     nbytes, flops = bytes_and_flops(cell, x)
     log.info("[%s] groups=%s doc bytes %.1f MB", cell.name, ",".join(cell.groups),
@@ -458,19 +459,19 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
                                    first_call_s=first_call_s))
             continue
         calls[name] = (fn, err, first_call_s)
-    rounds: dict[str, list] = {name: [] for name in calls}
-    for r in range(ROUNDS):
-        for name in harness.round_order(list(rounds), r):
-            if name not in rounds:
+    timed: dict[str, list] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in harness.round_order(list(timed), r):
+            if name not in timed:
                 continue  # failed in an earlier round
             try:
-                rounds[name].append(time_fn(calls[name][0]))
+                timed[name].append(time_fn(calls[name][0]))
             except Exception as exc:
                 log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
                 rows.append(status_row(cell, name, "failed", x,
                                        reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
-                del rounds[name]
-    for name, samples in rounds.items():
+                del timed[name]
+    for name, samples in timed.items():
         _, err, first_call_s = calls[name]
         timing = tuple(statistics.median(t[i] for t in samples) for i in range(3))
         row = harness.make_row(SUITE, cell.name, name, timing, num_docs=cell.B * cell.N,
@@ -516,14 +517,14 @@ def annotate(rows: list[dict], ceilings: dict) -> None:
 
 def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: float,
         device="cuda", time_fn=gpu_ms, clock=time.monotonic, start: float | None = None,
-        meta: dict | None = None) -> Path:
+        meta: dict | None = None, rounds: int = ROUNDS) -> Path:
     """Run ``cells`` in order until ``budget_s`` (from ``start``) is spent; write the rows
     (every cell and provider, run or not) after each cell. Returns the JSON's path."""
     start = clock() if start is None else start
     deadline = start + budget_s
     meta = dict(meta or {})
     meta.update(budget_s=budget_s, providers=list(providers), planned_cells=len(cells),
-                target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING, rounds=ROUNDS)
+                target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING, rounds=rounds)
     rows: list[dict] = []
     not_run: list[str] = []
     took: list[float] = []  # wall seconds of each cell run so far
@@ -542,7 +543,7 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
                          for name in providers]
             break
         rows += run_cell(cell, providers, ceilings, device=device, time_fn=time_fn, clock=clock,
-                         deadline=deadline)
+                         deadline=deadline, rounds=rounds)
         took.append(clock() - began)
         # Written after every cell, with the cells still to run, so a run killed at its
         # wall-clock limit keeps what it measured and names what it did not.
@@ -604,6 +605,9 @@ def main(argv=None) -> Path | None:
     parser.add_argument("--cells", choices=sorted(AXES), default="full")
     parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),
                         help=f"comma-separated, from {sorted(known_providers())}")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="alternated timing rounds per cell (a row's ms: the median of its "
+                             "rounds' medians)")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
     parser.add_argument("--device", default="cuda",
                         help="cuda; cpu runs the kernels under TRITON_INTERPRET=1 with wall-clock "
@@ -618,6 +622,8 @@ def main(argv=None) -> Path | None:
                         help="print the summary of result files (merged) and stop")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from . import plots_grid
 
@@ -663,7 +669,7 @@ def main(argv=None) -> Path | None:
             "grids": grid_specs(args.cells), "headline": HEADLINE, "groups": groups,
             "skip_done": args.skip_done}
     path = run(cells, providers, args.out, ceilings=ceilings, budget_s=args.budget,
-               device=args.device, time_fn=time_fn, start=start, meta=meta)
+               device=args.device, time_fn=time_fn, start=start, meta=meta, rounds=args.rounds)
     log.info("wrote %s", path)
     if not args.no_plots:
         try:

@@ -420,3 +420,17 @@ def test_split_run_skips_done_cells_and_merges(tmp_path, capsys):
     capsys.readouterr()
     bg.main(["--summary", str(first), str(second)])
     assert capsys.readouterr().out.splitlines() == bg.summary(merged)
+
+
+def test_rounds_are_a_setting(tmp_path):
+    """``--rounds`` sets the timing rounds a cell gets (recorded in meta); fewer than one is
+    refused before anything runs."""
+    timed = []
+    cell = bg.build_cells("quick", TINY)[0]
+    path = bg.run([cell], {"exact": _exact}, tmp_path, ceilings={}, budget_s=1e9, device="cpu",
+                  time_fn=lambda fn: timed.append(fn) or (1.0, 1.0, 1.0), rounds=5)
+    doc = json.loads(path.read_text())
+    assert len(timed) == 5 and doc["meta"]["rounds"] == 5
+    assert len(doc["rows"][0]["round_ms"]) == 5
+    with pytest.raises(SystemExit):
+        bg.main(["--rounds", "0", "--dry-run"])
