@@ -74,8 +74,8 @@ TIMING = {"warmup_ms": 10, "rep_ms": 30}
 # A cell's providers are timed in ROUNDS alternated rounds, each round starting one provider
 # further on (harness.round_order), and a row's ms is the median of its rounds' medians. Timed
 # once each in a fixed order, the provider timed first in the cell after the B = 32 cells came
-# out 1.5-2x its own time in every full grid (results/grid/h100-719f57b-full: d = 64
-# lognormal-30, 0.2878 ms with a 27 % p20-p80 spread, 0.1386 when re-timed).
+# out well above its own time in every full grid (results/grid/h100-719f57b-full, d = 64
+# lognormal-30, against results/dense_variants/h100-719f57b-retime).
 ROUNDS = 3
 # Wall time per cell for the budget's look-ahead and --dry-run: inputs, reference check and the
 # timing windows of one provider. Compiles come on top (seconds per new kernel specialisation).
@@ -417,6 +417,12 @@ def bytes_and_flops(cell: Cell, x: bench.Inputs) -> tuple[int, float]:
     return t.numel() * t.element_size() + q_bytes, 2.0 * cell.B * cell.Lq * tokens * cell.d
 
 
+def _failed(cell: Cell, provider: str, x: bench.Inputs, exc: Exception) -> dict:
+    log.warning("  %s failed: %s: %s", provider, type(exc).__name__, str(exc)[:200])
+    return status_row(cell, provider, "failed", x,
+                      reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
 def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, clock,
              deadline: float, rounds: int = ROUNDS) -> list[dict]:
     x = make_inputs(cell, device)
@@ -448,9 +454,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             # run's budget goes, which the timed median does not show.
             first_call_s = time.perf_counter() - first
         except Exception as exc:  # a peer that cannot take a shape is recorded, not fatal
-            log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
-            rows.append(status_row(cell, name, "failed", x,
-                                   reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            rows.append(_failed(cell, name, x, exc))
             continue
         if math.isnan(err):
             log.warning("  %s WRONG on %s: not timed", name, cell.name)
@@ -467,9 +471,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             try:
                 timed[name].append(time_fn(calls[name][0]))
             except Exception as exc:
-                log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
-                rows.append(status_row(cell, name, "failed", x,
-                                       reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                rows.append(_failed(cell, name, x, exc))
                 del timed[name]
     for name, samples in timed.items():
         _, err, first_call_s = calls[name]

@@ -430,6 +430,13 @@ def dense_ncu(work: Path, opts) -> list[Step]:
                                      "--out", str(work / "dense-ncu")), 300)]
 
 
+def grid_full(work: Path) -> Step:
+    """The full shape grid with the peers, in one device call's budget, without plots (drawn
+    on the CPU from the file)."""
+    return Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
+                                    "--no-plots", "--out", str(work / "grid-full")), 565)
+
+
 def grid(work: Path, opts) -> list[Step]:
     """The dense sweeps over the cells below target in the last full grid (the sixth set), one
     query of 33-64 tokens and several queries, then the full shape grid with the peers
@@ -438,8 +445,7 @@ def grid(work: Path, opts) -> list[Step]:
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
                    150) for cells in ("sixth", "wide", "multi")),
-            Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
-                                     "--no-plots", "--out", str(work / "grid-full")), 565)]
+            grid_full(work)]
 
 
 def predictions(work: Path, opts) -> list[Step]:
@@ -459,9 +465,8 @@ def targets(work: Path, opts) -> list[Step]:
     minutes: two device calls with --only (grid-full; residual-scale,rerank-c18,bench-validate),
     then ``python -m experiments.targets`` over the two bundles unpacked reads the table of
     targets."""
-    return [Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
-                                     "--no-plots", "--out", str(work / "grid-full")), 565),
-            # The other three in one call's budget (about 65, 100 and 130 s on an H100).
+    return [grid_full(work),
+            # The other three fit one call's budget (results/targets/h100-2ec50cd/steps.txt).
             Step("residual-scale", module("experiments.bench_residual_scale",
                                           "--out", str(work / "residual-scale")), 170),
             Step("rerank-c18", module("experiments.profile_rerank", "--sizes", "100000",
