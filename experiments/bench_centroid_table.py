@@ -99,10 +99,7 @@ def main(argv=None) -> int:
             torch.testing.assert_close(centroids @ rows_q.T, want, rtol=2e-3, atol=2e-3)
             calls["torch matmul"] = lambda: centroids @ rows_q.T
             # Alternated rounds, so that clocks settling cannot pass for a tile's cost.
-            times = {name: [] for name in calls}
-            for r in range(args.rounds):
-                for name in harness.round_order(list(calls), r):
-                    times[name].append(harness.time_ms(calls[name])[0])
+            times = harness.rounds_ms(calls, args.rounds)
             for name, round_ms in times.items():
                 ms = statistics.median(round_ms)
                 rows_out.append({"suite": SUITE, "shape": shape, "provider": name, "ms": ms,

@@ -157,10 +157,7 @@ def main(argv=None) -> int:
 
     def timed_alternating(shape, variants):
         """(provider, fn) pairs timed in turn, ``args.repeats`` rounds; one row each."""
-        medians = {provider: [] for provider, _ in variants}
-        for r in range(args.repeats):
-            for provider, fn in harness.round_order(list(variants), r):
-                medians[provider].append(harness.time_ms(fn)[0])
+        medians = harness.rounds_ms(dict(variants), args.repeats)
         for provider, fn in variants:
             median = statistics.median(medians[provider])
             rows.append({"suite": SUITE, "shape": shape, "provider": provider, "ms": median,

@@ -103,10 +103,7 @@ def bench_case(index: dict, Q: torch.Tensor, mode: str, candidates, rounds: int,
                     and torch.allclose(got, want, rtol=tol, atol=tol)):
                 raise AssertionError(f"{mode} C={C} {m} candidates: {name!r} does not score as "
                                      "the split table")
-        times = {name: [] for name in calls}
-        for r in range(rounds):
-            for name in harness.round_order(list(calls), r):
-                times[name].append(harness.time_ms(calls[name])[0])
+        times = harness.rounds_ms(calls, rounds)
         lookups = m * tokens_per_doc / C
         for name, samples in times.items():
             ms = statistics.median(samples)

@@ -100,6 +100,18 @@ def round_order(names: list, r: int) -> list:
     return names[k:] + names[:k]
 
 
+def rounds_ms(calls: dict, rounds: int, time_fn=None) -> dict:
+    """{name: [ms of each round]} of ``calls`` ({name: fn}) timed in ``rounds`` alternated
+    rounds in :func:`round_order`; ``time_fn(fn)`` returns (median, ...) ms (:func:`time_ms`
+    by default)."""
+    time_fn = time_fn or time_ms
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in round_order(list(calls), r):
+            times[name].append(time_fn(calls[name])[0])
+    return times
+
+
 def graph_replay_ms(fn, warmup_ms: int = 50, rep_ms: int = 500) -> float:
     """Median ms of ``fn`` captured in a CUDA graph and replayed: its GPU time alone, without
     the host's launch work (Python, argument checks, one launch per operation)."""

@@ -220,11 +220,8 @@ def pq_ops(num_docs: int = NUM_DOCS, device: str = "cuda", subquantizers: tuple 
 def time_rounds(variants: dict, rounds: int, rep_ms: int) -> dict:
     """{name: [median ms of each round]}: every round times every entry once, each round
     starting one entry further on (harness.round_order)."""
-    times = {name: [] for name in variants}
-    for r in range(rounds):
-        for name in harness.round_order(list(variants), r):
-            times[name].append(harness.time_ms(variants[name][0], rep_ms=rep_ms)[0])
-    return times
+    return harness.rounds_ms({name: run for name, (run, _check) in variants.items()}, rounds,
+                             lambda fn: harness.time_ms(fn, rep_ms=rep_ms))
 
 
 # The entries' families, built only where asked for (--ops): each builds its index first.

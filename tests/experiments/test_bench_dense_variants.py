@@ -109,6 +109,14 @@ def test_each_round_starts_one_call_further_on(monkeypatch):
     assert [o[0] for o in orders] == names
 
 
+def test_rounds_ms_times_every_call_once_a_round_in_round_order():
+    timed = []
+    calls = {"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}
+    times = harness.rounds_ms(calls, 3, lambda fn: (timed.append(fn()) or len(timed), 0.0))
+    assert timed == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert times == {"a": [1, 6, 8], "b": [2, 4, 9], "c": [3, 5, 7]}
+
+
 def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
     """The results are written after every cell: a run killed in its second cell (a device
     call's time limit) leaves the first cell's rows."""
