@@ -21,7 +21,10 @@ arguments (``validate=True``, ``config=None``). The peers are bench.py's provide
 every provider's output is first checked against the float64 reference on a subset of
 documents (the first ones and the longest); a wrong or failing provider is recorded, not timed.
 The providers that pass are then timed in ``--rounds`` alternated rounds (ROUNDS, 3, by
-default), each starting one provider further on, so none is always timed first.
+default), each starting one provider further on, so none is always timed first. A one-query
+cell on a GPU also times, in the same rounds, a read of as many bytes as it must read
+(SAME_SIZE_READ): its rows carry ``size_read_ms`` and ``size_read_pct``, the part of the read
+ceiling (a 4 GiB read's) that one read of the cell's size reaches.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
@@ -77,6 +80,10 @@ TIMING = {"warmup_ms": 10, "rep_ms": 30}
 # out well above its own time in every full grid (results/grid/h100-719f57b-full, d = 64
 # lognormal-30, against results/dense_variants/h100-719f57b-retime).
 ROUNDS = 3
+# Timed beside the providers of every one-query cell on a GPU: torch's sum over as many bytes as
+# the cell must read. The read ceiling is a 4 GiB read's; a read of a cell's size pays the same
+# launch, ramp and tail in a shorter time, and this is what one kernel reaches at that size.
+SAME_SIZE_READ = "same-size read"
 # Wall time per cell for the budget's look-ahead and --dry-run: inputs, reference check and the
 # timing windows of one provider. Compiles come on top (seconds per new kernel specialisation).
 CELL_SETUP_S = 0.4
@@ -433,6 +440,8 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
     ref = reference_scores(cell, x, ids)
     case = bench_case(cell, x)
     rows, calls = [], {}
+    if times_size_read(cell, x):
+        calls[SAME_SIZE_READ] = (same_size_read(nbytes, x.Q.device), None, None)
     for name, make in providers.items():
         if clock() > deadline:
             rows.append(status_row(cell, name, "not_run", x, reason="time budget spent"))
@@ -473,23 +482,49 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             except Exception as exc:
                 rows.append(_failed(cell, name, x, exc))
                 del timed[name]
+    size_read = _size_read_fields(timed.pop(SAME_SIZE_READ, None), nbytes, ceilings)
     for name, samples in timed.items():
         _, err, first_call_s = calls[name]
         timing = tuple(statistics.median(t[i] for t in samples) for i in range(3))
         row = harness.make_row(SUITE, cell.name, name, timing, num_docs=cell.B * cell.N,
                                nbytes=nbytes, flops=flops, ceilings=ceilings, status="ok",
                                **cell_fields(cell, x), max_rel_err=err, checked_docs=len(ids),
-                               first_call_s=first_call_s, round_ms=[t[0] for t in samples])
+                               first_call_s=first_call_s, round_ms=[t[0] for t in samples],
+                               **size_read)
         log.info("  %-26s %9.4f ms  %s %% read BW  (first call %.1f s)", name, row["ms"],
                  "-" if row["pct_read_bw"] is None else f"{row['pct_read_bw']:.1f}", first_call_s)
         rows.append(row)
     order = list(providers)
     rows.sort(key=lambda row: order.index(row["provider"]))
     annotate(rows, ceilings)
-    del x
+    del x, calls  # the same-size read's buffer too
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return rows
+
+
+def times_size_read(cell: Cell, x: bench.Inputs) -> bool:
+    """Whether a cell's rounds time :data:`SAME_SIZE_READ`: one query, on a GPU (the read ceiling
+    it is set against is a GPU's)."""
+    return cell.B == 1 and x.Q.is_cuda
+
+
+def same_size_read(nbytes: int, device) -> callable:
+    """A callable that reads ``nbytes`` (fp16, uninitialized: the values do not change the time)
+    once, as torch's sum does: :data:`SAME_SIZE_READ`."""
+    x = torch.empty(max(1, nbytes // 2), dtype=torch.float16, device=device)
+    return lambda: x.sum(dtype=torch.float32)
+
+
+def _size_read_fields(samples, nbytes: int, ceilings: dict) -> dict:
+    """``size_read_ms`` (the median of the same-size read's rounds) and ``size_read_pct`` (% of
+    the read ceiling it reaches), for a cell's rows; none where it was not timed."""
+    if not samples:
+        return {}
+    ms = statistics.median(t[0] for t in samples)
+    read = ceilings.get("read_gbps")
+    return {"size_read_ms": ms,
+            "size_read_pct": 100.0 * nbytes / ms / 1e6 / read if read else None}
 
 
 def annotate(rows: list[dict], ceilings: dict) -> None:
@@ -578,6 +613,11 @@ def summary(doc: dict) -> list[str]:
     multi = [r for r in big if r["B"] >= 4]
     lines.append(f"packed B=1 cells >= 10 MB at >= 90 % of the read ceiling: "
                  f"{count(packed_1q, 'pct_read_bw', 90.0)}")
+    for r in sorted((r for r in packed_1q if r.get("pct_read_bw") is not None
+                     and r["pct_read_bw"] < 90.0 and r.get("size_read_pct") is not None),
+                    key=lambda r: r["pct_read_bw"]):
+        lines.append(f"  {r['pct_read_bw']:5.1f} % {r['shape']}: a {SAME_SIZE_READ} of its "
+                     f"{r['bytes'] / 1e6:.0f} MB {r['size_read_pct']:.1f} %")
     lines.append(f"all cells >= 10 MB at >= 90 % of the read ceiling: "
                  f"{count(big, 'pct_read_bw', 90.0)}")
     lines.append(f"B >= 4 cells >= 10 MB at >= 70 % of their roof (read or bf16 tensor): "

@@ -254,6 +254,55 @@ def test_a_provider_failing_in_a_later_round_is_recorded_failed(tmp_path):
     assert len(rows[0]["round_ms"]) == bg.ROUNDS
 
 
+def test_one_query_cells_time_a_read_of_their_bytes(tmp_path, monkeypatch):
+    """On a one-query cell a read of the cell's bytes is timed in the same rotated rounds as the
+    providers; every row carries its median and the % of the read ceiling it reaches, and no
+    row is written for it. Cells of several queries time none."""
+    monkeypatch.setattr(bg, "times_size_read", lambda cell, x: cell.B == 1)
+    made = []
+    real = bg.same_size_read
+
+    def same_size_read(nbytes, device):
+        made.append(nbytes)
+        fn = real(nbytes, device)
+        fn.tag = "read"
+        return fn
+
+    monkeypatch.setattr(bg, "same_size_read", same_size_read)
+    order = []
+
+    def time_fn(fn):
+        tag = getattr(fn, "tag", "provider")
+        order.append(tag)
+        ms = {"read": [4.0, 2.0, 3.0][order.count("read") - 1], "provider": 5.0}[tag]
+        return ms, ms, ms
+
+    cells = bg.build_cells("quick", TINY)
+    one, several = cells[0], next(c for c in cells if c.B >= 4)
+    assert one.B == 1
+    ceilings = {"read_gbps": 1.0, "bf16_tflops": 1.0}
+    path = bg.run([one, several], {"exact": _exact}, tmp_path, ceilings=ceilings, budget_s=1e9,
+                  device="cpu", time_fn=time_fn)
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["provider"], r["B"]) for r in rows] == [("exact", 1), ("exact", several.B)]
+    assert order[:2 * bg.ROUNDS].count("read") == bg.ROUNDS and order.count("read") == bg.ROUNDS
+    assert order[0] == "read" and order[1] == "provider"  # rotated: the read first in round 1
+    assert order[2] == "provider" and order[3] == "read"
+    assert len(made) == 1 and made[0] == rows[0]["bytes"]
+    assert rows[0]["size_read_ms"] == 3.0  # the median of its rounds
+    assert rows[0]["size_read_pct"] == pytest.approx(100.0 * rows[0]["bytes"] / 3.0 / 1e6)
+    assert "size_read_ms" not in rows[1]
+
+
+def test_same_size_read_reads_the_bytes(monkeypatch):
+    made = []
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(empty(*a, **k)) or made[-1])
+    fn = bg.same_size_read(1000, "cpu")
+    assert len(made) == 1 and made[0].numel() * made[0].element_size() == 1000
+    assert fn().dtype == torch.float32
+
+
 # ---- derived columns ----
 
 def test_annotate_bound_roof_and_peer_ratio():
