@@ -42,6 +42,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -509,7 +510,7 @@ def times_size_read(cell: Cell, x: bench.Inputs) -> bool:
     return cell.B == 1 and x.Q.is_cuda
 
 
-def same_size_read(nbytes: int, device) -> callable:
+def same_size_read(nbytes: int, device) -> Callable[[], torch.Tensor]:
     """A callable that reads ``nbytes`` (fp16, uninitialized: the values do not change the time)
     once, as torch's sum does: :data:`SAME_SIZE_READ`."""
     x = torch.empty(max(1, nbytes // 2), dtype=torch.float16, device=device)
