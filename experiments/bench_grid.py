@@ -21,10 +21,11 @@ arguments (``validate=True``, ``config=None``). The peers are bench.py's provide
 every provider's output is first checked against the float64 reference on a subset of
 documents (the first ones and the longest); a wrong or failing provider is recorded, not timed.
 The providers that pass are then timed in ``--rounds`` alternated rounds (ROUNDS, 3, by
-default), each starting one provider further on, so none is always timed first. A one-query
-cell on a GPU also times, in the same rounds, a read of as many bytes as it must read
-(SAME_SIZE_READ): its rows carry ``size_read_ms`` and ``size_read_pct``, the part of the read
-ceiling (a 4 GiB read's) that one read of the cell's size reaches.
+default), each starting one provider further on, so none is always timed first. The first
+one-query cell of each document size on a GPU also times, in the same rounds, a read of as many
+bytes as it must read (SAME_SIZE_READ): the rows of every one-query cell of that size carry
+``size_read_ms`` and ``size_read_pct``, the part of the read ceiling (a 4 GiB read's) that one
+read of the cell's size reaches.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
@@ -432,7 +433,10 @@ def _failed(cell: Cell, provider: str, x: bench.Inputs, exc: Exception) -> dict:
 
 
 def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, clock,
-             deadline: float, rounds: int = ROUNDS) -> list[dict]:
+             deadline: float, rounds: int = ROUNDS, size_reads: dict | None = None) -> list[dict]:
+    """Check, then time, every provider on ``cell``: its rows. ``size_reads``: the same-size
+    reads timed so far in the run, by document bytes (one is timed per size, in the rounds of
+    the first one-query cell of that size, and given to the rows of every cell of it)."""
     x = make_inputs(cell, device)
     nbytes, flops = bytes_and_flops(cell, x)
     log.info("[%s] groups=%s doc bytes %.1f MB", cell.name, ",".join(cell.groups),
@@ -441,7 +445,9 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
     ref = reference_scores(cell, x, ids)
     case = bench_case(cell, x)
     rows, calls = [], {}
-    if times_size_read(cell, x):
+    size_reads = {} if size_reads is None else size_reads
+    doc_bytes = cell_fields(cell, x)["doc_bytes"]
+    if times_size_read(cell, x) and doc_bytes not in size_reads:
         calls[SAME_SIZE_READ] = (same_size_read(nbytes, x.Q.device), None, None)
     for name, make in providers.items():
         if clock() > deadline:
@@ -481,9 +487,14 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
             try:
                 timed[name].append(time_fn(calls[name][0]))
             except Exception as exc:
-                rows.append(_failed(cell, name, x, exc))
+                if name == SAME_SIZE_READ:  # not a provider: no row, the cells go without it
+                    log.warning("  %s failed: %s: %s", name, type(exc).__name__, str(exc)[:200])
+                else:
+                    rows.append(_failed(cell, name, x, exc))
                 del timed[name]
-    size_read = _size_read_fields(timed.pop(SAME_SIZE_READ, None), nbytes, ceilings)
+    if SAME_SIZE_READ in timed:
+        size_reads[doc_bytes] = _size_read_fields(timed.pop(SAME_SIZE_READ), nbytes, ceilings)
+    size_read = size_reads.get(doc_bytes, {}) if times_size_read(cell, x) else {}
     for name, samples in timed.items():
         _, err, first_call_s = calls[name]
         timing = tuple(statistics.median(t[i] for t in samples) for i in range(3))
@@ -518,13 +529,12 @@ def same_size_read(nbytes: int, device) -> Callable[[], torch.Tensor]:
 
 
 def _size_read_fields(samples, nbytes: int, ceilings: dict) -> dict:
-    """``size_read_ms`` (the median of the same-size read's rounds) and ``size_read_pct`` (% of
-    the read ceiling it reaches), for a cell's rows; none where it was not timed."""
-    if not samples:
-        return {}
+    """A read of ``nbytes`` timed in ``samples`` (rounds), as rows carry it: ``size_read_ms``
+    (the median of the rounds), ``size_read_bytes`` and ``size_read_pct`` (% of the read
+    ceiling it reaches)."""
     ms = statistics.median(t[0] for t in samples)
     read = ceilings.get("read_gbps")
-    return {"size_read_ms": ms,
+    return {"size_read_ms": ms, "size_read_bytes": nbytes,
             "size_read_pct": 100.0 * nbytes / ms / 1e6 / read if read else None}
 
 
@@ -565,6 +575,7 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
                 target_doc_bytes=TARGET_DOC_BYTES, timing=TIMING, rounds=rounds)
     rows: list[dict] = []
     not_run: list[str] = []
+    size_reads: dict = {}  # run_cell's same-size reads, by document bytes
     took: list[float] = []  # wall seconds of each cell run so far
     for i, cell in enumerate(cells):
         # Look ahead by the larger of the fixed estimate and the recent cells' median: the
@@ -581,7 +592,7 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
                          for name in providers]
             break
         rows += run_cell(cell, providers, ceilings, device=device, time_fn=time_fn, clock=clock,
-                         deadline=deadline, rounds=rounds)
+                         deadline=deadline, rounds=rounds, size_reads=size_reads)
         took.append(clock() - began)
         # Written after every cell, with the cells still to run, so a run killed at its
         # wall-clock limit keeps what it measured and names what it did not.
@@ -618,7 +629,7 @@ def summary(doc: dict) -> list[str]:
                      and r["pct_read_bw"] < 90.0 and r.get("size_read_pct") is not None),
                     key=lambda r: r["pct_read_bw"]):
         lines.append(f"  {r['pct_read_bw']:5.1f} % {r['shape']}: a {SAME_SIZE_READ} of its "
-                     f"{r['bytes'] / 1e6:.0f} MB {r['size_read_pct']:.1f} %")
+                     f"{r['size_read_bytes'] / 1e6:.0f} MB {r['size_read_pct']:.1f} %")
     lines.append(f"all cells >= 10 MB at >= 90 % of the read ceiling: "
                  f"{count(big, 'pct_read_bw', 90.0)}")
     lines.append(f"B >= 4 cells >= 10 MB at >= 70 % of their roof (read or bf16 tensor): "

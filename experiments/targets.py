@@ -81,7 +81,8 @@ def _read_pct(row: dict) -> str:
     bytes alone reaches (``size_read_pct``: the ceiling at that size)."""
     text = f"{row['pct_read_bw']:.1f} %"
     if row.get("size_read_pct") is not None:
-        text += f" (a read of its {row['bytes'] / 1e6:.0f} MB: {row['size_read_pct']:.1f} %)"
+        text += (f" (a read of its {row['size_read_bytes'] / 1e6:.0f} MB: "
+                 f"{row['size_read_pct']:.1f} %)")
     return text
 
 

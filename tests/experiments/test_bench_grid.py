@@ -255,9 +255,10 @@ def test_a_provider_failing_in_a_later_round_is_recorded_failed(tmp_path):
 
 
 def test_one_query_cells_time_a_read_of_their_bytes(tmp_path, monkeypatch):
-    """On a one-query cell a read of the cell's bytes is timed in the same rotated rounds as the
-    providers; every row carries its median and the % of the read ceiling it reaches, and no
-    row is written for it. Cells of several queries time none."""
+    """The first one-query cell of a document size times a read of the cell's bytes in the same
+    rotated rounds as the providers; the rows of every one-query cell of that size carry its
+    median and the % of the read ceiling it reaches, and no row is written for it. Cells of
+    several queries carry none; a read that fails leaves the cells without it."""
     monkeypatch.setattr(bg, "times_size_read", lambda cell, x: cell.B == 1)
     made = []
     real = bg.same_size_read
@@ -278,20 +279,36 @@ def test_one_query_cells_time_a_read_of_their_bytes(tmp_path, monkeypatch):
         return ms, ms, ms
 
     cells = bg.build_cells("quick", TINY)
-    one, several = cells[0], next(c for c in cells if c.B >= 4)
-    assert one.B == 1
+    one = cells[0]
+    same_docs = next(c for c in cells[1:] if c.B == 1 and (c.d, c.dist, c.layout, c.dtype)
+                     == (one.d, one.dist, one.layout, one.dtype))
+    several = next(c for c in cells if c.B >= 4)
+    assert one.B == 1 and same_docs.Lq != one.Lq
     ceilings = {"read_gbps": 1.0, "bf16_tflops": 1.0}
-    path = bg.run([one, several], {"exact": _exact}, tmp_path, ceilings=ceilings, budget_s=1e9,
-                  device="cpu", time_fn=time_fn)
+    path = bg.run([one, same_docs, several], {"exact": _exact}, tmp_path, ceilings=ceilings,
+                  budget_s=1e9, device="cpu", time_fn=time_fn)
     rows = json.loads(path.read_text())["rows"]
-    assert [(r["provider"], r["B"]) for r in rows] == [("exact", 1), ("exact", several.B)]
-    assert order[:2 * bg.ROUNDS].count("read") == bg.ROUNDS and order.count("read") == bg.ROUNDS
-    assert order[0] == "read" and order[1] == "provider"  # rotated: the read first in round 1
-    assert order[2] == "provider" and order[3] == "read"
-    assert len(made) == 1 and made[0] == rows[0]["bytes"]
-    assert rows[0]["size_read_ms"] == 3.0  # the median of its rounds
-    assert rows[0]["size_read_pct"] == pytest.approx(100.0 * rows[0]["bytes"] / 3.0 / 1e6)
-    assert "size_read_ms" not in rows[1]
+    assert [(r["provider"], r["B"]) for r in rows] == [("exact", 1), ("exact", 1),
+                                                       ("exact", several.B)]
+    assert order.count("read") == bg.ROUNDS and order[:2 * bg.ROUNDS].count("read") == bg.ROUNDS
+    assert order[:4] == ["read", "provider", "provider", "read"]  # rotated rounds
+    assert made == [rows[0]["bytes"]] and rows[0]["doc_bytes"] == rows[1]["doc_bytes"]
+    for row in rows[:2]:
+        assert row["size_read_ms"] == 3.0  # the median of its rounds
+        assert row["size_read_bytes"] == rows[0]["bytes"]
+        assert row["size_read_pct"] == pytest.approx(100.0 * rows[0]["bytes"] / 3.0 / 1e6)
+    assert "size_read_ms" not in rows[2]
+
+    def failing(fn):
+        if getattr(fn, "tag", "") == "read":
+            raise RuntimeError("out of memory")
+        return 1.0, 1.0, 1.0
+
+    path = bg.run([one], {"exact": _exact}, tmp_path / "failed", ceilings=ceilings,
+                  budget_s=1e9, device="cpu", time_fn=failing)
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["provider"], r["status"]) for r in rows] == [("exact", "ok")]
+    assert "size_read_ms" not in rows[0]
 
 
 def test_same_size_read_reads_the_bytes(monkeypatch):
@@ -440,6 +457,16 @@ def test_summary_counts_the_targets(tmp_path):
     ours = [r for r in doc["rows"] if r["provider"] == bg.OURS and r["status"] == "ok"]
     line = next(x for x in lines if x.startswith("cells >= 10 MB at >= 1.0x"))
     assert line.endswith(f"{sum(r['ratio_to_best_peer'] >= 1 for r in ours)}/{len(ours)}")
+
+
+def test_summary_sets_a_cell_below_the_read_target_beside_a_read_of_its_bytes():
+    row = dict.fromkeys(bg.ROW_KEYS)
+    row.update(shape="B=1 Lq=32 d=64 fp16 packed lognormal-30 N=100000", provider=bg.OURS,
+               status="ok", B=1, layout="packed", at_least_10mb=True, pct_read_bw=88.9, ms=0.1413,
+               size_read_bytes=384_000_000, size_read_pct=91.2)
+    lines = bg.summary({"rows": [row]})
+    assert ("   88.9 % B=1 Lq=32 d=64 fp16 packed lognormal-30 N=100000: a same-size read of "
+            "its 384 MB 91.2 %") in lines
 
 
 def test_inputs_match_the_cell():

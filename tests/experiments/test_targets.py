@@ -80,7 +80,7 @@ def test_grid_targets_count_the_cells_each_target_covers():
 def test_a_cell_below_the_read_target_shows_a_read_of_its_bytes():
     doc = grid_doc(low_read=88.6)
     low = doc["rows"][1]
-    low.update(bytes=384_000_000, size_read_pct=90.4)
+    low.update(size_read_bytes=384_000_000, size_read_pct=90.4)
     read = by_name(targets.grid_targets(doc, "grid.json"))["packed one query, read"]
     assert read.met is False  # the target is the ceiling's, whatever a read of the size reaches
     assert "88.6 % (a read of its 384 MB: 90.4 %)" in read.measured
