@@ -24,7 +24,7 @@ The providers that pass are then timed in ``--rounds`` alternated rounds (ROUNDS
 default), each starting one provider further on, so none is always timed first. The first
 one-query cell of each document size on a GPU also times, in the same rounds, a read of as many
 bytes as it must read (SAME_SIZE_READ): the rows of every one-query cell of that size carry
-``size_read_ms`` and ``size_read_pct``, the part of the read ceiling (a 4 GiB read's) that one
+``size_read_ms``, ``size_read_bytes`` and ``size_read_pct``, the part of the read ceiling (a 4 GiB read's) that one
 read of the cell's size reaches.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
@@ -82,8 +82,8 @@ TIMING = {"warmup_ms": 10, "rep_ms": 30}
 # out well above its own time in every full grid (results/grid/h100-719f57b-full, d = 64
 # lognormal-30, against results/dense_variants/h100-719f57b-retime).
 ROUNDS = 3
-# Timed beside the providers of every one-query cell on a GPU: torch's sum over as many bytes as
-# the cell must read. The read ceiling is a 4 GiB read's; a read of a cell's size pays the same
+# Timed beside the providers of the first one-query cell of each document size on a GPU: torch's
+# sum over as many bytes as the cell must read. The read ceiling is a 4 GiB read's; a read of a cell's size pays the same
 # launch, ramp and tail in a shorter time, and this is what one kernel reaches at that size.
 SAME_SIZE_READ = "same-size read"
 # Wall time per cell for the budget's look-ahead and --dry-run: inputs, reference check and the
@@ -447,7 +447,8 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
     rows, calls = [], {}
     size_reads = {} if size_reads is None else size_reads
     doc_bytes = cell_fields(cell, x)["doc_bytes"]
-    if times_size_read(cell, x) and doc_bytes not in size_reads:
+    reads = times_size_read(cell, x)
+    if reads and doc_bytes not in size_reads:
         calls[SAME_SIZE_READ] = (same_size_read(nbytes, x.Q.device), None, None)
     for name, make in providers.items():
         if clock() > deadline:
@@ -494,7 +495,7 @@ def run_cell(cell: Cell, providers: dict, ceilings: dict, *, device, time_fn, cl
                 del timed[name]
     if SAME_SIZE_READ in timed:
         size_reads[doc_bytes] = _size_read_fields(timed.pop(SAME_SIZE_READ), nbytes, ceilings)
-    size_read = size_reads.get(doc_bytes, {}) if times_size_read(cell, x) else {}
+    size_read = size_reads.get(doc_bytes, {}) if reads else {}
     for name, samples in timed.items():
         _, err, first_call_s = calls[name]
         timing = tuple(statistics.median(t[i] for t in samples) for i in range(3))
