@@ -326,17 +326,26 @@ def dense_rows(work: Path, opts) -> list[Step]:
                                       "--out", str(work / "dense-rows")), 400)]
 
 
+# One query's cells whose default walks several documents a program: the tapered launches'.
+TAPER_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64", "Lq64",
+               "d256-lognormal-70")
+
+
 def peer_roof(work: Path, opts) -> list[Step]:
     """The read-roof cells where a peer was faster on an H100 (run 201): the dense sweep of
     launch configs over them (sweep_configs' eighth set), then the default beside its
-    validate=False launch and the peers in 5 alternated rounds (about 4 minutes)."""
+    validate=False launch and the peers in 5 alternated rounds, then the default beside its
+    launches with the last 2048 / 8192 documents one per program (about 6 minutes)."""
     return [Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
                                         "--budget", "150", "--out", str(work / "sweep-eighth")),
                  180),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "validate=False", "--rounds", "5",
-                                     "--out", str(work / "peer-roof")), 150)]
+                                     "--out", str(work / "peer-roof")), 150),
+            Step("taper", module("experiments.bench_dense_variants", "--cells", *TAPER_CELLS,
+                                 "--variants", "taper 2048", "taper 8192", "--rounds", "5",
+                                 "--out", str(work / "taper")), 150)]
 
 
 def dense_flat(work: Path, opts) -> list[Step]:
@@ -620,7 +629,8 @@ SUITES = {
                         "as one loop and a loop per document, short documents", dense_flat),
     "peer-roof": Suite("the read-roof cells where a peer was faster on an H100: the dense "
                        "config sweep over them, then the default beside the peers in 5 "
-                       "alternated rounds", peer_roof),
+                       "alternated rounds, and beside its last documents one per program",
+                       peer_roof),
     "remainder-chunk": Suite("GPU tests of the dense kernels; one query's default at d past its "
                              "whole chunks by a power of two beside that remainder masked and "
                              "the widest chunks, and the peers, 3 alternated rounds",
