@@ -332,20 +332,20 @@ TAPER_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64", "Lq64
 
 
 def peer_roof(work: Path, opts) -> list[Step]:
-    """The read-roof cells where a peer was faster on an H100 (run 201): the dense sweep of
-    launch configs over them (sweep_configs' eighth set), then the default beside its
-    validate=False launch and the peers in 5 alternated rounds, then the default beside its
-    launches with the last 2048 / 8192 documents one per program (about 6 minutes)."""
-    return [Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
-                                        "--budget", "150", "--out", str(work / "sweep-eighth")),
-                 180),
+    """The read-roof cells where a peer was faster on an H100 (run 201): the default beside its
+    launches with the last 2048 / 8192 documents one per program, then beside its validate=False
+    launch and the peers, each in 5 alternated rounds, then the dense sweep of launch configs
+    over them (sweep_configs' eighth set; about 6 minutes)."""
+    return [Step("taper", module("experiments.bench_dense_variants", "--cells", *TAPER_CELLS,
+                                 "--variants", "taper 2048", "taper 8192", "--rounds", "5",
+                                 "--out", str(work / "taper")), 150),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "validate=False", "--rounds", "5",
                                      "--out", str(work / "peer-roof")), 150),
-            Step("taper", module("experiments.bench_dense_variants", "--cells", *TAPER_CELLS,
-                                 "--variants", "taper 2048", "taper 8192", "--rounds", "5",
-                                 "--out", str(work / "taper")), 150)]
+            Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
+                                        "--budget", "150", "--out", str(work / "sweep-eighth")),
+                 180)]
 
 
 def dense_flat(work: Path, opts) -> list[Step]:
