@@ -242,6 +242,23 @@ def _widest_chunks_switch():
     return mock.patch.object(dense, "default_config", config)
 
 
+def _per_document_switch():
+    """One query's held default (several documents a program) replaced by the default's
+    per-document tiles for the same shape (what it takes below MANY_DOCS documents)."""
+    saved = dense.default_config
+
+    def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
+               element_size=2, joins_tail=False):
+        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size,
+                    joins_tail)
+        if num_queries == 1 and cfg.hold_query:
+            return saved(num_queries, Lq, max_doc_len, dim, variable_lengths, 0, element_size,
+                         joins_tail)
+        return cfg
+
+    return mock.patch.object(dense, "default_config", config)
+
+
 def _taper_switch(docs: int):
     """The default's launches that walk several documents a program (not slots) with their
     last ``docs`` documents one per program (MaxSimConfig.taper_docs)."""
@@ -267,6 +284,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "tail apart": _tail_apart_switch,
             "masked remainder": _masked_remainder_switch,
             "widest chunks": _widest_chunks_switch,
+            "per document": _per_document_switch,
             "taper 2048": lambda: _taper_switch(2048),
             "taper 8192": lambda: _taper_switch(8192)}
 

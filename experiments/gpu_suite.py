@@ -341,7 +341,7 @@ def peer_roof(work: Path, opts) -> list[Step]:
                                  "--out", str(work / "taper")), 150),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
-                                     "validate=False", "--rounds", "5",
+                                     "default", "--rounds", "5",
                                      "--out", str(work / "peer-roof")), 150),
             Step("sweep-eighth", module("experiments.sweep_configs", "--cells", "eighth",
                                         "--budget", "150", "--out", str(work / "sweep-eighth")),

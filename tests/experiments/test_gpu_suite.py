@@ -143,7 +143,7 @@ EXPECTED = {
         "sweep-eighth": ["-m", "experiments.sweep_configs", "--cells", "eighth", "--budget",
                          "150", "--out", "W/sweep-eighth"],
         "peer-roof": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
-                      "d512-lognormal-150", "d160-padded", "--variants", "validate=False",
+                      "d512-lognormal-150", "d160-padded", "--variants", "default",
                       "--rounds", "5", "--out", "W/peer-roof"],
         "taper": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
                   "d64-lognormal-30", "d128-lognormal-30", "d64", "Lq64", "d256-lognormal-70",
