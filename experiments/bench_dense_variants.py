@@ -259,17 +259,6 @@ def _per_document_switch():
     return mock.patch.object(dense, "default_config", config)
 
 
-def _taper_switch(docs: int):
-    """The default's launches that walk several documents a program (not slots) with their
-    last ``docs`` documents one per program (MaxSimConfig.taper_docs)."""
-    def rule(cfg, num_queries, variable_lengths, held):
-        if cfg.docs_per_program > 1 and not cfg.slots:
-            return dataclasses.replace(cfg, taper_docs=docs)
-        return cfg
-
-    return _config_switch(rule)
-
-
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
@@ -284,9 +273,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "tail apart": _tail_apart_switch,
             "masked remainder": _masked_remainder_switch,
             "widest chunks": _widest_chunks_switch,
-            "per document": _per_document_switch,
-            "taper 2048": lambda: _taper_switch(2048),
-            "taper 8192": lambda: _taper_switch(8192)}
+            "per document": _per_document_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

@@ -326,19 +326,20 @@ def dense_rows(work: Path, opts) -> list[Step]:
                                       "--out", str(work / "dense-rows")), 400)]
 
 
-# One query's cells whose default walks several documents a program: the tapered launches'.
-TAPER_CELLS = ("headline", "d64-lognormal-30", "d128-lognormal-30", "d64", "Lq64",
-               "d256-lognormal-70")
+# One query's cells whose default holds the query across several documents a program.
+PER_DOCUMENT_CELLS = ("headline", "d64", "d64-lognormal-30", "d128-lognormal-30",
+                      "d256-lognormal-70", "d96", "d144", "d160", "Lq64", "d64-lognormal-150")
 
 
 def peer_roof(work: Path, opts) -> list[Step]:
-    """The read-roof cells where a peer was faster on an H100 (run 201): the default beside its
-    launches with the last 2048 / 8192 documents one per program, then beside its validate=False
-    launch and the peers, each in 5 alternated rounds, then the dense sweep of launch configs
-    over them (sweep_configs' eighth set; about 6 minutes)."""
-    return [Step("taper", module("experiments.bench_dense_variants", "--cells", *TAPER_CELLS,
-                                 "--variants", "taper 2048", "taper 8192", "--rounds", "5",
-                                 "--out", str(work / "taper")), 150),
+    """The read-roof cells where a peer was faster on an H100 (run 201): one query's held
+    default beside its per-document tiles, then the default beside its validate=False launch
+    and the peers, each in 5 alternated rounds, then the dense sweep of launch configs over
+    them (sweep_configs' eighth set; about 6 minutes)."""
+    return [Step("per-document", module("experiments.bench_dense_variants", "--cells",
+                                        *PER_DOCUMENT_CELLS, "--variants", "per document",
+                                        "--rounds", "5", "--out", str(work / "per-document")),
+                 200),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "default", "--rounds", "5",
@@ -629,8 +630,7 @@ SUITES = {
                         "as one loop and a loop per document, short documents", dense_flat),
     "peer-roof": Suite("the read-roof cells where a peer was faster on an H100: the dense "
                        "config sweep over them, then the default beside the peers in 5 "
-                       "alternated rounds, and beside its last documents one per program",
-                       peer_roof),
+                       "alternated rounds", peer_roof),
     "remainder-chunk": Suite("GPU tests of the dense kernels; one query's default at d past its "
                              "whole chunks by a power of two beside that remainder masked and "
                              "the widest chunks, and the peers, 3 alternated rounds",

@@ -299,8 +299,6 @@ def label(config: MaxSimConfig) -> str:
         parts.append(f"bd{config.block_d}")
     if config.running_max:
         parts.append("rm")
-    if config.taper_docs:
-        parts.append(f"taper{config.taper_docs}")
     return " ".join(parts)
 
 

@@ -145,9 +145,10 @@ EXPECTED = {
         "peer-roof": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
                       "d512-lognormal-150", "d160-padded", "--variants", "default",
                       "--rounds", "5", "--out", "W/peer-roof"],
-        "taper": ["-m", "experiments.bench_dense_variants", "--cells", "headline",
-                  "d64-lognormal-30", "d128-lognormal-30", "d64", "Lq64", "d256-lognormal-70",
-                  "--variants", "taper 2048", "taper 8192", "--rounds", "5", "--out", "W/taper"],
+        "per-document": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "d64",
+                         "d64-lognormal-30", "d128-lognormal-30", "d256-lognormal-70", "d96",
+                         "d144", "d160", "Lq64", "d64-lognormal-150", "--variants",
+                         "per document", "--rounds", "5", "--out", "W/per-document"],
     },
     "remainder-chunk": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",

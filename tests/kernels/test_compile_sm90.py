@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import compiled_mode_json
 
 _COMPILE = textwrap.dedent("""
-    import dataclasses, json, sys
+    import json, sys
     import torch
     from experiments import sass_budget as sb
     from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel,
@@ -69,13 +69,12 @@ _COMPILE = textwrap.dedent("""
         validate=False), ())
     # The held query's documents walked as one loop (the default for one query's short
     # documents), one query and four (their held 128-row block).
-    def flat(Qf, config=None):
+    def flat(Qf):
         saved = dense._flat_documents
         dense._flat_documents = lambda q, cfg, packed, tail, mean: dense._flat_applies(
             cfg, packed, tail)
-        if config is None and Qf.dim() == 3:
-            config = dense.default_config(Qf.shape[0], Qf.shape[1], max_len, 128, True,
-                                          offsets.numel() - 1, joins_tail=True)
+        config = None if Qf.dim() == 2 else dense.default_config(
+            Qf.shape[0], Qf.shape[1], max_len, 128, True, offsets.numel() - 1, joins_tail=True)
         try:
             return maxsim_packed(Qf, D, offsets, max_doc_len=max_len, config=config,
                                  validate=False)
@@ -83,13 +82,6 @@ _COMPILE = textwrap.dedent("""
             dense._flat_documents = saved
     for name, Qf in (("dense flat documents", Q), ("dense B=4 flat documents", Q4[:, :32])):
         calls[name] = (_maxsim_packed_flat_kernel, lambda Qf=Qf: flat(Qf), ())
-    # The last documents one per program (MaxSimConfig.taper_docs), per document and as one loop.
-    tapered = dataclasses.replace(default_config(1, 32, max_len, 128, True, MANY_DOCS),
-                                  taper_docs=64)
-    calls["dense tapered"] = (_maxsim_dense_kernel, lambda: maxsim_packed(
-        Q, D, offsets, max_doc_len=max_len, config=tapered, validate=False), ())
-    calls["dense flat documents tapered"] = (_maxsim_packed_flat_kernel,
-                                             lambda: flat(Q, tapered), ())
     padded = torch.zeros(1, 64, 128, dtype=torch.float16)
     held = default_config(1, 32, 64, 128, num_docs=MANY_DOCS)
     calls["dense padded 64 held"] = (_maxsim_dense_kernel, lambda: maxsim_padded(
@@ -190,10 +182,10 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 
 def test_every_gpu_path_compiles_and_fits_an_sm90_block(compiled):
-    # dense: 5, 3 several-query defaults, 2 flat and 2 tapered; pq: 4; residual: 8 decoder
-    # choices x table / gather, 3 pipelined; the mma kernel's permuted table; last: value range
-    # (2 dtypes x clamp), offsets stats (clamp), the two in one launch
-    assert len(compiled) == 5 + 3 + 2 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 2
+    # dense: 5, 3 several-query defaults and 2 flat; pq: 4; residual: 8 decoder choices x
+    # table / gather, 3 pipelined; the mma kernel's permuted table; last: value range (2 dtypes x
+    # clamp), offsets stats (clamp), the two in one launch
+    assert len(compiled) == 5 + 3 + 2 + 4 + 2 * 8 + 3 + 1 + 2 * 2 + 2 + 2
     for name, kernel in compiled.items():
         assert kernel["registers"] > 0 and kernel["cubin_bytes"] > 0, name
         assert kernel["shared_bytes"] <= SM90_SHARED_PER_BLOCK, name

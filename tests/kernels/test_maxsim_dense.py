@@ -164,12 +164,6 @@ CONFIGS = [
                  id="hold-query-running-max"),
     pytest.param(MaxSimConfig(block_t=32, queries_per_block=2, running_max=True),
                  id="2q-running-max"),
-    # The last documents one per program: 7 documents as one program of 3 and 4 of one, the 4
-    # pids as 4 of one.
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=3, hold_query=True, taper_docs=2),
-                 id="hold-query-3docs-taper"),
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, hold_query=True, running_max=True,
-                              taper_docs=3), id="hold-query-running-max-taper"),
 ]
 
 
@@ -246,11 +240,6 @@ FLAT_CONFIGS = [
                                           num_warps=1), id="one-warp-32-rows"),
     pytest.param(1, 64, 64, MaxSimConfig(block_t=32, docs_per_program=8, hold_query=True),
                  id="64-rows"),
-    # 12 documents as one program of 4 and 8 of one; 7 pids as 7 of one.
-    pytest.param(1, 32, 128, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
-                                          num_warps=1, taper_docs=5), id="one-warp-taper"),
-    pytest.param(2, 16, 64, MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True,
-                                         taper_docs=9), id="two-queries-taper"),
     pytest.param(4, 32, 128, MaxSimConfig(block_t=32, queries_per_block=4, docs_per_program=8,
                                           hold_query=True), id="4-queries"),
     pytest.param(3, 19, 96, MaxSimConfig(block_t=16, queries_per_block=2, docs_per_program=2,
@@ -893,44 +882,3 @@ def test_length_order_reads_strided_views_and_keeps_nan_where_it_lands(device):
     nan_cols = pids == 4
     assert torch.isnan(out[:, nan_cols]).all() and not torch.isnan(out[:, ~nan_cols]).any()
     assert_close(out[:, ~nan_cols], want[:, ~nan_cols], "maxsim_dense", torch.float16)
-
-
-@pytest.mark.parametrize("num_docs,config,programs", [
-    (7, MaxSimConfig(docs_per_program=3), (3, 3)),
-    (7, MaxSimConfig(docs_per_program=3, taper_docs=2), (1, 5)),
-    (12, MaxSimConfig(docs_per_program=4, taper_docs=5), (1, 9)),
-    (12, MaxSimConfig(docs_per_program=4, taper_docs=4), (2, 6)),
-    (4, MaxSimConfig(docs_per_program=3, taper_docs=9), (0, 4)),
-    (5, MaxSimConfig(docs_per_program=1, taper_docs=2), (5, 5)),
-    (0, MaxSimConfig(docs_per_program=4, taper_docs=2), (0, 0)),
-])
-def test_tapered_programs_cover_every_document_once(num_docs, config, programs):
-    """(programs of docs_per_program documents, all programs): the tapered ones take at least
-    taper_docs documents one each, and every document belongs to exactly one program."""
-    head, total = dense._doc_programs(num_docs, config)
-    assert (head, total) == programs
-    per_program = config.docs_per_program
-    covered = [doc for p in range(head) for doc in range(p * per_program, (p + 1) * per_program)]
-    covered = [doc for doc in covered if doc < num_docs] + list(range(head * per_program,
-                                                                      head * per_program
-                                                                      + total - head))
-    assert covered == list(range(num_docs))
-    if config.taper_docs and per_program > 1:
-        assert total - head >= min(config.taper_docs, num_docs)
-
-
-@pytest.mark.parametrize("config", [
-    MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=16, hold_query=True,
-                 running_max=True, taper_docs=5),
-    MaxSimConfig(block_t=16, docs_per_program=4, hold_query=True, taper_docs=3),
-])
-def test_tapered_padded_documents_are_exact(config, device):
-    """Padded documents with the last ones one per program (document lengths and strided
-    views): every score written once, as the float64 reference."""
-    D = _rand(21, 40, 64, dtype=torch.float16, device=device)
-    lengths = torch.randint(0, 41, (21,), device=device)
-    lengths[[0, 20]] = torch.tensor([0, 40], device=device)
-    Q = _rand(2, 13, 64, dtype=torch.float16, device=device)
-    for q, docs in ((Q, D), (_strided(Q), _strided(D))):
-        out = maxsim_padded(q, docs, lengths, config=config)
-        assert_close(out, reference.maxsim_padded(Q, D, lengths), "maxsim_dense", torch.float16)

@@ -38,10 +38,6 @@ def _query(B, Lq, d, device):
     pytest.param(MaxSimConfig(block_d=48), id="block_d-not-pow2"),
     pytest.param(MaxSimConfig(block_d=8), id="block_d-below-16"),
     pytest.param(MaxSimConfig(block_d=256), id="block_d-above-128"),
-    pytest.param(MaxSimConfig(docs_per_program=4, taper_docs=-1), id="taper-negative"),
-    pytest.param(MaxSimConfig(docs_per_program=4, taper_docs=True), id="taper-bool"),
-    pytest.param(MaxSimConfig(block_t=16, docs_per_program=2, slots=True, taper_docs=8),
-                 id="taper-with-slots"),
 ])
 def test_bad_config_is_rejected_before_launch(config, device):
     D, offsets = _packed([5, 7], 64, device)

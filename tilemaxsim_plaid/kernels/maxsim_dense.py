@@ -183,30 +183,13 @@ def _store_query_scores(p_out, row_max, mask_r, pid_qblock, out_idx, num_queries
 
 
 @triton.jit
-def _program_documents(pid_docs, head_programs, DOCS_PER_PROGRAM: tl.constexpr,
-                       TAPER: tl.constexpr):
-    """(first, count): the first scored document of a program and how many it walks. Without
-    TAPER every program walks DOCS_PER_PROGRAM from pid_docs * DOCS_PER_PROGRAM; with it the
-    programs from head_programs on walk one each, after the head_programs * DOCS_PER_PROGRAM
-    documents of those before them (MaxSimConfig.taper_docs)."""
-    first = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM
-    count = DOCS_PER_PROGRAM
-    if TAPER:
-        alone = pid_docs >= head_programs
-        first = tl.where(alone, head_programs.to(tl.int64) * (DOCS_PER_PROGRAM - 1) + pid_docs,
-                         first)
-        count = tl.where(alone, 1, DOCS_PER_PROGRAM)
-    return first, count
-
-
-@triton.jit
 def _maxsim_dense_kernel(
     p_q, p_d, p_offsets, p_doc_lengths, p_pids, p_query_lengths, p_out,
     num_out_docs, num_queries, Lq, dim, padded_doc_len,
     stride_qb, stride_qt, stride_qd,
     stride_dn, stride_dt, stride_dd,
     stride_ob, stride_on,
-    num_qgroups, head_programs,
+    num_qgroups,
     PACKED: tl.constexpr, HAS_DOC_LENGTHS: tl.constexpr, HAS_PIDS: tl.constexpr,
     HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, Q_BLOCKS_PER_PROGRAM: tl.constexpr,
@@ -214,7 +197,7 @@ def _maxsim_dense_kernel(
     DOCS_PER_PROGRAM: tl.constexpr, SINGLE_TILE: tl.constexpr, HOLD_QUERY: tl.constexpr,
     EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr, RUNNING_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAIL_LQ: tl.constexpr = 0,
-    REPEAT_ROWS: tl.constexpr = False, REM_D: tl.constexpr = 0, TAPER: tl.constexpr = False,
+    REPEAT_ROWS: tl.constexpr = False, REM_D: tl.constexpr = 0,
 ):
     """Q: [B, Lq, d] (strides q*); D: [N, Ld, d] padded or [T, d] packed (strides d*; stride_dn
     unused when packed); offsets: int64 [N+1] when packed; doc_lengths: [N] when padded (else
@@ -235,8 +218,7 @@ def _maxsim_dense_kernel(
     REPEAT_ROWS (SINGLE_TILE, or the tiled path without RUNNING_MAX): a tile's rows past the
     document's end load its last row again, which cannot change a max, instead of being masked
     to -inf in every product: a select per product saved, at the cost of re-reading that row
-    (an empty document is -inf by one select per query row). TAPER: the programs from
-    head_programs on score one document each (_program_documents)."""
+    (an empty document is -inf by one select per query row)."""
     # Query groups vary fastest so the programs reading the same documents run side by side and
     # every document byte after the first read comes from L2.
     pid = tl.program_id(0)
@@ -261,22 +243,17 @@ def _maxsim_dense_kernel(
     else:
         q_held = ()  # each tile reads the query (_tile_sim)
 
-    first_doc, num_program_docs = _program_documents(pid_docs, head_programs, DOCS_PER_PROGRAM,
-                                                     TAPER)
     for doc_step in range(DOCS_PER_PROGRAM):
-        out_idx = first_doc + doc_step
-        num_docs = num_out_docs
-        if TAPER:
-            num_docs = tl.where(doc_step < num_program_docs, num_out_docs, 0)
+        out_idx = pid_docs.to(tl.int64) * DOCS_PER_PROGRAM + doc_step
         if PACKED:
-            valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_docs,
+            valid_doc, start, end = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs,
                                                       HAS_PIDS)
             doc_len = end - start
             p_doc = p_d + start * stride_dt
         else:
             # Padded documents are scored in order; a slot past the end is an empty document
             # whose score is never stored (branch-free, as packed_doc_bounds).
-            valid_doc = out_idx < num_docs
+            valid_doc = out_idx < num_out_docs
             if HAS_DOC_LENGTHS:
                 doc_len = tl.load(p_doc_lengths + out_idx, mask=valid_doc, other=0).to(tl.int64)
             else:
@@ -377,13 +354,12 @@ def _maxsim_packed_flat_kernel(
     stride_qb, stride_qt, stride_qd,
     stride_dt, stride_dd,
     stride_ob, stride_on,
-    num_qgroups, head_programs,
+    num_qgroups,
     HAS_PIDS: tl.constexpr, HAS_QUERY_LENGTHS: tl.constexpr,
     LQ: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D_TILES: tl.constexpr,
     DOCS_PER_PROGRAM: tl.constexpr, EVEN_D: tl.constexpr, TOKENS_I32: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, REM_D: tl.constexpr = 0,
-    TAPER: tl.constexpr = False,
 ):
     """_maxsim_dense_kernel's held query over packed documents, the tiles of a program's
     DOCS_PER_PROGRAM documents walked as one loop instead of a loop per document, so the
@@ -393,13 +369,12 @@ def _maxsim_packed_flat_kernel(
     at its last tile. Rows past a document's end repeat its last row (REPEAT_ROWS of
     _maxsim_dense_kernel), so no load or product is masked; an empty document takes one tile of
     a row at or before num_rows - 1 (D has at least one row) and scores -inf.
-    DOCS_PER_PROGRAM is a power of two; TOKENS_I32, REM_D and TAPER as _maxsim_dense_kernel's.
-    Shapes as _maxsim_dense_kernel (packed)."""
+    DOCS_PER_PROGRAM is a power of two; TOKENS_I32 and REM_D as _maxsim_dense_kernel's. Shapes
+    as _maxsim_dense_kernel (packed)."""
     TOKENS: tl.constexpr = tl.int32 if TOKENS_I32 else tl.int64
     pid = tl.program_id(0)
     pid_qgroup = pid % num_qgroups
-    first_doc, num_program_docs = _program_documents(pid // num_qgroups, head_programs,
-                                                     DOCS_PER_PROGRAM, TAPER)
+    first_doc = (pid // num_qgroups).to(tl.int64) * DOCS_PER_PROGRAM
     ROWS: tl.constexpr = QUERIES_PER_BLOCK * LQ
     offs_b, offs_i, mask_r = _query_rows(pid_qgroup, Lq, p_query_lengths, num_queries,
                                          HAS_QUERY_LENGTHS, LQ, QUERIES_PER_BLOCK)
@@ -407,21 +382,15 @@ def _maxsim_packed_flat_kernel(
                          BLOCK_D, NUM_D_TILES, REM_D)
 
     # Tiles of the program's documents (an empty one takes one): the loop's length.
-    steps = tl.arange(0, DOCS_PER_PROGRAM)
-    num_docs = num_out_docs
-    next_docs = num_out_docs
-    if TAPER:
-        num_docs = tl.where(steps < num_program_docs, num_out_docs, 0)
-        next_docs = tl.where(num_program_docs > 1, num_out_docs, 0)
-    valid, starts, ends = packed_doc_bounds(p_pids, p_offsets, first_doc + steps, num_docs,
-                                            HAS_PIDS)
+    out_idx = first_doc + tl.arange(0, DOCS_PER_PROGRAM)
+    valid, starts, ends = packed_doc_bounds(p_pids, p_offsets, out_idx, num_out_docs, HAS_PIDS)
     lengths = (ends - starts).to(TOKENS)
     num_tiles = tl.sum(tl.where(valid, tl.maximum((lengths + BLOCK_T - 1) // BLOCK_T, 1), 0), 0)
 
     _, start, end = packed_doc_bounds(p_pids, p_offsets, first_doc, num_out_docs, HAS_PIDS)
     doc_len = (end - start).to(TOKENS)
     _, next_start, next_end = packed_doc_bounds(p_pids, p_offsets, first_doc + 1,
-                                                next_docs, HAS_PIDS)
+                                                num_out_docs, HAS_PIDS)
     next_len = (next_end - next_start).to(TOKENS)
     slot = 0
     t0 = tl.zeros([], TOKENS)
@@ -444,7 +413,7 @@ def _maxsim_packed_flat_kernel(
         ahead = first_doc + slot + 2
         _after_valid, after_start, after_end = packed_doc_bounds(
             p_pids, p_offsets, ahead,
-            tl.where(done & (slot + 2 < num_program_docs), num_out_docs, 0), HAS_PIDS)
+            tl.where(done & (slot + 2 < DOCS_PER_PROGRAM), num_out_docs, 0), HAS_PIDS)
         start = tl.where(done, next_start, start)
         doc_len = tl.where(done, next_len, doc_len)
         next_start = tl.where(done, after_start, next_start)

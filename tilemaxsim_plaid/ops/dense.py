@@ -66,11 +66,6 @@ class MaxSimConfig:
             masks it). A narrower chunk that divides d masks no column (d = 96 as 3 x 32,
             d = 144 as 9 x 16) at the cost of more, smaller products; single_tile needs d in
             one chunk.
-        taper_docs: with docs_per_program > 1 (not slots), the launch's last taper_docs
-            documents (at least; up to docs_per_program - 1 more) are scored one per program,
-            so the last programs to start end about together instead of each walking
-            docs_per_program documents while the GPU empties. 0: every program walks
-            docs_per_program.
     """
 
     block_t: int = 64
@@ -85,7 +80,6 @@ class MaxSimConfig:
     block_d: int | None = None
     running_max: bool = False
     length_order: bool = False
-    taper_docs: int = 0
 
 
 # Chunks of d a held query may span (hold_query): each is its own register tile and its own
@@ -284,12 +278,6 @@ def _check_config(cfg: MaxSimConfig) -> None:
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and value & (value - 1)):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {value}")
-    if not (isinstance(cfg.taper_docs, int) and not isinstance(cfg.taper_docs, bool)
-            and cfg.taper_docs >= 0):
-        raise ValueError(f"config.taper_docs must be an integer >= 0, got {cfg.taper_docs!r}")
-    if cfg.taper_docs and cfg.slots:
-        raise ValueError("config.taper_docs is for programs that walk documents one after "
-                         "another; slots scores docs_per_program side by side")
     if cfg.length_order and not cfg.slots:
         raise ValueError("config.length_order orders the documents of the slots kernel's tiles; "
                          "it needs slots=True")
@@ -410,17 +398,6 @@ def tail_joins_head(num_queries: int, head: int, tail: int, max_doc_len: int | N
             >= TAIL_JOIN_MIN_ROWS)
 
 
-def _doc_programs(num_docs: int, cfg: MaxSimConfig) -> tuple[int, int]:
-    """(programs that walk docs_per_program documents, programs in all) per query group: with
-    ``cfg.taper_docs`` the documents after the first programs' are one per program."""
-    per_program = cfg.docs_per_program
-    if not cfg.taper_docs or per_program == 1:
-        programs = cdiv(num_docs, per_program)
-        return programs, programs
-    head = max(0, num_docs - cfg.taper_docs) // per_program
-    return head, head + num_docs - head * per_program
-
-
 def _tail_lq(tail: int, queries_per_block: int) -> int:
     """Rows per query of a tail block: a power of two, at least MIN_DOT_DIM rows in all."""
     return max(pow2(tail), cdiv(MIN_DOT_DIM, queries_per_block))
@@ -489,9 +466,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                          f"{head} head tokens")
     q_blocks_per_program = min(cfg.q_blocks_per_program, num_qblocks)
     num_qgroups = cdiv(num_qblocks, q_blocks_per_program)
-    head_programs, num_doc_programs = _doc_programs(num_out_docs, cfg)
-    taper = head_programs < num_doc_programs
-    head_programs = head_programs if taper else 0  # unread: one compiled variant for any count
+    num_doc_programs = cdiv(num_out_docs, cfg.docs_per_program)
     dummy = out  # any tensor: pointer arguments behind a False constexpr are never read
     # Launch arguments every dense kernel takes.
     common = dict(BLOCK_D=block_d, NUM_D_TILES=num_d_tiles, INPUT_PRECISION=dot_precision(Q3.dtype),
@@ -524,8 +499,8 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         else:
             block_t = max(MIN_DOT_DIM, cfg.block_t)
             _maxsim_packed_flat_kernel[grid](
-                *args, D.shape[0], *strides, head_programs, BLOCK_T=block_t,
-                DOCS_PER_PROGRAM=cfg.docs_per_program, TAPER=taper,
+                *args, D.shape[0], *strides, BLOCK_T=block_t,
+                DOCS_PER_PROGRAM=cfg.docs_per_program,
                 TOKENS_I32=_row_offsets_fit_int32(
                     (max_doc_len if max_doc_len is not None else D.shape[0]) + block_t,
                     num_d_tiles * block_d, D.stride(0), D.stride(1)),
@@ -547,7 +522,7 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         Q3.stride(0), Q3.stride(1), Q3.stride(2),
         stride_dn, stride_dt, stride_dd,
         out.stride(0), out.stride(1),
-        num_qgroups, head_programs,
+        num_qgroups,
         PACKED=packed,
         HAS_DOC_LENGTHS=doc_lengths is not None,
         HAS_PIDS=pids is not None,
@@ -563,7 +538,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
         RUNNING_MAX=cfg.running_max,
         TAIL_LQ=tail_lq,
         REPEAT_ROWS=_repeat_rows(B, cfg, dim),
-        TAPER=taper,
         **{**common, **chunks},
     )
     return out
