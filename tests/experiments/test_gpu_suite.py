@@ -327,6 +327,26 @@ def test_every_flag_is_one_its_script_defines():
     assert len({script for script, _ in checked}) == len(scripts)
 
 
+def test_dense_variants_steps_name_its_cells_and_variants():
+    """Each bench_dense_variants step passes cells and variants that script offers (its
+    argparse choices), so a step does not fail at its arguments on the GPU."""
+    from experiments import bench_dense_variants
+
+    offered = {"--cells": set(bench_dense_variants.CELLS),
+               "--variants": set(bench_dense_variants.VARIANTS)}
+    opts = argparse.Namespace(before="/old", rounds=1, only=None)
+    steps = [s for name in gpu_suite.SUITES for s in steps_of(name, opts)
+             if "experiments.bench_dense_variants" in s.argv]
+    assert steps
+    for step in steps:
+        flag = None
+        for arg in step.argv[step.argv.index("experiments.bench_dense_variants") + 1:]:
+            if arg.startswith("--"):
+                flag = arg
+            elif flag in offered:
+                assert arg in offered[flag], f"{step.name}: {flag} {arg!r} is not offered"
+
+
 def test_list_and_dry_run(capsys):
     assert gpu_suite.main(["--list"]) == 0
     listing = capsys.readouterr().out
