@@ -24,8 +24,8 @@ The providers that pass are then timed in ``--rounds`` alternated rounds (ROUNDS
 default), each starting one provider further on, so none is always timed first. The first
 one-query cell of each document size on a GPU also times, in the same rounds, a read of as many
 bytes as it must read (SAME_SIZE_READ): the rows of every one-query cell of that size carry
-``size_read_ms``, ``size_read_bytes`` and ``size_read_pct``, the part of the read ceiling (a 4 GiB read's) that one
-read of the cell's size reaches.
+``size_read_ms``, ``size_read_bytes`` and ``size_read_pct``, the part of the read ceiling (a
+4 GiB read's) that one read of the cell's size reaches.
 Cells run in priority order until the time budget is spent; the cells and providers left are
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
@@ -83,8 +83,9 @@ TIMING = {"warmup_ms": 10, "rep_ms": 30}
 # lognormal-30, against results/dense_variants/h100-719f57b-retime).
 ROUNDS = 3
 # Timed beside the providers of the first one-query cell of each document size on a GPU: torch's
-# sum over as many bytes as the cell must read. The read ceiling is a 4 GiB read's; a read of a cell's size pays the same
-# launch, ramp and tail in a shorter time, and this is what one kernel reaches at that size.
+# sum over as many bytes as the cell must read. The read ceiling is a 4 GiB read's; a read of a
+# cell's size pays the same launch, ramp and tail in a shorter time, and this is what one kernel
+# reaches at that size.
 SAME_SIZE_READ = "same-size read"
 # Wall time per cell for the budget's look-ahead and --dry-run: inputs, reference check and the
 # timing windows of one provider. Compiles come on top (seconds per new kernel specialisation).
