@@ -83,6 +83,24 @@ def test_padded_2d_query_and_full_lengths(dtype, device):
     assert_close(out, reference.maxsim_padded(Q, D), "maxsim_dense", dtype)
 
 
+def test_padded_single_tile_takes_the_longest_of_doc_lengths(device):
+    """A single-tile config over documents padded past its tile but no longer than it: with
+    validate=True the longest is read from doc_lengths, new or remembered (the same answer
+    either way); validate=False knows only Ld and refuses it."""
+    Q = _rand(16, 33, 128, dtype=torch.float16, device=device)
+    D = _rand(3, 33, 128, dtype=torch.float16, device=device)
+    doc_lengths = torch.tensor([32, 0, 7], device=device)
+    config = MaxSimConfig(block_t=32, single_tile=True)
+    want = reference.maxsim_padded(Q, D, doc_lengths)
+    for _ in range(2):  # new, then remembered
+        assert_close(maxsim_padded(Q, D, doc_lengths, config=config), want, "maxsim_dense",
+                     torch.float16)
+    with pytest.raises(ValueError, match="single_tile"):
+        maxsim_padded(Q, D, doc_lengths, config=config, validate=False)
+    with pytest.raises(ValueError, match="single_tile"):
+        maxsim_padded(Q, D, torch.tensor([33, 0, 7], device=device), config=config)
+
+
 def test_padded_accepts_strided_documents(device):
     """A non-contiguous view (every other token) is read through its strides, not copied."""
     Q = _rand(2, 16, 64, dtype=torch.float16, device=device)

@@ -560,7 +560,9 @@ def maxsim_padded(
         Q: [B, Lq, d] or [Lq, d], fp16 / bf16 / fp32.
         D: [N, Ld, d], same dtype and device as Q. Q and D are read through their strides.
         doc_lengths: optional int32/int64 [N]; tokens at or past a document's length never win
-            a max. Default: every document has Ld tokens.
+            a max. Default: every document has Ld tokens. A single-tile ``config`` needs every
+            document within its block_t: read from doc_lengths when ``validate`` is True, else
+            Ld.
         query_lengths: optional int32/int64 [B] (3-D Q only); padded query tokens add nothing.
             A strided view of doc_lengths or query_lengths is copied once (a few bytes per
             document).
@@ -568,8 +570,9 @@ def maxsim_padded(
         validate: check values as well as shapes: all value checks of a call are read back in
             one host sync, and a tensor passed again unchanged (same object and version,
             ``checks.DataChecks``) is not read again. Q and D are not read. A new doc_lengths
-            or query_lengths (a reranker's batch) is judged after the launch, which reads it
-            clamped into range, so the GPU does not wait for the check.
+            (but with a single-tile config) or query_lengths (a reranker's batch) is judged
+            after the launch, which reads it clamped into range, so the GPU does not wait for
+            the check.
 
     Returns:
         fp32 [B, N], or [N] for a 2-D Q. An empty document scores -inf, an empty query 0. A NaN
@@ -586,10 +589,13 @@ def maxsim_padded(
     batch = checks.DataChecks(provisional=True)
     if validate:
         checks.add_query_lengths(batch, query_lengths, Q, defer=True)
+        # A single-tile config needs the longest document before the launch; otherwise a new
+        # doc_lengths waits until after it.
+        needs_longest = config is not None and config.single_tile
         batch.in_range("doc_lengths", doc_lengths, 0, D.shape[1] + 1, f"[0, {D.shape[1]}]",
-                       defer=True)
+                       defer=not needs_longest)
         stats = batch.run()
-        if stats.get("doc_lengths"):  # remembered; a new one is judged after the launch
+        if stats.get("doc_lengths"):  # read now, or remembered from an earlier call
             max_doc_len = stats["doc_lengths"][1]
         query_lengths = batch.safe("query_lengths", query_lengths)
         doc_lengths = batch.safe("doc_lengths", doc_lengths)
