@@ -20,6 +20,7 @@ import torch
 from . import harness, packed_read
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import MaxSimConfig, default_config, maxsim_packed, maxsim_padded
+from tilemaxsim_plaid.ops.launch import memory_bandwidth
 
 # Progress and checks go to stderr through logging; the result table goes to stdout.
 log = logging.getLogger(__name__)
@@ -123,12 +124,9 @@ def provider_ours(case: Case, x: Inputs, config: MaxSimConfig | None = None):
     Q = x.Q[0] if case.B == 1 else x.Q
     if case.packed:
         max_len = int(x.lengths.max())
-        cfg = config or default_config(case.B, case.Lq, max_len, case.d, variable_lengths=True,
-                                       num_docs=case.N)
-        return lambda: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len, config=cfg,
-                                     validate=False)
-    cfg = config or default_config(case.B, case.Lq, case.Ld, case.d)
-    return lambda: maxsim_padded(Q, x.D, config=cfg, validate=False)
+        return lambda: maxsim_packed(Q, x.D_packed, x.offsets, max_doc_len=max_len,
+                                     config=config, validate=False)
+    return lambda: maxsim_padded(Q, x.D, config=config, validate=False)
 
 
 def _einsum_scores(Q3, D, chunk):
@@ -391,7 +389,9 @@ def run_sweep(cases: list[Case], ceilings: dict) -> list[dict]:
                                          ceilings=ceilings, config=dataclasses.asdict(cfg)))
         mine = sorted((r for r in rows if r["shape"] == case.name), key=lambda r: r["ms"])[:5]
         default = default_config(case.B, case.Lq, max_len, case.d, variable_lengths=case.packed,
-                                 num_docs=case.N)
+                                 num_docs=case.N,
+                                 mean_tokens=x.D_packed.shape[0] / case.N if case.packed else None,
+                                 read_bandwidth=memory_bandwidth(x.Q.device))
         log.info("  default %s", default)
         for r in mine:
             log.info("  %.4f ms %.1f%% BW %.0f TF %s", r["ms"], r["pct_read_bw"], r["tflops"], r["config"])

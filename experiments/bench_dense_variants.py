@@ -36,6 +36,10 @@ round medians are compared. Variants:
   narrower one of its own (the tiled kernels' ``REM_D``); or, where the default holds one query
   in chunks of d, in the widest chunks (up to 128 columns) that leave such a remainder
   (d = 144 as 128 + 16 instead of 4 x 32 + 16);
+* ``per document`` / ``held query``: one query's launch over many packed documents as the
+  per-document tiles the default takes below ``dense.MANY_DOCS`` documents, or as the held
+  query whatever the card's bandwidth (the default takes per-document tiles for long
+  documents on a card of less bandwidth than ``dense.PER_DOCUMENT_MAX_BANDWIDTH``);
 * ``validate=False``: the default launch without the checks' host work.
 
 Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -177,13 +181,14 @@ def _config_switch(rule):
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
-               element_size=2, joins_tail=False):
+               element_size=2, joins_tail=False, **kwargs):
         cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size,
-                    joins_tail)
+                    joins_tail, **kwargs)
         if joins_tail and cfg.hold_query:
             return cfg
         return rule(cfg, num_queries, variable_lengths, lambda: saved(
-            num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size, True))
+            num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size, True,
+            **kwargs))
 
     return mock.patch.object(dense, "default_config", config)
 
@@ -242,18 +247,27 @@ def _widest_chunks_switch():
     return mock.patch.object(dense, "default_config", config)
 
 
+def _held_query_switch():
+    """One query's default as a card of any bandwidth takes it: the held query where the
+    default takes per-document tiles on a card of less bandwidth than
+    dense.PER_DOCUMENT_MAX_BANDWIDTH."""
+    saved = dense.default_config
+    return mock.patch.object(dense, "default_config",
+                             lambda *args, **kwargs: saved(*args, **{**kwargs,
+                                                                     "read_bandwidth": None}))
+
+
 def _per_document_switch():
     """One query's held default (several documents a program) replaced by the default's
     per-document tiles for the same shape (what it takes below MANY_DOCS documents)."""
     saved = dense.default_config
 
     def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, num_docs=0,
-               element_size=2, joins_tail=False):
-        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, element_size,
-                    joins_tail)
+               *args, **kwargs):
+        cfg = saved(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs, *args,
+                    **kwargs)
         if num_queries == 1 and cfg.hold_query:
-            return saved(num_queries, Lq, max_doc_len, dim, variable_lengths, 0, element_size,
-                         joins_tail)
+            return saved(num_queries, Lq, max_doc_len, dim, variable_lengths, 0, *args, **kwargs)
         return cfg
 
     return mock.patch.object(dense, "default_config", config)
@@ -273,7 +287,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "tail apart": _tail_apart_switch,
             "masked remainder": _masked_remainder_switch,
             "widest chunks": _widest_chunks_switch,
-            "per document": _per_document_switch}
+            "per document": _per_document_switch,
+            "held query": _held_query_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

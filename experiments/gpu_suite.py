@@ -332,14 +332,15 @@ PER_DOCUMENT_CELLS = ("headline", "d64", "d64-lognormal-30", "d128-lognormal-30"
 
 
 def peer_roof(work: Path, opts) -> list[Step]:
-    """The read-roof cells where a peer was faster on an H100 (run 201): one query's held
-    default beside its per-document tiles, then the default beside its validate=False launch
-    and the peers, each in 5 alternated rounds, then the dense sweep of launch configs over
-    them (sweep_configs' eighth set; about 6 minutes)."""
+    """The read-roof cells where a peer was faster on an H100 (run 201): one query's default
+    beside its per-document tiles and its held query, then the default beside its
+    validate=False launch and the peers, each in 5 alternated rounds, then the dense sweep of
+    launch configs over them (sweep_configs' eighth set; about 7 minutes)."""
     return [Step("per-document", module("experiments.bench_dense_variants", "--cells",
                                         *PER_DOCUMENT_CELLS, "--variants", "per document",
-                                        "--rounds", "5", "--out", str(work / "per-document")),
-                 200),
+                                        "held query", "--rounds", "5",
+                                        "--out", str(work / "per-document")),
+                 240),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "default", "--rounds", "5",

@@ -53,6 +53,7 @@ import torch
 from . import bench, bench_grid as bg, harness
 from tilemaxsim_plaid.ops.dense import (MAX_BLOCK_D, MaxSimConfig, default_config, maxsim_packed,
                                         maxsim_padded)
+from tilemaxsim_plaid.ops.launch import memory_bandwidth
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,9 @@ def chosen_default(cell: bg.Cell, x: bench.Inputs, validate: bool) -> MaxSimConf
         max_len = x.D.shape[1]
     element_size = x.Q.element_size()
     return default_config(cell.B, cell.Lq, max_len, cell.d, variable_lengths=cell.packed,
-                          num_docs=cell.N, element_size=element_size)
+                          num_docs=cell.N, element_size=element_size,
+                          mean_tokens=x.D_packed.shape[0] / cell.N if cell.packed else None,
+                          read_bandwidth=memory_bandwidth(x.Q.device))
 
 
 # ---- calls ----

@@ -14,6 +14,7 @@ from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops import dense
 from tilemaxsim_plaid.ops.dense import (MANY_DOCS, MaxSimConfig, default_config,
                                          default_query_chunks, maxsim_packed, maxsim_padded)
+from tilemaxsim_plaid.ops.launch import memory_bandwidth
 
 DTYPES = [
     pytest.param(torch.float16, id="fp16"),
@@ -81,6 +82,21 @@ def test_padded_2d_query_and_full_lengths(dtype, device):
     out = maxsim_padded(Q, D)
     assert out.shape == (9,)
     assert_close(out, reference.maxsim_padded(Q, D), "maxsim_dense", dtype)
+
+
+def test_packed_default_takes_the_mean_length_and_the_bandwidth(device, monkeypatch):
+    """maxsim_packed's default launch gives default_config its documents' rows per document
+    and the card's bandwidth (launch.memory_bandwidth: None on the CPU)."""
+    seen = []
+    real = dense.default_config
+    monkeypatch.setattr(dense, "default_config",
+                        lambda *args, **kwargs: seen.append(kwargs) or real(*args, **kwargs))
+    D, offsets = _packed_from_lengths([3, 0, 9], 64, torch.float16, device, tail=0)
+    Q = _rand(8, 64, dtype=torch.float16, device=device)
+    assert_close(maxsim_packed(Q, D, offsets), reference.maxsim_packed(Q, D, offsets),
+                 "maxsim_dense", torch.float16)
+    assert seen[-1]["mean_tokens"] == pytest.approx(4.0)
+    assert seen[-1]["read_bandwidth"] == memory_bandwidth(device)
 
 
 def test_padded_single_tile_takes_the_longest_of_doc_lengths(device):

@@ -5,11 +5,13 @@ import dataclasses
 import pytest
 import torch
 
-from tilemaxsim_plaid.ops import dense
+from tilemaxsim_plaid.ops import dense, launch
 from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM,
                                         HELD_ONE_WARP_MAX_DIM, MANY_DOCS,
+                                        PER_DOCUMENT_MAX_BANDWIDTH, PER_DOCUMENT_MIN_BYTES,
                                         MaxSimConfig, default_config, default_query_chunks,
                                         maxsim_packed, maxsim_padded)
+from tilemaxsim_plaid.ops.launch import memory_bandwidth
 
 
 def _packed(lengths, d, device):
@@ -127,6 +129,61 @@ def test_default_config_by_number_of_documents():
     assert not default_config(1, 32, 180, 384, variable_lengths=True, num_docs=MANY_DOCS).hold_query
     assert not default_config(1, 32, 180, 128, variable_lengths=True, num_docs=MANY_DOCS,
                               element_size=4).hold_query
+
+
+H100_BYTES_PER_S, H200_BYTES_PER_S = 3.35e12, 4.8e12
+
+
+def test_default_config_takes_per_document_tiles_for_long_documents_on_a_slower_card():
+    """One query of up to 32 tokens over many packed documents of PER_DOCUMENT_MIN_BYTES or
+    more on average, d in one chunk: per-document tiles on a card of less bandwidth than
+    PER_DOCUMENT_MAX_BANDWIDTH, the held query on a faster one or where the bandwidth or the
+    mean length is unknown."""
+    per_document = MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
+
+    def packed(Lq=32, dim=128, mean_tokens=70.0, read_bandwidth=H100_BYTES_PER_S, **kwargs):
+        return default_config(1, Lq, 300, dim, variable_lengths=True, num_docs=MANY_DOCS,
+                              mean_tokens=mean_tokens, read_bandwidth=read_bandwidth, **kwargs)
+
+    assert PER_DOCUMENT_MAX_BANDWIDTH == pytest.approx(4e12)
+    for Lq in (1, 17, 32):
+        assert packed(Lq) == per_document
+    assert packed(dim=64, mean_tokens=150.0) == per_document
+    assert packed(mean_tokens=PER_DOCUMENT_MIN_BYTES / 256) == per_document  # at the bound
+    held = default_config(1, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS)
+    assert held.hold_query
+    assert packed(read_bandwidth=H200_BYTES_PER_S) == held
+    assert packed(read_bandwidth=None) == held
+    assert packed(mean_tokens=None) == held
+    assert packed(dim=64) == default_config(1, 32, 300, 64, variable_lengths=True,
+                                            num_docs=MANY_DOCS)  # 9 KB documents
+    assert packed(mean_tokens=PER_DOCUMENT_MIN_BYTES / 256 - 1).hold_query
+    # A 64-row block, d held in chunks, fewer documents, fp32 and padded documents: unchanged.
+    assert packed(Lq=64).hold_query and packed(Lq=64).num_warps == 4
+    assert packed(dim=96, mean_tokens=200.0).block_d is not None
+    assert default_config(1, 32, 300, 128, variable_lengths=True, num_docs=MANY_DOCS - 1,
+                          mean_tokens=70.0, read_bandwidth=H100_BYTES_PER_S) == per_document
+    assert not packed(element_size=4).hold_query
+    padded = default_config(1, 32, 180, 128, num_docs=MANY_DOCS, mean_tokens=180.0,
+                            read_bandwidth=H100_BYTES_PER_S)
+    assert padded == default_config(1, 32, 180, 128, num_docs=MANY_DOCS)
+
+
+def test_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):
+    assert memory_bandwidth(torch.device("cpu")) is None
+
+    class Props:
+        memory_clock_rate, memory_bus_width = 2_619_000, 5120  # kHz, bits: an H100 SXM
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    launch._memory_bandwidth.cache_clear()
+    try:
+        assert memory_bandwidth(torch.device("cuda", 0)) == pytest.approx(3.352e12, rel=1e-3)
+        Props.memory_clock_rate = 0  # not reported
+        launch._memory_bandwidth.cache_clear()
+        assert memory_bandwidth(torch.device("cuda", 0)) is None
+    finally:
+        launch._memory_bandwidth.cache_clear()
 
 
 def test_default_config_tiles_padded_documents_past_128_tokens_as_varied_ones():

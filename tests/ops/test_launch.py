@@ -163,3 +163,11 @@ def test_a_remembered_config_is_forgotten_with_it():
     del config
     gc.collect()
     assert key not in launch_ops._passed_configs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="reads a CUDA device's properties")
+def test_memory_bandwidth_of_the_gpu_is_a_card_s():
+    """The driver reports a memory clock and bus width: between a laptop card's 100 GB/s and
+    20 TB/s (an H100 SXM reads 3.35 TB/s, an H200 4.8)."""
+    bandwidth = launch_ops.memory_bandwidth(torch.device("cuda"))
+    assert bandwidth is not None and 1e11 < bandwidth < 2e13

@@ -10,7 +10,8 @@ from tilemaxsim_plaid.kernels.maxsim_dense import (_maxsim_dense_kernel, _maxsim
                                                    _maxsim_packed_slots_kernel)
 from tilemaxsim_plaid.ops import checks
 from tilemaxsim_plaid.ops.launch import (MAX_LQ_PER_LAUNCH, cdiv, dot_precision, interpreter_upcast,
-                                         launch_in_query_chunks, pow2, scoring_op)
+                                         launch_in_query_chunks, memory_bandwidth, pow2,
+                                         scoring_op)
 
 __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_padded",
            "maxsim_packed", "tail_joins_head"]
@@ -28,6 +29,11 @@ MANY_DOCS = 16384
 FULL_QUERY_BLOCK_ROWS = 128
 # Padded documents up to this long, one query: the query held in one warp across 16 of them.
 HELD_PADDED_MAX_LEN = 64
+# One query over packed documents of this many bytes on average or more, on a card that reads
+# DRAM slower than PER_DOCUMENT_MAX_BANDWIDTH bytes/s (an H100's 3.35 TB/s, not an H200's 4.8):
+# per-document tiles instead of the held query, 1.02x at 17-19 KB documents and level at 9 KB
+# (results/dense_variants/h100-87a8fc5-per-document).
+PER_DOCUMENT_MIN_BYTES, PER_DOCUMENT_MAX_BANDWIDTH = 16384, 4.0e12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +156,9 @@ def _wide_chunk(dim: int) -> int:
 
 def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
                    variable_lengths: bool = False, num_docs: int = 0,
-                   element_size: int = 2, joins_tail: bool = False) -> MaxSimConfig:
+                   element_size: int = 2, joins_tail: bool = False,
+                   mean_tokens: float | None = None,
+                   read_bandwidth: float | None = None) -> MaxSimConfig:
     """Deterministic heuristic (no autotuning at call time), read off the launch-config sweep of
     ``python -m experiments.sweep_configs`` over the shape grid on an H200 (see
     results/PERFORMANCE_LOG.md, runs 18, 90, 92, 99, 102, 104, 105, 107, 108, 111 and 116).
@@ -167,6 +175,9 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         joins_tail: the launch of a split query's head that may hold its tail beside it
             (:func:`tail_joins_head`): the held query block where several queries fill one, as
             only it holds a tail.
+        mean_tokens: packed documents' average length in rows, when known.
+        read_bandwidth: the card's peak DRAM bytes per second (launch.memory_bandwidth), when
+            known; with mean_tokens it decides one query's held or per-document tiles.
     """
     if num_queries == 1:
         wide_query = pow2(Lq) > 32
@@ -185,6 +196,12 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
                 and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
+        if (variable_lengths and not (wide_query or chunked) and read_bandwidth is not None
+                and read_bandwidth < PER_DOCUMENT_MAX_BANDWIDTH and mean_tokens is not None
+                and mean_tokens * dim * element_size >= PER_DOCUMENT_MIN_BYTES):
+            # Long documents on a card of less bandwidth: per-document tiles (below) read
+            # faster than the held query there, and slower on a faster card.
+            holds = False
         if (holds and not (variable_lengths or wide_query) and max_doc_len is not None
                 and max_doc_len <= HELD_PADDED_MAX_LEN):
             # Short padded documents: reloading the query per document is as many bytes from
@@ -428,9 +445,11 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
     B, Lq, dim = Q3.shape
     out = torch.empty(B, num_out_docs, dtype=torch.float32, device=Q3.device)
     head = Lq - tail_tokens
+    mean_tokens = D.shape[0] / max(1, offsets.shape[0] - 1) if packed else 0.0
     cfg = config or default_config(B, head, max_doc_len, dim, variable_lengths=packed,
                                    num_docs=num_out_docs, element_size=Q3.element_size(),
-                                   joins_tail=tail_tokens > 0)
+                                   joins_tail=tail_tokens > 0, mean_tokens=mean_tokens,
+                                   read_bandwidth=memory_bandwidth(Q3.device))
     _check_config(cfg)
     block_d = _block_d(dim) if cfg.block_d is None else cfg.block_d
     num_d_tiles = cdiv(dim, block_d)
@@ -474,7 +493,6 @@ def _launch_kernel(Q3, D, *, packed, offsets, doc_lengths, pids, query_lengths, 
                   num_stages=cfg.num_stages)
     if cfg.slots and not packed:
         raise ValueError("config.slots is for the packed layout (maxsim_packed)")
-    mean_tokens = D.shape[0] / max(1, offsets.shape[0] - 1) if packed else 0.0
     rem_d = _remainder_chunk(dim, block_d)
     # The tiled kernels' chunks: whole ones, then the remainder (the slots kernel masks it).
     chunks = dict(NUM_D_TILES=num_d_tiles - (rem_d > 0), REM_D=rem_d,

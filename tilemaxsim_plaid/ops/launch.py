@@ -62,6 +62,25 @@ def persistent_programs(device: torch.device) -> int:
     return PERSISTENT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def memory_bandwidth(device: torch.device) -> float | None:
+    """Peak DRAM bytes per second of a CUDA device: two transfers a memory clock over its bus
+    (the driver's memory clock and bus width, as torch reports them); None on the CPU or where
+    torch reports neither. Decides what the held query needs to keep enough bytes in flight
+    (ops/dense.PER_DOCUMENT_MAX_BANDWIDTH)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _memory_bandwidth(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _memory_bandwidth(index: int) -> float | None:
+    props = torch.cuda.get_device_properties(index)
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz > 0 and bus_bits > 0 else None
+
+
 def document_grid(cfg, num_chunks: int, num_qblocks: int, queries_per_block: int,
                   num_queries: int, device: torch.device):
     """(programs, counter) of a launch over chunks of documents: one program per (chunk, query
