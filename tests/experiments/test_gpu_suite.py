@@ -148,7 +148,7 @@ EXPECTED = {
         "per-document": ["-m", "experiments.bench_dense_variants", "--cells", "headline", "d64",
                          "d64-lognormal-30", "d128-lognormal-30", "d256-lognormal-70", "d96",
                          "d144", "d160", "Lq64", "d64-lognormal-150", "--variants",
-                         "per document", "--rounds", "5", "--out", "W/per-document"],
+                         "per document", "held query", "--rounds", "5", "--out", "W/per-document"],
     },
     "remainder-chunk": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
