@@ -65,7 +65,7 @@ def persistent_programs(device: torch.device) -> int:
 def memory_bandwidth(device: torch.device) -> float | None:
     """Peak DRAM bytes per second of a CUDA device: two transfers a memory clock over its bus
     (the driver's memory clock and bus width, as torch reports them); None on the CPU or where
-    torch reports neither. Decides what the held query needs to keep enough bytes in flight
+    torch reports neither. It decides one query's held or per-document tiles
     (ops/dense.PER_DOCUMENT_MAX_BANDWIDTH)."""
     if device.type != "cuda":
         return None
