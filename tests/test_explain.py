@@ -103,10 +103,33 @@ def test_default_configs_come_from_the_ops(clean_env):
     many = dense.default_config(1, 32, None, 128, variable_lengths=True, num_docs=explain.MANY_DOCS,
                                 element_size=2)
     assert ops["maxsim_packed"]["default_config"][
-        f"fp16, >= {dense.MANY_DOCS:,} docs"] == explain._non_defaults(many)
+        f"fp16, >= {dense.MANY_DOCS:,} docs of 70 tokens on average"] == explain._non_defaults(many)
     few = residual.default_residual_config(1, 32, False, explain.FEW_DOCS, 2, half_table=True)
     shown = ops["maxsim_residual"]["default_config"]["fp16, 1,024 docs"]
     assert shown == explain._non_defaults(few)
+
+
+def test_packed_default_is_shown_for_the_card_and_the_index_mean_length(clean_env, monkeypatch):
+    """One query's packed default over many documents depends on the card's bandwidth and the
+    documents' mean length: the report asks the op's rule with both (the index's mean where
+    given, else MEAN_DOC_TOKENS)."""
+    pytest.importorskip("triton")
+    from tilemaxsim_plaid.ops import dense, launch
+
+    clean_env.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(launch, "memory_bandwidth", lambda device: 3.35e12)  # an H100's
+    many = f"fp16, >= {dense.MANY_DOCS:,} docs of"
+
+    def shown(facts):
+        rows = explain._ops(torch.device("cpu"), 32, facts, [])["maxsim_packed"]["default_config"]
+        return next(config for name, config in rows.items() if name.startswith(many))
+
+    assert shown(None) == explain._non_defaults(dense.MaxSimConfig(block_t=32, num_warps=2,
+                                                                   num_stages=2))
+    short = explain.IndexFacts(path="index", num_centroids=1 << 16, nbits=2, dim=128,
+                               num_documents=10, max_doclen=60, bucket_weights=(0.0, 1.0),
+                               mean_doclen=30.0)
+    assert "hold_query=True" in shown(short)
 
 
 def test_residual_mma_default_is_shown_where_it_applies(clean_env):

@@ -43,6 +43,9 @@ _READERS = {
 FEW_DOCS, MANY_DOCS = 1024, 1 << 20
 # Padded documents are shown at this length when no index gives its longest document.
 PADDED_DOC_TOKENS = 128
+# Packed documents are shown at this mean length (MS MARCO passages' average) when no index
+# gives its own: one query's default over many of them depends on it and on the card.
+MEAN_DOC_TOKENS = 70
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,7 @@ class IndexFacts:
     num_documents: int
     max_doclen: int
     bucket_weights: tuple[float, ...]
+    mean_doclen: float | None = None
 
 
 def read_index(path: str) -> IndexFacts:
@@ -87,7 +91,8 @@ def read_index(path: str) -> IndexFacts:
         raise ValueError(f"--index {path}: unreadable ({type(error).__name__}: {error})") from None
     return IndexFacts(path=path, num_centroids=int(centroids.shape[0]), nbits=nbits, dim=dim,
                       num_documents=len(doclens), max_doclen=max(doclens, default=0),
-                      bucket_weights=tuple(float(w) for w in bucket_weights.float().tolist()))
+                      bucket_weights=tuple(float(w) for w in bucket_weights.float().tolist()),
+                      mean_doclen=sum(doclens) / len(doclens) if doclens else None)
 
 
 def _version(distribution: str) -> str | None:
@@ -111,8 +116,12 @@ def _machine(device: torch.device) -> dict:
              "colbert_ai_supported": list(SUPPORTED_COLBERT_VERSIONS),
              "tilemaxsim_plaid": _version("tilemaxsim-plaid")}
     if device.type == "cuda":
+        from tilemaxsim_plaid.ops.launch import memory_bandwidth
+
         major, minor = torch.cuda.get_device_capability(device)
         facts["gpu"] = f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
+        bandwidth = memory_bandwidth(device)
+        facts["memory_bandwidth"] = f"{bandwidth / 1e12:.2f} TB/s" if bandwidth else None
     return facts
 
 
@@ -156,16 +165,20 @@ def _ops(device: torch.device, lq: int, index: IndexFacts | None, restated: list
     if not runs:
         return {op: {"path": "unavailable", "why": why}
                 for op in ("maxsim_packed", "maxsim_padded", "maxsim_residual", "maxsim_pq")}
-    from tilemaxsim_plaid.ops import dense, nvrtc, pq, pq_lut_shared, pq_mma, residual, residual_mma
+    from tilemaxsim_plaid.ops import (dense, launch, nvrtc, pq, pq_lut_shared, pq_mma, residual,
+                                      residual_mma)
 
     dim = index.dim if index else 128
     half, single = 2, 4  # bytes per query element: fp16/bf16, fp32
     ops = {}
+    mean = index.mean_doclen if index and index.mean_doclen else MEAN_DOC_TOKENS
+    many = f">= {dense.MANY_DOCS:,} docs of {mean:.0f} tokens on average"
     packed = {name: _non_defaults(dense.default_config(
-        1, lq, None, dim, variable_lengths=True, num_docs=docs, element_size=size))
+        1, lq, None, dim, variable_lengths=True, num_docs=docs, element_size=size,
+        mean_tokens=mean, read_bandwidth=launch.memory_bandwidth(device)))
         for name, docs, size in (("fp16, 1,024 docs", FEW_DOCS, half),
-                                 (f"fp16, >= {dense.MANY_DOCS:,} docs", MANY_DOCS, half),
-                                 (f"fp32, >= {dense.MANY_DOCS:,} docs", MANY_DOCS, single))}
+                                 (f"fp16, {many}", MANY_DOCS, half),
+                                 (f"fp32, {many}", MANY_DOCS, single))}
     ops["maxsim_packed"] = {"path": "Triton dense kernel over the packed layout", "why": why,
                             "default_config": packed}
     doc_tokens = index.max_doclen if index else PADDED_DOC_TOKENS
