@@ -37,9 +37,12 @@ round medians are compared. Variants:
   in chunks of d, in the widest chunks (up to 128 columns) that leave such a remainder
   (d = 144 as 128 + 16 instead of 4 x 32 + 16);
 * ``per document`` / ``held query``: one query's launch over many packed documents as the
-  per-document tiles the default takes below ``dense.MANY_DOCS`` documents, or as the held
-  query whatever the card's bandwidth (the default takes per-document tiles for long
-  documents on a card of less bandwidth than ``dense.PER_DOCUMENT_MAX_BANDWIDTH``);
+  per-document tiles the default takes below ``dense.MANY_DOCS`` documents, or as a card of
+  any bandwidth takes it (the default takes per-document tiles for long documents on a card
+  of less bandwidth than ``dense.PER_DOCUMENT_MAX_BANDWIDTH``; the held query, or at d past
+  128 columns the held or streamed chunks);
+* ``slower card``: one query's default as a card of less bandwidth than that takes it (an
+  H100's), on any card: the per-document rules' choice where the card has them off;
 * ``validate=False``: the default launch without the checks' host work.
 
 Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -78,6 +81,10 @@ CELLS = {
     "d256-lognormal-30": {"d": 256, "dist": "lognormal-30"},
     "d256-lognormal-70": {"d": 256},
     "d256-heavy-512": {"d": 256, "dist": "heavy-512"},
+    "d256-lognormal-150": {"d": 256, "dist": "lognormal-150"},
+    "d256-uniform": {"d": 256, "dist": "uniform-1-300"},
+    "d512": {"d": 512},
+    "d512-uniform": {"d": 512, "dist": "uniform-1-300"},
     "d384-lognormal-70": {"d": 384},
     "d512-Lq31": {"d": 512, "Lq": 31},
     "d512-lognormal-150": {"d": 512, "dist": "lognormal-150"},
@@ -248,13 +255,23 @@ def _widest_chunks_switch():
 
 
 def _held_query_switch():
-    """One query's default as a card of any bandwidth takes it: the held query where the
-    default takes per-document tiles on a card of less bandwidth than
-    dense.PER_DOCUMENT_MAX_BANDWIDTH."""
+    """One query's default as a card of any bandwidth takes it, where the default takes
+    per-document tiles on a card of less bandwidth than dense.PER_DOCUMENT_MAX_BANDWIDTH."""
     saved = dense.default_config
     return mock.patch.object(dense, "default_config",
                              lambda *args, **kwargs: saved(*args, **{**kwargs,
                                                                      "read_bandwidth": None}))
+
+
+def _slower_card_switch():
+    """One query's default as a card of less bandwidth than dense.PER_DOCUMENT_MAX_BANDWIDTH
+    takes it (an H100), whatever this card's: the per-document rules' choice on a card where
+    they are off (any bandwidth under the bound decides alike)."""
+    saved = dense.default_config
+    slower = dense.PER_DOCUMENT_MAX_BANDWIDTH / 2
+    return mock.patch.object(dense, "default_config",
+                             lambda *args, **kwargs: saved(*args, **{**kwargs,
+                                                                     "read_bandwidth": slower}))
 
 
 def _per_document_switch():
@@ -288,7 +305,8 @@ VARIANTS = {"default": contextlib.nullcontext,
             "masked remainder": _masked_remainder_switch,
             "widest chunks": _widest_chunks_switch,
             "per document": _per_document_switch,
-            "held query": _held_query_switch}
+            "held query": _held_query_switch,
+            "slower card": _slower_card_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

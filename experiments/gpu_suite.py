@@ -329,18 +329,30 @@ def dense_rows(work: Path, opts) -> list[Step]:
 # One query's cells whose default holds the query across several documents a program.
 PER_DOCUMENT_CELLS = ("headline", "d64", "d64-lognormal-30", "d128-lognormal-30",
                       "d256-lognormal-70", "d96", "d144", "d160", "Lq64", "d64-lognormal-150")
+# One query over packed documents at d in whole 128-column chunks past one (the cells a peer
+# led on an H100 in run 208), where such a card takes per-document tiles over those chunks.
+WIDE_PER_DOCUMENT_CELLS = ("d256-lognormal-70", "d256-lognormal-150", "d256-uniform",
+                           "d256-heavy-512", "d384-lognormal-30", "d384-lognormal-70", "d512",
+                           "d512-lognormal-150", "d512-uniform", "d512-heavy-512",
+                           "d768-lognormal-30", "d768-Lq31")
 
 
 def peer_roof(work: Path, opts) -> list[Step]:
-    """The read-roof cells where a peer was faster on an H100 (run 201): one query's default
-    beside its per-document tiles and its held query, then the default beside its
-    validate=False launch and the peers, each in 5 alternated rounds, then the dense sweep of
-    launch configs over them (sweep_configs' eighth set; about 7 minutes)."""
+    """The read-roof cells where a peer was faster on an H100 (runs 201 and 208): one query's
+    default beside its per-document tiles and its held query, at d in one chunk and in whole
+    128-column chunks past one, then the default beside its validate=False launch and the
+    peers, each in 5 alternated rounds, then the dense sweep of launch configs over them
+    (sweep_configs' eighth set; about 11 minutes: two device calls with --only)."""
     return [Step("per-document", module("experiments.bench_dense_variants", "--cells",
                                         *PER_DOCUMENT_CELLS, "--variants", "per document",
                                         "held query", "--rounds", "5",
                                         "--out", str(work / "per-document")),
                  240),
+            Step("wide-per-document", module("experiments.bench_dense_variants", "--cells",
+                                             *WIDE_PER_DOCUMENT_CELLS, "--variants", "held query",
+                                             "slower card", "--rounds", "5",
+                                             "--out", str(work / "wide-per-document")),
+                 300),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",
                                      "d512-lognormal-150", "d160-padded", "--variants",
                                      "default", "--rounds", "5",
@@ -477,7 +489,7 @@ def targets(work: Path, opts) -> list[Step]:
     then ``python -m experiments.targets`` over the two bundles unpacked reads the table of
     targets."""
     return [grid_full(work),
-            # The other three fit one call's budget (results/targets/h100-2ec50cd/steps.txt).
+            # The other three fit one call's budget (results/targets/h100-5826ecd/steps.txt).
             Step("residual-scale", module("experiments.bench_residual_scale",
                                           "--out", str(work / "residual-scale")), 170),
             Step("rerank-c18", module("experiments.profile_rerank", "--sizes", "100000",

@@ -194,3 +194,19 @@ def test_tail_apart_scores_a_joined_tail_in_its_own_launch(monkeypatch):
     want = reference.maxsim_packed(Q, D, offsets)
     torch.testing.assert_close(joined.double(), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(apart.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_bandwidth_variants_take_either_cards_default_and_restore_the_rule():
+    """``held query`` takes the default as a card of any bandwidth does, ``slower card`` as one
+    under dense.PER_DOCUMENT_MAX_BANDWIDTH does, whatever bandwidth the op passes."""
+    config = dense.default_config
+    wide = dense.MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=128)
+    args = (1, 32, 300, 512, True, dense.MANY_DOCS)
+    assert config(*args, mean_tokens=150.0) != wide  # no bandwidth known: the rule is off
+    with dv.VARIANTS["slower card"]():
+        assert dense.default_config(*args, mean_tokens=150.0) == wide
+        assert dense.default_config(*args, mean_tokens=150.0, read_bandwidth=4.8e12) == wide
+    with dv.VARIANTS["held query"]():
+        assert dense.default_config(*args, mean_tokens=150.0, read_bandwidth=3.35e12) == \
+            config(*args, mean_tokens=150.0)
+    assert dense.default_config is config

@@ -149,6 +149,12 @@ EXPECTED = {
                          "d64-lognormal-30", "d128-lognormal-30", "d256-lognormal-70", "d96",
                          "d144", "d160", "Lq64", "d64-lognormal-150", "--variants",
                          "per document", "held query", "--rounds", "5", "--out", "W/per-document"],
+        "wide-per-document": ["-m", "experiments.bench_dense_variants", "--cells",
+                              "d256-lognormal-70", "d256-lognormal-150", "d256-uniform",
+                              "d256-heavy-512", "d384-lognormal-30", "d384-lognormal-70", "d512",
+                              "d512-lognormal-150", "d512-uniform", "d512-heavy-512",
+                              "d768-lognormal-30", "d768-Lq31", "--variants", "held query",
+                              "slower card", "--rounds", "5", "--out", "W/wide-per-document"],
     },
     "remainder-chunk": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",
