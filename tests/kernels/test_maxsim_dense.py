@@ -99,6 +99,47 @@ def test_packed_default_takes_the_mean_length_and_the_bandwidth(device, monkeypa
     assert seen[-1]["read_bandwidth"] == memory_bandwidth(device)
 
 
+@pytest.mark.parametrize("d, lengths, want", [
+    (128, [90, 0, 1, 129, 130, 40], MaxSimConfig(block_t=32, num_warps=2, num_stages=2)),
+    (256, [130, 0, 1, 257, 300, 80], MaxSimConfig(block_t=64, num_warps=4, num_stages=3,
+                                                   block_d=128)),
+])
+def test_packed_default_on_a_card_of_less_bandwidth_scores_exactly(d, lengths, want, device,
+                                                                      monkeypatch):
+    """The per-document defaults a card under dense.PER_DOCUMENT_MAX_BANDWIDTH takes for one
+    query over long packed documents (d in one chunk; d in whole 128-column chunks), reached
+    through the op's own bandwidth and mean length, score as the float64 reference (an empty
+    document, a one-token one, NaN rows past the last document that are never read), with a
+    NaN token reaching its own document only and a strided query; a card of unknown bandwidth
+    takes another config for the same call."""
+    seen = []
+    real = dense.default_config
+    monkeypatch.setattr(dense, "MANY_DOCS", 4)  # a few documents take the held query else
+    monkeypatch.setattr(dense, "memory_bandwidth", lambda dev: 3.35e12)
+    monkeypatch.setattr(dense, "default_config",
+                        lambda *args, **kwargs: seen.append(real(*args, **kwargs)) or seen[-1])
+    D, offsets = _packed_from_lengths(lengths, d, torch.float16, device)
+    Q = _rand(29, d, dtype=torch.float16, device=device)
+    assert_close(maxsim_packed(Q, D, offsets), reference.maxsim_packed(Q, D, offsets),
+                 "maxsim_dense", torch.float16)
+    assert seen[-1] == want
+    monkeypatch.setattr(dense, "memory_bandwidth", lambda dev: None)
+    assert_close(maxsim_packed(Q, D, offsets), reference.maxsim_packed(Q, D, offsets),
+                 "maxsim_dense", torch.float16)
+    assert seen[-1] != want  # the held query or the 64-column chunks
+    # A NaN in one document's token reaches that document's score only (the NaN policy), and a
+    # strided query scores as the contiguous one, on the slower card's config.
+    monkeypatch.setattr(dense, "memory_bandwidth", lambda dev: 3.35e12)
+    D[int(offsets[3]) + 5, 7] = float("nan")
+    Q_strided = torch.stack([Q, torch.zeros_like(Q)], 1)[:, 0]
+    got = maxsim_packed(Q_strided, D, offsets)
+    assert seen[-1] == want and not Q_strided.is_contiguous()
+    ref = reference.maxsim_packed(Q, D, offsets)
+    others = torch.arange(len(lengths), device=got.device) != 3
+    assert torch.isnan(got[3]) and torch.isnan(ref[3])
+    assert_close(got[others], ref[others], "maxsim_dense", torch.float16)
+
+
 def test_padded_single_tile_takes_the_longest_of_doc_lengths(device):
     """A single-tile config over documents padded past its tile but no longer than it: with
     validate=True the longest is read from doc_lengths, new or remembered (the same answer

@@ -8,7 +8,7 @@ import torch
 from tilemaxsim_plaid.ops import dense, launch
 from tilemaxsim_plaid.ops.dense import (HELD_CHUNK_COLUMNS, HELD_CHUNKED_MAX_DIM,
                                         HELD_ONE_WARP_MAX_DIM, MANY_DOCS,
-                                        PER_DOCUMENT_MIN_BYTES,
+                                        PER_DOCUMENT_MIN_BYTES, WIDE_PER_DOCUMENT_MIN_TOKENS,
                                         MaxSimConfig, default_config, default_query_chunks,
                                         maxsim_packed, maxsim_padded)
 from tilemaxsim_plaid.ops.launch import memory_bandwidth
@@ -166,6 +166,34 @@ def test_default_config_takes_per_document_tiles_for_long_documents_on_a_slower_
     padded = default_config(1, 32, 180, 128, num_docs=MANY_DOCS, mean_tokens=180.0,
                             read_bandwidth=H100_BYTES_PER_S)
     assert padded == default_config(1, 32, 180, 128, num_docs=MANY_DOCS)
+
+
+def test_default_config_takes_whole_chunks_per_document_at_wide_d_on_a_slower_card():
+    """At d in whole 128-column chunks past one, packed documents of WIDE_PER_DOCUMENT_MIN_TOKENS
+    or more on average, on a card of less bandwidth, take per-document 64-token tiles over those
+    chunks, at any number of documents; shorter documents, d with a remainder past 128 columns,
+    a faster card and fp32 keep theirs."""
+    wide = MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=128)
+
+    def packed(dim, mean_tokens=150.0, read_bandwidth=H100_BYTES_PER_S, num_docs=MANY_DOCS,
+               **kwargs):
+        return default_config(1, 32, 300, dim, variable_lengths=True, num_docs=num_docs,
+                              mean_tokens=mean_tokens, read_bandwidth=read_bandwidth, **kwargs)
+
+    for dim in (256, 384, 512, 640, 768):
+        assert packed(dim) == wide
+        assert packed(dim, num_docs=100) == wide
+        assert packed(dim, mean_tokens=WIDE_PER_DOCUMENT_MIN_TOKENS) == wide  # at the bound
+        for kwargs in ({"mean_tokens": WIDE_PER_DOCUMENT_MIN_TOKENS - 1},
+                       {"mean_tokens": None}, {"read_bandwidth": H200_BYTES_PER_S},
+                       {"element_size": 4}):
+            assert packed(dim, **kwargs) == packed(dim, **{**kwargs, "read_bandwidth": None})
+            assert packed(dim, **kwargs) != wide
+    assert packed(256, mean_tokens=70.0).hold_query  # the held query in 64-column chunks
+    for dim in (320, 576):
+        assert packed(dim) == packed(dim, read_bandwidth=None)
+    assert default_config(1, 64, 300, 512, variable_lengths=True, num_docs=MANY_DOCS,
+                          mean_tokens=150.0, read_bandwidth=H100_BYTES_PER_S) != wide
 
 
 def test_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):

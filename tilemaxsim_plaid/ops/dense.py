@@ -31,9 +31,13 @@ FULL_QUERY_BLOCK_ROWS = 128
 HELD_PADDED_MAX_LEN = 64
 # One query over packed documents of this many bytes on average or more, on a card that reads
 # DRAM slower than PER_DOCUMENT_MAX_BANDWIDTH bytes/s (an H100's 3.35 TB/s, not an H200's 4.8):
-# per-document tiles instead of the held query, 1.02x at 17-19 KB documents and level at 9 KB
-# (results/dense_variants/h100-87a8fc5-per-document).
+# per-document tiles instead of the held query (results/dense_variants/h100-87a8fc5-per-document).
+# At d in whole 128-column chunks past one, documents of WIDE_PER_DOCUMENT_MIN_TOKENS or more on
+# average (two 64-token tiles) take 64-token tiles over those chunks instead of the held or the
+# 64-column streamed ones (results/dense_variants/h100-84f9d89-wide-per-document; the figures
+# are in docs/kernels.md).
 PER_DOCUMENT_MIN_BYTES, PER_DOCUMENT_MAX_BANDWIDTH = 16384, 4.0e12
+WIDE_PER_DOCUMENT_MIN_TOKENS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,11 +200,18 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
                 and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
         holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
-        if (variable_lengths and not (wide_query or chunked) and read_bandwidth is not None
-                and read_bandwidth < PER_DOCUMENT_MAX_BANDWIDTH and mean_tokens is not None
-                and mean_tokens * dim * element_size >= PER_DOCUMENT_MIN_BYTES):
-            # Long documents on a card of less bandwidth: per-document tiles (below) read
-            # faster than the held query there, and slower on a faster card.
+        # Long documents on a card of less bandwidth: per-document tiles (below) read faster
+        # than the held query there, and slower on a faster card; where d is whole 128-column
+        # chunks past one, 64-token tiles in those chunks, for documents that fill two.
+        whole_chunks = dim > MAX_BLOCK_D and dim % MAX_BLOCK_D == 0
+        per_document = (
+            variable_lengths and not wide_query and element_size == 2
+            and read_bandwidth is not None and read_bandwidth < PER_DOCUMENT_MAX_BANDWIDTH
+            and mean_tokens is not None
+            and ((whole_chunks and mean_tokens >= WIDE_PER_DOCUMENT_MIN_TOKENS)
+                 or (dim <= MAX_BLOCK_D and not chunked
+                     and mean_tokens * dim * element_size >= PER_DOCUMENT_MIN_BYTES)))
+        if per_document:
             holds = False
         if (holds and not (variable_lengths or wide_query) and max_doc_len is not None
                 and max_doc_len <= HELD_PADDED_MAX_LEN):
@@ -234,6 +245,8 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
         if variable_lengths or max_doc_len is None:
             if dim <= MAX_BLOCK_D:
                 return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
+            if per_document:
+                return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=MAX_BLOCK_D)
             chunk = _wide_chunk(dim)
             if chunk < 64 or wide_query:
                 return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
