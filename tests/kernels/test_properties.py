@@ -5,7 +5,8 @@ Each property draws one problem from the axes of experiments/bench_grid.py -- B 
 or bf16 (fp32 too, which the ops take), packed or padded, document lengths from the grid's
 distributions with empty documents and empty query rows mixed in, arguments as strided views --
 and an explicit launch configuration from the op's config class, or None (the default
-heuristic). A configuration the op must refuse (a malformed field, or a combination that does not
+heuristic; for the dense ops, as a card of a drawn memory bandwidth takes it, over many
+documents or few). A configuration the op must refuse (a malformed field, or a combination that does not
 apply to the input) raises a ValueError naming the config; every other call matches the
 reference in every element within tests/tolerances.py.
 
@@ -24,9 +25,11 @@ fresh each run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -38,7 +41,7 @@ from tests.conftest import ON_GPU, poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import SUPPORTED_NBITS, residual_inverse_norms
-from tilemaxsim_plaid.ops import nvrtc, pq_lut_shared, pq_mma
+from tilemaxsim_plaid.ops import dense, nvrtc, pq_lut_shared, pq_mma
 from tilemaxsim_plaid.ops.dense import MAX_BLOCK_D as DENSE_MAX_BLOCK_D
 from tilemaxsim_plaid.ops.dense import (MAX_HELD_CHUNKS, MIN_DOT_DIM, MaxSimConfig, maxsim_packed,
                                         maxsim_padded)
@@ -222,7 +225,12 @@ def _check(call, refusal: str | None, expected, op: str, dtype: torch.dtype):
 DENSE_KINDS = ("plain", "single_tile", "slots", "hold_query")
 # Values no launch takes: _check_config refuses them.
 DENSE_MALFORMED = {"block_t": (0, 3, 24), "queries_per_block": (0, 3, 6),
-                   "q_blocks_per_program": (0, -1), "docs_per_program": (0, -2)}
+                   "q_blocks_per_program": (0, -1), "docs_per_program": (0, -2),
+                   "block_d": (8, 48, 256)}
+DENSE_BLOCK_DS = (16, 32, 64, DENSE_MAX_BLOCK_D)
+# The memory bandwidths a default may be chosen for (bytes/s): none known (the CPU), an H100's
+# and an H200's, either side of dense.PER_DOCUMENT_MAX_BANDWIDTH.
+CARD_BANDWIDTHS = (None, 3.35e12, 4.8e12)
 
 
 @st.composite
@@ -237,6 +245,7 @@ def dense_configs(draw) -> MaxSimConfig | None:
         docs_per_program=draw(st.integers(1, 4)),
         single_tile=kind == "single_tile", slots=kind == "slots", hold_query=kind == "hold_query",
         num_warps=draw(st.sampled_from([4, 1, 2, 8])), num_stages=draw(st.sampled_from([2, 1, 3])),
+        block_d=draw(st.sampled_from((None, None) + DENSE_BLOCK_DS)),
         # The tiled paths' running max (tests/ops/test_dense.py refuses it elsewhere).
         running_max=kind in ("plain", "hold_query") and draw(st.booleans()),
         # The slots kernel's documents by length; drawn for any kind, as a user may set it.
@@ -257,6 +266,11 @@ class DenseProblem:
     strided: bool
     config: MaxSimConfig | None
     seed: int
+    # The default (config None) as a card of this bandwidth takes it, with every launch counted
+    # as one of many documents (dense.MANY_DOCS = 1), so the defaults a GPU takes over a large
+    # collection (the held query, per-document tiles, the flat walk) score these few documents.
+    bandwidth: float | None = None
+    many_docs: bool = False
 
 
 @st.composite
@@ -267,12 +281,14 @@ def dense_problems(draw) -> DenseProblem:
     with_doc_lengths = not packed and draw(st.booleans())
     # Padded without lengths every document has Ld tokens: the longest drawn length.
     padded_len = max(lengths) + (draw(st.integers(0, 3)) if with_doc_lengths else 0)
+    config = draw(dense_configs())
     return DenseProblem(
         query=q, packed=packed, dist=dist, lengths=tuple(lengths), padded_len=padded_len,
         with_doc_lengths=with_doc_lengths,
         pids=draw(pid_lists(len(lengths))) if packed else None,
-        strided=draw(st.booleans()), config=draw(dense_configs()),
-        seed=draw(st.integers(0, 2**31 - 1)))
+        strided=draw(st.booleans()), config=config, seed=draw(st.integers(0, 2**31 - 1)),
+        bandwidth=draw(st.sampled_from(CARD_BANDWIDTHS)) if config is None else None,
+        many_docs=config is None and draw(st.booleans()))
 
 
 def dense_refusal(p: DenseProblem) -> str | None:
@@ -281,6 +297,8 @@ def dense_refusal(p: DenseProblem) -> str | None:
     cfg, d = p.config, p.query.d
     if cfg is None:
         return None
+    if cfg.block_d is not None and cfg.block_d not in DENSE_BLOCK_DS:
+        return f"block_d={cfg.block_d}"
     for name in ("block_t", "queries_per_block", "q_blocks_per_program", "docs_per_program"):
         value = getattr(cfg, name)
         if value < 1 or (name in ("block_t", "queries_per_block") and not _pow2(value)):
@@ -290,14 +308,14 @@ def dense_refusal(p: DenseProblem) -> str | None:
     if cfg.slots and (cfg.q_blocks_per_program != 1 or not _pow2(cfg.docs_per_program)
                       or cfg.block_t * cfg.docs_per_program < MIN_DOT_DIM or not p.packed):
         return "slots: packed, one query block, a power-of-two of documents, >= 16 rows"
-    held_chunks = -(-d // DENSE_MAX_BLOCK_D)  # the default chunks of d (no block_d drawn)
-    if cfg.hold_query and (held_chunks > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1):
+    chunks = -(-d // (cfg.block_d or DENSE_MAX_BLOCK_D))  # d <= 128: one chunk by default
+    if cfg.hold_query and (chunks > MAX_HELD_CHUNKS or cfg.q_blocks_per_program != 1):
         return "hold_query: at most MAX_HELD_CHUNKS chunks of d and one query block per program"
     if p.packed or p.with_doc_lengths:
         max_doc_len = max(p.lengths)  # all documents' offsets are read, pids or not
     else:
         max_doc_len = p.padded_len
-    if cfg.single_tile and (max_doc_len > cfg.block_t or d > DENSE_MAX_BLOCK_D):
+    if cfg.single_tile and (max_doc_len > cfg.block_t or chunks != 1):
         return "single_tile: every document within block_t and d <= 128"
     return None
 
@@ -340,6 +358,29 @@ _DENSE_EDGES = [
     DenseProblem(QuerySide(4, 33, 768, torch.float16, (33, 0, 1, 2)), False, "uniform-1-300",
                  (0, 0), 3, True, None, True, None, 2),
 ]
+# The defaults a GPU takes for one query over a large collection (the held query; on a card of
+# less bandwidth, per-document tiles, at d = 256 over 128-column chunks; the flat walk of short
+# documents; the query held over padded ones), on a few documents with an empty and a
+# one-token one, as strided views.
+_H100, _H200 = CARD_BANDWIDTHS[1:]
+_LONG = (70, 0, 1, 90, 100, 130)
+_DENSE_DEFAULTS = [
+    DenseProblem(QuerySide(1, 32, 128, torch.float16, None), True, "lognormal-70", _LONG, 130,
+                 False, None, True, None, 3, bandwidth=_H200, many_docs=True),
+    DenseProblem(QuerySide(1, 32, 128, torch.float16, None), True, "lognormal-70", _LONG, 130,
+                 False, (5, 1, 3, 3), True, None, 4, bandwidth=_H100, many_docs=True),
+    DenseProblem(QuerySide(1, 29, 256, torch.float16, None), True, "uniform-1-300",
+                 (130, 0, 1, 257, 300, 80), 300, False, None, True, None, 5, bandwidth=_H100,
+                 many_docs=True),
+    DenseProblem(QuerySide(1, 32, 256, torch.bfloat16, None), True, "lognormal-70", _LONG, 130,
+                 False, None, True, None, 6, bandwidth=_H200, many_docs=True),
+    DenseProblem(QuerySide(1, 8, 96, torch.bfloat16, None), True, "lognormal-30",
+                 (30, 0, 1, 17, 45, 29, 33), 45, False, None, True, None, 7, bandwidth=_H200,
+                 many_docs=True),
+    DenseProblem(QuerySide(1, 32, 128, torch.float16, None), False, "lognormal-30",
+                 (30, 0, 1, 17, 45, 29, 33), 48, True, None, True, None, 8, bandwidth=_H100,
+                 many_docs=True),
+]
 
 
 @grid_settings(36)
@@ -347,11 +388,24 @@ _DENSE_EDGES = [
 @example(problem=_DENSE_EDGES[0])
 @example(problem=_DENSE_EDGES[1])
 @example(problem=_DENSE_EDGES[2])
+@example(problem=_DENSE_DEFAULTS[0])
+@example(problem=_DENSE_DEFAULTS[1])
+@example(problem=_DENSE_DEFAULTS[2])
+@example(problem=_DENSE_DEFAULTS[3])
+@example(problem=_DENSE_DEFAULTS[4])
+@example(problem=_DENSE_DEFAULTS[5])
 def test_dense_over_the_grid(problem):
-    """maxsim_packed and maxsim_padded over the grid's space with any MaxSimConfig: exact
-    within the dense tolerance, or refused naming the config."""
+    """maxsim_packed and maxsim_padded over the grid's space with any MaxSimConfig, or the
+    default as a drawn card takes it over many documents: exact within the dense tolerance, or
+    refused naming the config."""
     call, expected = _dense_case(problem)
-    _check(call, dense_refusal(problem), expected, "maxsim_dense", problem.query.dtype)
+    with contextlib.ExitStack() as stack:
+        if problem.bandwidth is not None:  # else this machine's (None on the CPU)
+            stack.enter_context(mock.patch.object(dense, "memory_bandwidth",
+                                                  lambda device: problem.bandwidth))
+        if problem.many_docs:
+            stack.enter_context(mock.patch.object(dense, "MANY_DOCS", 1))
+        _check(call, dense_refusal(problem), expected, "maxsim_dense", problem.query.dtype)
 
 
 # ---- residual codes: maxsim_residual and ResidualConfig ----
