@@ -167,6 +167,18 @@ def test_one_sync_per_call_and_none_for_unchanged_tensors(device, stub_kernels, 
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_query_off_the_gpu_is_refused_outside_the_interpreter(monkeypatch, op, validate):
+    """CPU tensors without TRITON_INTERPRET=1: a ValueError naming Q and where the kernels run
+    (not triton's driver error from the launch), before anything is read or launched."""
+    monkeypatch.setattr(checks, "interpreting", lambda: False)
+    call, t = make(op, torch.device("cpu"))
+    with SyncCounter(monkeypatch) as counter, pytest.raises(ValueError, match="Q must be on a CUDA GPU"):
+        call(t, validate=validate)
+    assert counter.reads == 0
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_validate_false_reads_nothing(device, stub_kernels, monkeypatch, op):
     call, t = make(op, device)
     with SyncCounter(monkeypatch) as counter:

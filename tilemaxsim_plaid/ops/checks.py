@@ -35,6 +35,8 @@ import weakref
 
 import torch
 
+from tilemaxsim_plaid.triton_support import interpreting
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -67,6 +69,11 @@ def check_query(Q) -> None:
     check_tensor("Q", Q, dims=(2, 3), dtypes=FLOAT_DTYPES)
     if Q.shape[-1] == 0:
         raise ValueError(f"Q must have a non-zero embedding dimension, got {describe(Q)}")
+    if not Q.is_cuda and not interpreting():
+        raise ValueError(
+            f"Q must be on a CUDA GPU, got {describe(Q)}: the kernels run there (on the CPU only "
+            f"in Triton's interpreter, TRITON_INTERPRET=1 set before triton is imported, for "
+            f"tests); tilemaxsim_plaid.reference has each op's exact scores on any device")
 
 
 def check_same_dim(name: str, t: torch.Tensor, Q: torch.Tensor) -> None:
