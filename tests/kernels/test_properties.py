@@ -5,8 +5,8 @@ Each property draws one problem from the axes of experiments/bench_grid.py -- B 
 or bf16 (fp32 too, which the ops take), packed or padded, document lengths from the grid's
 distributions with empty documents and empty query rows mixed in, arguments as strided views --
 and an explicit launch configuration from the op's config class, or None (the default
-heuristic; for the dense ops, as a card of a drawn memory bandwidth takes it, over many
-documents or few). A configuration the op must refuse (a malformed field, or a combination that does not
+heuristic, as it chooses for many documents or for few; for the dense ops, as a card of a
+drawn memory bandwidth chooses). A configuration the op must refuse (a malformed field, or a combination that does not
 apply to the input) raises a ValueError naming the config; every other call matches the
 reference in every element within tests/tolerances.py.
 
@@ -41,7 +41,7 @@ from tests.conftest import ON_GPU, poison, property_examples
 from tests.tolerances import assert_close
 from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.codecs.residual import SUPPORTED_NBITS, residual_inverse_norms
-from tilemaxsim_plaid.ops import dense, nvrtc, pq_lut_shared, pq_mma
+from tilemaxsim_plaid.ops import dense, nvrtc, pq, pq_lut_shared, pq_mma, residual
 from tilemaxsim_plaid.ops.dense import MAX_BLOCK_D as DENSE_MAX_BLOCK_D
 from tilemaxsim_plaid.ops.dense import (MAX_HELD_CHUNKS, MIN_DOT_DIM, MaxSimConfig, maxsim_packed,
                                         maxsim_padded)
@@ -198,6 +198,12 @@ def _maybe_malformed(draw, config, malformed: dict):
         return config
     field = draw(st.sampled_from(sorted(malformed)))
     return dataclasses.replace(config, **{field: draw(st.sampled_from(malformed[field]))})
+
+
+def _counted_as_many(module, on: bool):
+    """``module.MANY_DOCS`` = 1 while ``on``: a default (config None) takes the paths it takes
+    for a large collection over the few documents of an example."""
+    return mock.patch.object(module, "MANY_DOCS", 1) if on else contextlib.nullcontext()
 
 
 def _check(call, refusal: str | None, expected, op: str, dtype: torch.dtype):
@@ -403,8 +409,7 @@ def test_dense_over_the_grid(problem):
         if problem.bandwidth is not None:  # else this machine's (None on the CPU)
             stack.enter_context(mock.patch.object(dense, "memory_bandwidth",
                                                   lambda device: problem.bandwidth))
-        if problem.many_docs:
-            stack.enter_context(mock.patch.object(dense, "MANY_DOCS", 1))
+        stack.enter_context(_counted_as_many(dense, problem.many_docs))
         _check(call, dense_refusal(problem), expected, "maxsim_dense", problem.query.dtype)
 
 
@@ -457,6 +462,7 @@ class ResidualProblem:
     strided: bool  # Q, centroids and the 1-D tensors as strided views
     config: ResidualConfig | None
     seed: int
+    many_docs: bool = False  # config None: residual.MANY_DOCS = 1 (_counted_as_many)
 
 
 @st.composite
@@ -467,6 +473,7 @@ def residual_problems(draw) -> ResidualProblem:
     split_query = q.dtype == torch.float32 and with_norms and draw(st.booleans())
     tables = ["kernel"] + (["fp32"] if with_norms else []) + (
         ["fp16"] if with_norms and q.dtype == torch.float16 else [])
+    config = draw(residual_configs())
     return ResidualProblem(
         query=q, nbits=draw(st.sampled_from(SUPPORTED_NBITS)),
         num_centroids=draw(st.integers(1, MAX_CENTROIDS)),
@@ -475,7 +482,8 @@ def residual_problems(draw) -> ResidualProblem:
         table=draw(st.sampled_from(tables)), split_query=split_query,
         rows=draw(st.sampled_from(["contiguous", "padded", "unaligned"])),
         pids=draw(pid_lists(len(lengths))), strided=draw(st.booleans()),
-        config=draw(residual_configs()), seed=draw(st.integers(0, 2**31 - 1)))
+        config=config, seed=draw(st.integers(0, 2**31 - 1)),
+        many_docs=config is None and draw(st.booleans()))
 
 
 def _residual_rows(p: ResidualProblem, g: torch.Generator, num_tokens: int) -> torch.Tensor:
@@ -574,6 +582,18 @@ _RESIDUAL_EDGES = [
     ResidualProblem(QuerySide(1, 33, 768, torch.float32, (33,)), 4, 7, torch.float16,
                     "uniform-1-300", (40, 0, 17), True, "fp32", True, "unaligned", (2, 0), True,
                     None, 2),
+    # The defaults for many documents (one query: one-warp persistent programs): byte permutes
+    # with codes a tile ahead beside the op's fp16 table (nbits = 2), the 128-register cap at
+    # nbits = 4 (bf16, the fp32 table), the pair table for a split fp32 query (nbits = 1).
+    ResidualProblem(QuerySide(1, 32, 128, torch.float16, None), 2, 20, torch.float16,
+                    "lognormal-70", (40, 0, 1, 90, 17, 60), True, "kernel", False, "contiguous",
+                    (3, 0, 5, 5), True, None, 3, many_docs=True),
+    ResidualProblem(QuerySide(1, 29, 128, torch.bfloat16, None), 4, 9, torch.float32,
+                    "lognormal-70", (40, 0, 1, 90, 17, 60), True, "kernel", False, "padded",
+                    None, True, None, 4, many_docs=True),
+    ResidualProblem(QuerySide(1, 32, 128, torch.float32, None), 1, 20, torch.float16,
+                    "lognormal-70", (40, 0, 1, 90, 17, 60), True, "kernel", True, "unaligned",
+                    None, True, None, 5, many_docs=True),
 ]
 
 
@@ -582,13 +602,17 @@ _RESIDUAL_EDGES = [
 @example(problem=_RESIDUAL_EDGES[0])
 @example(problem=_RESIDUAL_EDGES[1])
 @example(problem=_RESIDUAL_EDGES[2])
+@example(problem=_RESIDUAL_EDGES[3])
+@example(problem=_RESIDUAL_EDGES[4])
+@example(problem=_RESIDUAL_EDGES[5])
 def test_residual_over_the_grid(problem):
     """maxsim_residual over the grid's space, nbits 1, 2 and 4, the gather and table paths (the
     op's table or the caller's, fp32 or fp16), split_query, unaligned residual rows and any
     ResidualConfig: exact within the residual tolerance, or refused naming the config."""
     call, expected, residuals = _residual_case(problem)
     op = "maxsim_residual_split" if problem.split_query else "maxsim_residual"
-    _check(call, residual_refusal(problem, residuals), expected, op, problem.query.dtype)
+    with _counted_as_many(residual, problem.many_docs):
+        _check(call, residual_refusal(problem, residuals), expected, op, problem.query.dtype)
 
 
 # ---- PQ codes: maxsim_pq and PQConfig ----
@@ -617,6 +641,7 @@ class PQProblem:
     strided: bool  # every argument as a strided view
     config: PQConfig | None
     seed: int
+    many_docs: bool = False  # config None: pq.MANY_DOCS = 1 (_counted_as_many)
 
 
 @st.composite
@@ -655,7 +680,7 @@ def pq_problems(draw) -> PQProblem:
         mode=draw(st.sampled_from(["embeddings", "scaled", "residuals"])),
         num_centroids=draw(st.integers(1, MAX_CENTROIDS)), dist=dist, lengths=tuple(lengths),
         pids=draw(pid_lists(len(lengths))), strided=draw(st.booleans()), config=config,
-        seed=draw(st.integers(0, 2**31 - 1)))
+        seed=draw(st.integers(0, 2**31 - 1)), many_docs=config is None and draw(st.booleans()))
 
 
 def pq_refusal(p: PQProblem, Q: torch.Tensor, pq_codes: torch.Tensor, extra: dict) -> str | None:
@@ -749,6 +774,13 @@ _PQ_EDGES = [
     # d = 768 as M = 48 of 16 dims, fp32 queries, scaled codes.
     PQProblem(QuerySide(1, 33, 768, torch.float32, None), 48, "scaled", 1, "uniform-1-300",
               (40, 0, 17), (2, 0), True, PQConfig(block_t=16, docs_per_program=3), 2),
+    # The decode kernel's defaults for many documents (one query: one-warp persistent
+    # programs): d = 128 as M = 16 (4 documents a chunk, tiles reduced as they come, codes a
+    # tile ahead) over PLAID residuals, and as M = 8 (2 documents a chunk).
+    PQProblem(QuerySide(1, 32, 128, torch.float16, None), 16, "residuals", 20, "lognormal-70",
+              (40, 0, 1, 90, 17, 60), (3, 0, 5, 5), True, None, 3, many_docs=True),
+    PQProblem(QuerySide(1, 31, 128, torch.bfloat16, None), 8, "scaled", 1, "lognormal-70",
+              (40, 0, 1, 90, 17, 60), None, True, None, 4, many_docs=True),
 ]
 
 
@@ -757,13 +789,16 @@ _PQ_EDGES = [
 @example(problem=_PQ_EDGES[0])
 @example(problem=_PQ_EDGES[1])
 @example(problem=_PQ_EDGES[2])
+@example(problem=_PQ_EDGES[3])
+@example(problem=_PQ_EDGES[4])
 def test_pq_over_the_grid(problem):
     """maxsim_pq over the grid's space, every M that divides d (the decode kernel's where it
     compiles), codes of embeddings, scaled or of PLAID residuals, and any PQConfig: exact to
     the decoded vectors within the PQ tolerance, or refused naming the config."""
     call, expected, Q, pq_codes, extra = _pq_case(problem)
-    _check(call, pq_refusal(problem, Q, pq_codes, extra), expected, "maxsim_pq",
-           _pq_tolerance_dtype(problem))
+    with _counted_as_many(pq, problem.many_docs):
+        _check(call, pq_refusal(problem, Q, pq_codes, extra), expected, "maxsim_pq",
+               _pq_tolerance_dtype(problem))
 
 
 # ---- the strategies follow the grid ----
