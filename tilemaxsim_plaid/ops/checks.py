@@ -65,11 +65,16 @@ def check_tensor(name: str, t, *, dims: tuple[int, ...], dtypes=None, device=Non
         raise ValueError(f"{name} must be on {device} (where Q is), got {describe(t)}")
 
 
+def runs_here(Q: torch.Tensor) -> bool:
+    """Whether the kernels run on Q's device: a CUDA GPU, or the CPU in Triton's interpreter."""
+    return Q.is_cuda or interpreting()
+
+
 def check_query(Q) -> None:
     check_tensor("Q", Q, dims=(2, 3), dtypes=FLOAT_DTYPES)
     if Q.shape[-1] == 0:
         raise ValueError(f"Q must have a non-zero embedding dimension, got {describe(Q)}")
-    if not Q.is_cuda and not interpreting():
+    if not runs_here(Q):
         raise ValueError(
             f"Q must be on a CUDA GPU, got {describe(Q)}: the kernels run there (on the CPU only "
             f"in Triton's interpreter, TRITON_INTERPRET=1 set before triton is imported, for "
