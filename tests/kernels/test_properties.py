@@ -75,6 +75,15 @@ def grid_settings(examples: int):
                                            HealthCheck.too_slow])
 
 
+def explicit_examples(problems):
+    """Each of ``problems`` run as an explicit example of the property, first, in every profile."""
+    def decorate(test):
+        for problem in reversed(problems):
+            test = example(problem=problem)(test)
+        return test
+    return decorate
+
+
 @pytest.fixture(autouse=True)
 def _poisoned_outputs(monkeypatch):
     """Every floating tensor an op allocates starts as NaN, so an unwritten element fails."""
@@ -391,15 +400,7 @@ _DENSE_DEFAULTS = [
 
 @grid_settings(36)
 @given(problem=dense_problems())
-@example(problem=_DENSE_EDGES[0])
-@example(problem=_DENSE_EDGES[1])
-@example(problem=_DENSE_EDGES[2])
-@example(problem=_DENSE_DEFAULTS[0])
-@example(problem=_DENSE_DEFAULTS[1])
-@example(problem=_DENSE_DEFAULTS[2])
-@example(problem=_DENSE_DEFAULTS[3])
-@example(problem=_DENSE_DEFAULTS[4])
-@example(problem=_DENSE_DEFAULTS[5])
+@explicit_examples(_DENSE_EDGES + _DENSE_DEFAULTS)
 def test_dense_over_the_grid(problem):
     """maxsim_packed and maxsim_padded over the grid's space with any MaxSimConfig, or the
     default as a drawn card takes it over many documents: exact within the dense tolerance, or
@@ -599,12 +600,7 @@ _RESIDUAL_EDGES = [
 
 @grid_settings(30)
 @given(problem=residual_problems())
-@example(problem=_RESIDUAL_EDGES[0])
-@example(problem=_RESIDUAL_EDGES[1])
-@example(problem=_RESIDUAL_EDGES[2])
-@example(problem=_RESIDUAL_EDGES[3])
-@example(problem=_RESIDUAL_EDGES[4])
-@example(problem=_RESIDUAL_EDGES[5])
+@explicit_examples(_RESIDUAL_EDGES)
 def test_residual_over_the_grid(problem):
     """maxsim_residual over the grid's space, nbits 1, 2 and 4, the gather and table paths (the
     op's table or the caller's, fp32 or fp16), split_query, unaligned residual rows and any
@@ -786,11 +782,7 @@ _PQ_EDGES = [
 
 @grid_settings(30)
 @given(problem=pq_problems())
-@example(problem=_PQ_EDGES[0])
-@example(problem=_PQ_EDGES[1])
-@example(problem=_PQ_EDGES[2])
-@example(problem=_PQ_EDGES[3])
-@example(problem=_PQ_EDGES[4])
+@explicit_examples(_PQ_EDGES)
 def test_pq_over_the_grid(problem):
     """maxsim_pq over the grid's space, every M that divides d (the decode kernel's where it
     compiles), codes of embeddings, scaled or of PLAID residuals, and any PQConfig: exact to
