@@ -4,6 +4,9 @@ these tests are about the host side; exactness is tests/kernels/."""
 
 from __future__ import annotations
 
+import collections
+import threading
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -319,6 +322,40 @@ def test_cache_is_bounded_and_holds_no_tensor(device):
     ref = checks._cache[("range", id(probe))][0]
     del probe
     assert ref() is None  # a weak reference: the cache keeps no tensor alive
+
+
+def test_a_remembered_check_outlives_another_threads_clear(device, stub_kernels, monkeypatch):
+    """Threads calling the ops share the check cache: a call that finds its offsets remembered
+    makes the entry newest while another thread drops it (an eviction, or clear_cache), without
+    a KeyError. The cache pauses that call between its lookup and the move for as long as the
+    other thread needs to clear it, unless the cache is locked against it."""
+    call, t = make("packed", device)
+    want = call(t)
+    lookup, cleared = threading.Event(), threading.Event()
+
+    class PausedAtLookup(collections.OrderedDict):
+        def get(self, key, default=None):
+            entry = super().get(key, default)
+            if key[0] == "offsets" and not lookup.is_set():
+                lookup.set()
+                cleared.wait(timeout=0.2)  # the clear runs now where nothing keeps it out
+            return entry
+
+    monkeypatch.setattr(checks, "_cache", PausedAtLookup(checks._cache))
+
+    def other_thread():
+        lookup.wait(timeout=5)
+        checks.clear_cache()
+        cleared.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        got = call(t)
+    finally:
+        thread.join()
+    assert lookup.is_set() and cleared.is_set()
+    torch.testing.assert_close(got, want)
 
 
 def test_recycled_id_is_not_trusted(device):

@@ -7,7 +7,8 @@ checks run before any allocation, so such a bad call never launches a kernel.
 Checks of values (offsets non-decreasing, ids and lengths in range) read device data, which costs
 a host sync. :class:`DataChecks` gathers all of one call's into one small device tensor read back
 once, and remembers each tensor's result by identity and version (see :func:`_signature`), so a
-tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again.
+tensor passed again unchanged (an index's offsets and codes, a fixed pid list) is not read again;
+the threads calling the ops share what is remembered.
 The checks a launch does not depend on (a new pid list or query_lengths each call) are read after
 the launch instead of before it: the kernel takes the argument clamped into range on the device,
 so a bad value cannot reach memory it must not, and the call still raises naming the argument;
@@ -99,6 +100,32 @@ MAX_CACHED_TENSORS = 64
 
 # (kind, id(tensor)) -> (weak reference, signature, stats)
 _cache: collections.OrderedDict = collections.OrderedDict()
+# Guards _cache and _derived, which the threads calling the ops share: a hit's move to the
+# newest end must not meet another call's eviction of the same entry.
+_cache_lock = threading.Lock()
+
+
+def _recall(cache: collections.OrderedDict, key, t: torch.Tensor, sig):
+    """The entry remembered under ``key`` for ``t`` itself with signature ``sig`` (made newest),
+    else None (also for ``sig`` None: not remembered)."""
+    if sig is None:
+        return None
+    with _cache_lock:
+        entry = cache.get(key)
+        if entry is None or entry[0]() is not t or entry[1] != sig:
+            return None
+        cache.move_to_end(key)
+        return entry
+
+
+def _remember(cache: collections.OrderedDict, key, t: torch.Tensor, sig, value) -> None:
+    """``value`` remembered under ``key`` for ``t`` with signature ``sig``, the least recently
+    used entries past MAX_CACHED_TENSORS dropped."""
+    with _cache_lock:
+        cache[key] = (weakref.ref(t), sig, value)
+        cache.move_to_end(key)
+        while len(cache) > MAX_CACHED_TENSORS:
+            cache.popitem(last=False)
 
 
 # Checks whose failure only loses a refusal: a NaN or inf that slips past them still reaches
@@ -135,8 +162,9 @@ def host_read(t: torch.Tensor) -> list[int]:
 
 
 def clear_cache() -> None:
-    _cache.clear()
-    _derived.clear()
+    with _cache_lock:
+        _cache.clear()
+        _derived.clear()
 
 
 # (what, id(tensor)) -> (weak reference, signature, value): tensors computed from another alone.
@@ -157,15 +185,12 @@ def derived(t: torch.Tensor, what, make):
     computed)."""
     sig = None if capturing(t) else _signature(t, "derived")
     key = (what, id(t))
-    entry = _derived.get(key)
-    if sig is not None and entry is not None and entry[0]() is t and entry[1] == sig:
-        _derived.move_to_end(key)
+    entry = _recall(_derived, key, t, sig)
+    if entry is not None:
         return entry[2]
     value = make()
     if sig is not None:
-        _derived[key] = (weakref.ref(t), sig, value)
-        while len(_derived) > MAX_CACHED_TENSORS:
-            _derived.popitem(last=False)
+        _remember(_derived, key, t, sig, value)
     return value
 
 
@@ -433,12 +458,9 @@ class DataChecks:
         """Judge every check but the deferred new ones; return the stats found so far."""
         found, missing, queued = {}, [], []
         for name, t, kind, judge, bounds, defer, launch_clamps in self._items:
-            key = (kind, id(t))
-            entry = _cache.get(key)
             sig = _signature(t, kind, self._provisional)
-            if (entry is not None and sig is not None and entry[0]() is t
-                    and entry[1] == sig):
-                _cache.move_to_end(key)
+            entry = _recall(_cache, (kind, id(t)), t, sig)
+            if entry is not None:
                 found[name] = entry[2]
                 if sig[0] == INFERENCE and kind not in REFUSALS_ONLY and bounds is not None:
                     if not launch_clamps:  # a kernel that clamps t takes none of its stats
@@ -512,10 +534,7 @@ class DataChecks:
             judge(self.found[name])
         for name, t, kind, sig, _ in read:
             if sig is not None:
-                _cache[(kind, id(t))] = (weakref.ref(t), sig, self.found[name])
-                _cache.move_to_end((kind, id(t)))
-                while len(_cache) > MAX_CACHED_TENSORS:
-                    _cache.popitem(last=False)
+                _remember(_cache, (kind, id(t)), t, sig, self.found[name])
 
 
 def _flat(checks_read) -> torch.Tensor:
