@@ -184,80 +184,98 @@ def default_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
             known; with mean_tokens it decides one query's held or per-document tiles.
     """
     if num_queries == 1:
-        wide_query = pow2(Lq) > 32
-        # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
-        # 144, 192) hold the query in chunks of 64 columns where they divide d, else in the
-        # widest chunks that leave a remainder chunk, except a 64-row block where 32-column
-        # chunks divide d (_held_chunk): one 128-wide chunk multiplies 32 masked columns at
-        # d = 96, and 16-column chunks make d = 144 nine small products a tile. Where d fits
-        # one chunk, a query of up to 16 tokens keeps it: its smaller products gain less from
-        # the columns than they lose to the chunk count (runs 99, 102, 104, 107 and 108). A
-        # 32-row block is also held at d = 256, one warp over 64-column chunks
-        # (HELD_ONE_WARP_MAX_DIM).
-        pads_less = cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < pow2(dim)
-        chunked = variable_lengths and (
-            (pads_less and (pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
-            or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
-                and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
-        holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
-        # Long documents on a card of less bandwidth: per-document tiles (below) read faster
-        # than the held query there, and slower on a faster card; where d is whole 128-column
-        # chunks past one, 64-token tiles in those chunks, for documents that fill two.
-        whole_chunks = dim > MAX_BLOCK_D and dim % MAX_BLOCK_D == 0
-        per_document = (
-            variable_lengths and not wide_query and element_size == 2
-            and read_bandwidth is not None and read_bandwidth < PER_DOCUMENT_MAX_BANDWIDTH
-            and mean_tokens is not None
-            and ((whole_chunks and mean_tokens >= WIDE_PER_DOCUMENT_MIN_TOKENS)
-                 or (dim <= MAX_BLOCK_D and not chunked
-                     and mean_tokens * dim * element_size >= PER_DOCUMENT_MIN_BYTES)))
-        if per_document:
-            holds = False
-        if (holds and not (variable_lengths or wide_query) and max_doc_len is not None
-                and max_doc_len <= HELD_PADDED_MAX_LEN):
-            # Short padded documents: reloading the query per document is as many bytes from
-            # L2 as the document is from HBM. One warp holds it across 16 of them; tiles of up to
-            # 32 tokens into a running max (a length of whole tiles masks none).
-            return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, pow2(max_doc_len))),
-                                num_warps=1, num_stages=3, docs_per_program=16,
-                                hold_query=True, running_max=True)
-        if holds and (variable_lengths or wide_query):
-            # Many documents: programs that hold the query across several documents. Reloading
-            # the query block from L2 for every document costs about a tenth of the read roof at
-            # MS MARCO-like lengths. A 32-row query block (packed documents): one warp, 16-token
-            # tiles, 4 documents a program (16 leave long documents' last programs running
-            # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
-            # 8 documents (one warp would need 128 registers per thread for the held query alone).
-            block_d = _held_chunk(dim, one_warp=not wide_query) if chunked else None
-            if wide_query:
-                return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
-                                    hold_query=True, block_d=block_d)
-            return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
+        return _one_query_config(Lq, max_doc_len, dim, variable_lengths, num_docs, element_size,
+                                 mean_tokens, read_bandwidth)
+    return _several_queries_config(num_queries, Lq, max_doc_len, dim, variable_lengths, num_docs,
+                                   element_size, joins_tail)
+
+
+def _one_query_config(Lq: int, max_doc_len: int | None, dim: int, variable_lengths: bool,
+                      num_docs: int, element_size: int, mean_tokens: float | None,
+                      read_bandwidth: float | None) -> MaxSimConfig:
+    """default_config for one query, which the read bounds: the query held across documents
+    where there are many, per-document tiles where the card or the documents favour them."""
+    wide_query = pow2(Lq) > 32
+    # Packed documents at a d that 32-column chunks pad less than a power of two does (d = 96,
+    # 144, 192) hold the query in chunks of 64 columns where they divide d, else in the
+    # widest chunks that leave a remainder chunk, except a 64-row block where 32-column
+    # chunks divide d (_held_chunk): one 128-wide chunk multiplies 32 masked columns at
+    # d = 96, and 16-column chunks make d = 144 nine small products a tile. Where d fits
+    # one chunk, a query of up to 16 tokens keeps it: its smaller products gain less from
+    # the columns than they lose to the chunk count (runs 99, 102, 104, 107 and 108). A
+    # 32-row block is also held at d = 256, one warp over 64-column chunks
+    # (HELD_ONE_WARP_MAX_DIM).
+    pads_less = cdiv(dim, HELD_CHUNK_COLUMNS) * HELD_CHUNK_COLUMNS < pow2(dim)
+    chunked = variable_lengths and (
+        (pads_less and (pow2(Lq) >= 32 or dim > MAX_BLOCK_D) and dim <= HELD_CHUNKED_MAX_DIM)
+        or (not wide_query and MAX_BLOCK_D < dim <= HELD_ONE_WARP_MAX_DIM
+            and dim % (2 * HELD_CHUNK_COLUMNS) == 0))
+    holds = num_docs >= MANY_DOCS and element_size == 2 and (dim <= MAX_BLOCK_D or chunked)
+    # Long documents on a card of less bandwidth: per-document tiles (below) read faster
+    # than the held query there, and slower on a faster card; where d is whole 128-column
+    # chunks past one, 64-token tiles in those chunks, for documents that fill two.
+    whole_chunks = dim > MAX_BLOCK_D and dim % MAX_BLOCK_D == 0
+    per_document = (
+        variable_lengths and not wide_query and element_size == 2
+        and read_bandwidth is not None and read_bandwidth < PER_DOCUMENT_MAX_BANDWIDTH
+        and mean_tokens is not None
+        and ((whole_chunks and mean_tokens >= WIDE_PER_DOCUMENT_MIN_TOKENS)
+             or (dim <= MAX_BLOCK_D and not chunked
+                 and mean_tokens * dim * element_size >= PER_DOCUMENT_MIN_BYTES)))
+    if per_document:
+        holds = False
+    if (holds and not (variable_lengths or wide_query) and max_doc_len is not None
+            and max_doc_len <= HELD_PADDED_MAX_LEN):
+        # Short padded documents: reloading the query per document is as many bytes from
+        # L2 as the document is from HBM. One warp holds it across 16 of them; tiles of up to
+        # 32 tokens into a running max (a length of whole tiles masks none).
+        return MaxSimConfig(block_t=max(MIN_DOT_DIM, min(32, pow2(max_doc_len))),
+                            num_warps=1, num_stages=3, docs_per_program=16,
+                            hold_query=True, running_max=True)
+    if holds and (variable_lengths or wide_query):
+        # Many documents: programs that hold the query across several documents. Reloading
+        # the query block from L2 for every document costs about a tenth of the read roof at
+        # MS MARCO-like lengths. A 32-row query block (packed documents): one warp, 16-token
+        # tiles, 4 documents a program (16 leave long documents' last programs running
+        # alone). A block of 64 rows and more (packed or padded): 4 warps of 32-token tiles,
+        # 8 documents (one warp would need 128 registers per thread for the held query alone).
+        block_d = _held_chunk(dim, one_warp=not wide_query) if chunked else None
+        if wide_query:
+            return MaxSimConfig(block_t=32, num_warps=4, num_stages=3, docs_per_program=8,
                                 hold_query=True, block_d=block_d)
-        # One query is memory-bound: plain per-document tiles, each program one document.
-        # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
-        # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
-        # documents stream best in 128-token tiles. Two stages rather than three at d <= 128:
-        # 16 KB of shared memory per program instead of 24 lets 13 programs share an SM instead
-        # of 9. Wide d pipelines its chunks in three stages; chunks narrower than 64 columns
-        # make a small product per load, and a 64-row query block a large one per tile: both
-        # take 64-token tiles of 4 warps.
-        if variable_lengths or max_doc_len is None:
-            if dim <= MAX_BLOCK_D:
-                return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
-            if per_document:
-                return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=MAX_BLOCK_D)
-            chunk = _wide_chunk(dim)
-            if chunk < 64 or wide_query:
-                return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
-            return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
-        if max_doc_len > 128 and max_doc_len % 128 and dim <= MAX_BLOCK_D:
-            # Padded documents that 128-token tiles would end in a mostly masked tile (180
-            # tokens) stream as varied ones do.
+        return MaxSimConfig(block_t=16, num_warps=1, num_stages=3, docs_per_program=4,
+                            hold_query=True, block_d=block_d)
+    # One query is memory-bound: plain per-document tiles, each program one document.
+    # Varied short documents (MS MARCO averages ~70 tokens) do best with 32-token tiles and
+    # small (2-warp) programs, many resident per SM to keep loads in flight; full-length
+    # documents stream best in 128-token tiles. Two stages rather than three at d <= 128:
+    # 16 KB of shared memory per program instead of 24 lets 13 programs share an SM instead
+    # of 9. Wide d pipelines its chunks in three stages; chunks narrower than 64 columns
+    # make a small product per load, and a 64-row query block a large one per tile: both
+    # take 64-token tiles of 4 warps.
+    if variable_lengths or max_doc_len is None:
+        if dim <= MAX_BLOCK_D:
             return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
-        block_t = min(128, max(MIN_DOT_DIM, pow2(max_doc_len)))
-        return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
-    # Several queries are tensor-core bound: 128 query rows per product (4 queries of 32 tokens).
+        if per_document:
+            return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=MAX_BLOCK_D)
+        chunk = _wide_chunk(dim)
+        if chunk < 64 or wide_query:
+            return MaxSimConfig(block_t=64, num_warps=4, num_stages=3, block_d=chunk)
+        return MaxSimConfig(block_t=32, num_warps=2, num_stages=3, block_d=chunk)
+    if max_doc_len > 128 and max_doc_len % 128 and dim <= MAX_BLOCK_D:
+        # Padded documents that 128-token tiles would end in a mostly masked tile (180
+        # tokens) stream as varied ones do.
+        return MaxSimConfig(block_t=32, num_warps=2, num_stages=2)
+    block_t = min(128, max(MIN_DOT_DIM, pow2(max_doc_len)))
+    return MaxSimConfig(block_t=block_t, num_warps=4, num_stages=3 if dim > MAX_BLOCK_D else 2)
+
+
+def _several_queries_config(num_queries: int, Lq: int, max_doc_len: int | None, dim: int,
+                            variable_lengths: bool, num_docs: int, element_size: int,
+                            joins_tail: bool) -> MaxSimConfig:
+    """default_config for several queries, which the tensor cores bound: query blocks of up to
+    FULL_QUERY_BLOCK_ROWS rows (4 queries of 32 tokens) to a product, sharing each document
+    tile."""
     queries_per_block = max(1, min(pow2(num_queries), FULL_QUERY_BLOCK_ROWS // pow2(Lq)))
     num_qblocks = cdiv(num_queries, queries_per_block)
     if (max_doc_len is not None and max_doc_len <= 128 and dim <= MAX_BLOCK_D
