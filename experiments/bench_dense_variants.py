@@ -43,9 +43,6 @@ round medians are compared. Variants:
   128 columns the held or streamed chunks);
 * ``slower card``: one query's default as a card of less bandwidth than that takes it (an
   H100's), on any card: the per-document rules' choice where the card has them off;
-* ``256-column chunks`` / ``256-column chunks w8``: one query over packed documents at d in
-  whole 256-column chunks as 64-token tiles of 256 columns, 4 or 8 warps (the default's chunks
-  are at most 128 columns);
 * ``validate=False``: the default launch without the checks' host work.
 
 Each of our rows also carries ``graph_ms``, its call replayed from a CUDA graph (GPU time
@@ -293,24 +290,6 @@ def _per_document_switch():
     return mock.patch.object(dense, "default_config", config)
 
 
-@contextlib.contextmanager
-def _whole_rows_switch(num_warps: int):
-    """One query over packed documents at d in whole 256-column chunks (256, 512, 768) scored in
-    64-token tiles of 256 columns (past dense.MAX_BLOCK_D, which the switch lifts): a 512-byte
-    fp16 row segment per token, as a peer that loads whole rows at d = 256 reads them."""
-    saved = dense.default_config
-    wide = 2 * dense.MAX_BLOCK_D
-
-    def config(num_queries, Lq, max_doc_len, dim, variable_lengths=False, *args, **kwargs):
-        if num_queries == 1 and variable_lengths and dim % wide == 0:
-            return dense.MaxSimConfig(block_t=64, num_warps=num_warps, num_stages=3, block_d=wide)
-        return saved(num_queries, Lq, max_doc_len, dim, variable_lengths, *args, **kwargs)
-
-    with mock.patch.object(dense, "MAX_BLOCK_D", wide), \
-            mock.patch.object(dense, "default_config", config):
-        yield
-
-
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
@@ -327,9 +306,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "widest chunks": _widest_chunks_switch,
             "per document": _per_document_switch,
             "held query": _held_query_switch,
-            "slower card": _slower_card_switch,
-            "256-column chunks": lambda: _whole_rows_switch(4),
-            "256-column chunks w8": lambda: _whole_rows_switch(8)}
+            "slower card": _slower_card_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

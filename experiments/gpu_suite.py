@@ -340,7 +340,7 @@ WIDE_PER_DOCUMENT_CELLS = ("d256-lognormal-70", "d256-lognormal-150", "d256-unif
 def peer_roof(work: Path, opts) -> list[Step]:
     """The read-roof cells where a peer was faster on an H100 (runs 201 and 208): one query's
     default beside its per-document tiles and its held query, at d in one chunk and in whole
-    128-column chunks past one (there also 256-column chunks), then the default beside its validate=False launch and the
+    128-column chunks past one, then the default beside its validate=False launch and the
     peers, each in 5 alternated rounds, then the dense sweep of launch configs over them
     (sweep_configs' eighth set; about 11 minutes: two device calls with --only)."""
     return [Step("per-document", module("experiments.bench_dense_variants", "--cells",
@@ -350,8 +350,7 @@ def peer_roof(work: Path, opts) -> list[Step]:
                  240),
             Step("wide-per-document", module("experiments.bench_dense_variants", "--cells",
                                              *WIDE_PER_DOCUMENT_CELLS, "--variants", "held query",
-                                             "slower card", "256-column chunks",
-                                             "256-column chunks w8", "--rounds", "5",
+                                             "slower card", "--rounds", "5",
                                              "--out", str(work / "wide-per-document")),
                  300),
             Step("peer-roof", module("experiments.bench_dense_variants", "--cells", "headline",

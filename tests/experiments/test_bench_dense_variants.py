@@ -210,25 +210,3 @@ def test_bandwidth_variants_take_either_cards_default_and_restore_the_rule():
         assert dense.default_config(*args, mean_tokens=150.0, read_bandwidth=3.35e12) == \
             config(*args, mean_tokens=150.0)
     assert dense.default_config is config
-
-
-def test_whole_rows_variants_take_256_column_chunks_where_they_divide_d():
-    """``256-column chunks`` scores one query over packed documents at d = 256 / 512 in 64-token
-    tiles of 256 columns (the kernels take any power-of-two chunk), as the float64 reference
-    does; elsewhere, and after the switch, the default is untouched."""
-    config = dense.default_config
-    with dv.VARIANTS["256-column chunks w8"]():
-        assert dense.default_config(1, 32, 300, 512, True, dense.MANY_DOCS) == dense.MaxSimConfig(
-            block_t=64, num_warps=8, num_stages=3, block_d=256)
-        assert dense.default_config(1, 32, 300, 384, True) == config(1, 32, 300, 384, True)
-        assert dense.default_config(4, 32, 300, 256, True) == config(4, 32, 300, 256, True)
-    assert dense.default_config is config and dense.MAX_BLOCK_D == 128
-    gen = torch.Generator().manual_seed(7)
-    lengths = torch.tensor([3, 0, 70, 129, 1])
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    Q = torch.randn(1, 31, 256, generator=gen).half()
-    D = torch.randn(int(lengths.sum()), 256, generator=gen).half()
-    want = reference.maxsim_packed(Q, D, offsets)
-    with dv.VARIANTS["256-column chunks"]():
-        got = dense.maxsim_packed(Q, D, offsets)
-    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)

@@ -154,8 +154,7 @@ EXPECTED = {
                               "d256-heavy-512", "d384-lognormal-30", "d384-lognormal-70", "d512",
                               "d512-lognormal-150", "d512-uniform", "d512-heavy-512",
                               "d768-lognormal-30", "d768-Lq31", "--variants", "held query",
-                              "slower card", "256-column chunks", "256-column chunks w8",
-                              "--rounds", "5", "--out", "W/wide-per-document"],
+                              "slower card", "--rounds", "5", "--out", "W/wide-per-document"],
     },
     "remainder-chunk": {
         "dense-tests": [*PYTEST, *XDIST, "tests/kernels/test_maxsim_dense.py",

@@ -18,6 +18,8 @@ __all__ = ["MaxSimConfig", "default_config", "default_query_chunks", "maxsim_pad
 
 # 128 columns of the embedding per chunk: one 256-byte fp16 row segment per token, a full
 # tensor-core K tile, and d = 384 / 768 split into 3 / 6 chunks with no padding in memory.
+# 256-column chunks read no faster at d = 256 / 512
+# (results/dense_variants/h100-81f0854-whole-rows).
 MAX_BLOCK_D = 128
 # tl.dot needs every dimension >= 16.
 MIN_DOT_DIM = 16
