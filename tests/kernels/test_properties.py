@@ -6,9 +6,9 @@ or bf16 (fp32 too, which the ops take), packed or padded, document lengths from 
 distributions with empty documents and empty query rows mixed in, arguments as strided views --
 and an explicit launch configuration from the op's config class, or None (the default
 heuristic, as it chooses for many documents or for few; for the dense ops, as a card of a
-drawn memory bandwidth chooses). A configuration the op must refuse (a malformed field, or a combination that does not
-apply to the input) raises a ValueError naming the config; every other call matches the
-reference in every element within tests/tolerances.py.
+drawn memory bandwidth chooses). A configuration the op must refuse (a malformed field, or a
+combination that does not apply to the input) raises a ValueError naming the config; every
+other call matches the reference in every element within tests/tolerances.py.
 
 The interpreter is slow, so each example's documents are cut to a token budget that shrinks as
 the query side grows (DENSE_WORK, COMPRESSED_WORK): a large query side (B = 32, Lq = 64,

@@ -176,7 +176,8 @@ def test_a_query_off_the_gpu_is_refused_outside_the_interpreter(monkeypatch, op,
     (not triton's driver error from the launch), before anything is read or launched."""
     monkeypatch.setattr(checks, "interpreting", lambda: False)
     call, t = make(op, torch.device("cpu"))
-    with SyncCounter(monkeypatch) as counter, pytest.raises(ValueError, match="Q must be on a CUDA GPU"):
+    with SyncCounter(monkeypatch) as counter, \
+            pytest.raises(ValueError, match="Q must be on a CUDA GPU"):
         call(t, validate=validate)
     assert counter.reads == 0
 
