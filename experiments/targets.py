@@ -42,6 +42,7 @@ class Target:
     gpu: str = ""
     commit: str = ""
     source: str = ""
+    unrun: int = 0  # cells of the target a run left unrun (its budget spent)
 
 
 def _gpu(doc: dict) -> tuple[str, str]:
@@ -51,17 +52,22 @@ def _gpu(doc: dict) -> tuple[str, str]:
 
 def grid_targets(doc: dict, source: str) -> list[Target]:
     """Packed one-query cells of >= 10 MB at >= READ_PCT of the read ceiling; several-query cells
-    at >= ROOF_PCT of their roof; every cell with a peer at >= PEER_RATIO of the best one."""
+    at >= ROOF_PCT of their roof; every cell with a peer at >= PEER_RATIO of the best one. A
+    target's cells that the grid's budget left unrun keep it from being met: it was not seen
+    on every cell (``unrun``), unless a cell that ran already misses it."""
     gpu, commit = _gpu(doc)
-    ours = [r for r in doc["rows"] if r["provider"] == "tilemaxsim" and r["status"] == "ok"]
+    ours = [r for r in doc["rows"] if r["provider"] == "tilemaxsim"]
 
     def line(name, asked, rows, key, limit, fmt):
-        rows = [r for r in rows if r.get(key) is not None]
+        unrun = sum(r["status"] == "not_run" for r in rows)
+        rows = [r for r in rows if r["status"] == "ok" and r.get(key) is not None]
         low = sorted((r for r in rows if r[key] < limit), key=lambda r: r[key])
         worst = "; ".join(f"{r['shape'].split(' N=')[0]} {fmt(r)}" for r in low[:3])
-        measured = f"{len(rows) - len(low)}/{len(rows)} cells" + (
-            f" (lowest: {worst})" if low else "")
-        return Target(name, asked, measured, bool(rows) and not low, gpu, commit, source)
+        measured = (f"{len(rows) - len(low)}/{len(rows)} cells"
+                    + (f", {unrun} not run" if unrun else "")
+                    + (f" (lowest: {worst})" if low else ""))
+        met = False if low else (None if unrun or not rows else True)
+        return Target(name, asked, measured, met, gpu, commit, source, unrun)
 
     big = [r for r in ours if r.get("at_least_10mb")]
     return [
@@ -246,10 +252,11 @@ def table(targets: list[Target]) -> list[str]:
     lines = ["| target | asked | measured | met | GPU | commit | source |",
              "|---|---|---|---|---|---|---|"]
     for t in targets:
-        met = "not measured" if t.met is None else ("yes" if t.met else "no")
+        met = ("yes" if t.met else "no") if t.met is not None else (
+            "not on every cell" if t.unrun else "not measured")
         lines.append(f"| {t.name} | {t.asked} | {t.measured} | {met} | {t.gpu} | {t.commit} | "
                      f"{t.source} |")
-    measured = [t for t in targets if t.met is not None]
+    measured = [t for t in targets if t.met is not None or t.unrun]
     gpus, commits = {t.gpu for t in measured}, {t.commit for t in measured if t.commit}
     one_run = bool(measured) and len(gpus) == 1 and len(commits) <= 1
     on_target = one_run and TARGET_GPU in next(iter(gpus))

@@ -77,6 +77,27 @@ def test_grid_targets_count_the_cells_each_target_covers():
     assert "88.6 %" in read.measured and read.gpu == "H200" and read.commit == "abcdef0"
 
 
+def test_cells_a_grid_left_unrun_keep_a_target_from_being_met():
+    """A grid stopped by its budget stands for a target only on the cells it ran: none low and
+    some unrun is not met (a table says not on every cell); a low cell is a miss either way."""
+    doc = grid_doc()
+    for row in doc["rows"][1:2] + doc["rows"][4:5]:  # a packed one-query cell, a B = 4 one
+        row.update(status="not_run", pct_read_bw=None, pct_roof=None, ratio_to_best_peer=None)
+    got = by_name(targets.grid_targets(doc, "grid.json"))
+    read = got["packed one query, read"]
+    assert (read.met, read.unrun, read.measured) == (None, 1, "1/1 cells, 1 not run")
+    assert got["several queries"].met is None
+    assert got["against the peers"].measured == "2/2 cells, 2 not run"
+    doc["rows"][0]["pct_read_bw"] = 80.0
+    read = by_name(targets.grid_targets(doc, "grid.json"))["packed one query, read"]
+    assert read.met is False and "0/1 cells, 1 not run (lowest:" in read.measured
+    lines = targets.table([targets.Target("packed one query, read", "asked",
+                                          "1/1 cells, 1 not run", None, "H200", "abcdef0",
+                                          "g.json", unrun=1)])
+    assert "| not on every cell |" in lines[2]
+    assert lines[-1].endswith("every source one H200 run at one commit: yes")
+
+
 def test_a_cell_below_the_read_target_shows_a_read_of_its_bytes():
     doc = grid_doc(low_read=88.6)
     low = doc["rows"][1]
