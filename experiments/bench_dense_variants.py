@@ -290,19 +290,6 @@ def _per_document_switch():
     return mock.patch.object(dense, "default_config", config)
 
 
-def _tiles_switch(block_t: int, num_warps: int, num_stages: int):
-    """One query over packed documents at d past one chunk as per-document tiles of
-    ``block_t`` tokens in 128-column chunks, ``num_warps`` warps and ``num_stages`` stages
-    (flash-maxsim's autotuned space: 16-256 rows, 2-8 warps, 2-4 stages)."""
-    def rule(cfg, num_queries, variable_lengths, held):
-        if num_queries == 1 and variable_lengths and not cfg.slots:
-            return dense.MaxSimConfig(block_t=block_t, num_warps=num_warps,
-                                      num_stages=num_stages, block_d=dense.MAX_BLOCK_D)
-        return cfg
-
-    return _config_switch(rule)
-
-
 VARIANTS = {"default": contextlib.nullcontext,
             "int64 rows": lambda: _rows_switch(lambda *args: False),
             "int32 rows": lambda: _rows_switch(_int32_wherever_they_fit),
@@ -319,9 +306,7 @@ VARIANTS = {"default": contextlib.nullcontext,
             "widest chunks": _widest_chunks_switch,
             "per document": _per_document_switch,
             "held query": _held_query_switch,
-            "slower card": _slower_card_switch,
-            **{f"tiles t{t} w{w} s{st}": (lambda t=t, w=w, st=st: _tiles_switch(t, w, st))
-               for t, w, st in ((128, 8, 3), (128, 4, 3), (64, 8, 4), (128, 8, 2), (64, 4, 4))}}
+            "slower card": _slower_card_switch}
 
 
 def make_cell(name: str, sizing: bg.Sizing) -> bg.Cell:

@@ -210,18 +210,3 @@ def test_bandwidth_variants_take_either_cards_default_and_restore_the_rule():
         assert dense.default_config(*args, mean_tokens=150.0, read_bandwidth=3.35e12) == \
             config(*args, mean_tokens=150.0)
     assert dense.default_config is config
-
-
-def test_tile_variants_take_one_querys_per_document_tiles_and_restore_the_rule():
-    """``tiles tT wW sS`` replaces one query's default over packed documents with per-document
-    tiles of T tokens over 128-column chunks, W warps, S stages; several queries and padded
-    documents keep the default."""
-    configs = dense.default_config
-    several = configs(4, 32, None, 256, True, 100_000)
-    padded = configs(1, 32, 180, 256, False, 100_000)
-    with dv.VARIANTS["tiles t128 w8 s3"]():
-        assert dense.default_config(1, 32, None, 256, True, 100_000) == dense.MaxSimConfig(
-            block_t=128, num_warps=8, num_stages=3, block_d=dense.MAX_BLOCK_D)
-        assert dense.default_config(4, 32, None, 256, True, 100_000) == several
-        assert dense.default_config(1, 32, 180, 256, False, 100_000) == padded
-    assert dense.default_config is configs
