@@ -30,7 +30,9 @@ Cells run in priority order until the time budget is spent; the cells and provid
 recorded as ``not_run``. Rows (long format, one per cell and provider, with a ``status``) are
 written after every cell with harness.write_results; plots are drawn from that file by
 ``experiments/plots_grid.py``. A grid too long for one device call is split with ``--groups``
-and ``--skip-done``; plots and ``--summary`` merge the files.
+and ``--skip-done`` (result files or folders of them, at the same commit; the later part's
+``meta.continues`` lists the dates of the parts it continues); plots and ``--summary`` merge the
+files.
 """
 
 from __future__ import annotations
@@ -605,6 +607,24 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
     return harness.write_results(rows, out, RESULT_NAME, ceilings=ceilings, meta=meta)
 
 
+def done_parts(paths, commit: str) -> list[Path]:
+    """The result files ``--skip-done`` names: files, or folders (every grid.json under one).
+    A split run is one commit's: a part measured at another commit, or a path that holds no
+    result file, is refused naming it."""
+    parts = []
+    for path in map(Path, paths):
+        found = sorted(path.rglob("grid.json")) if path.is_dir() else [path] * path.is_file()
+        if not found:
+            raise SystemExit(f"--skip-done {path}: no grid result file there")
+        for part in found:
+            theirs = json.loads(part.read_text()).get("provenance", {}).get("commit")
+            if theirs != commit:
+                raise SystemExit(f"--skip-done {part}: measured at commit {theirs}, this run is "
+                                 f"at {commit}; a split run is one commit's")
+        parts += found
+    return parts
+
+
 def summary(doc: dict) -> list[str]:
     """The lines printed last: coverage, the targets' counts and the worst cells."""
     rows = doc["rows"]
@@ -673,7 +693,7 @@ def main(argv=None) -> Path | None:
     parser.add_argument("--groups", default="",
                         help="comma-separated sweeps/grids to run (default: all), to split a run")
     parser.add_argument("--skip-done", nargs="+", default=[], metavar="RESULT",
-                        help="skip the cells that earlier result files ran")
+                        help="skip the cells that earlier result files (or folders of them) ran")
     parser.add_argument("--summary", nargs="+", default=[], metavar="RESULT",
                         help="print the summary of result files (merged) and stop")
     parser.add_argument("--no-plots", action="store_true")
@@ -700,11 +720,15 @@ def main(argv=None) -> Path | None:
         cells = build_cells(args.cells, sizing, groups)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    continues = []
     if args.skip_done:
-        done = {r["shape"] for r in plots_grid.merge_results(args.skip_done)["rows"]
+        parts = done_parts(args.skip_done, harness.provenance()["commit"])
+        done = {r["shape"] for r in plots_grid.merge_results(parts)["rows"]
                 if r["status"] != "not_run"}
-        log.info("skipping %d cells run in %s", sum(c.name in done for c in cells), args.skip_done)
+        log.info("skipping %d cells run in %s", sum(c.name in done for c in cells),
+                 [str(p) for p in parts])
         cells = [c for c in cells if c.name not in done]
+        continues = sorted({json.loads(p.read_text())["provenance"]["date"] for p in parts})
     est = sum(estimated_seconds(c, len(providers)) for c in cells)
     log.info("%d cells (%s), ~%.0f s of timing before compiles, budget %.0f s",
              len(cells), args.cells, est, args.budget)
@@ -723,7 +747,7 @@ def main(argv=None) -> Path | None:
     log.info("ceilings: %s", {k: round(v, 1) for k, v in ceilings.items()})
     meta = {"cells": args.cells, "sizing": dataclasses.asdict(sizing), "device": args.device,
             "grids": grid_specs(args.cells), "headline": HEADLINE, "groups": groups,
-            "skip_done": args.skip_done}
+            "skip_done": args.skip_done, "continues": continues}
     path = run(cells, providers, args.out, ceilings=ceilings, budget_s=args.budget,
                device=args.device, time_fn=time_fn, start=start, meta=meta, rounds=args.rounds)
     log.info("wrote %s", path)

@@ -59,6 +59,10 @@ PREPARED = {
                      "--out runs/wv384gpu (without the checkpoint and collection text)",
 }
 PLAID_SYNTHETIC = "runs/plaid_bench_synthetic/synthetic.nbits2"  # written on the GPU host, reused
+# The targets suite's full grid, in parts: a warm machine keeps this folder between device calls
+# (as SITE's wheels), so a later call's grid-rest times the cells an earlier call's budget left,
+# on the same card at the same commit (bench_grid refuses a part of another commit).
+GRID_PARTS = Path(tempfile.gettempdir()) / "gpu_suite-grid-parts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +78,8 @@ class Suite:
     what: str
     build: Callable[[Path, argparse.Namespace], list[Step]]  # (work folder, options) -> steps
     needs: tuple[str, ...] = ()  # paths under ROOT that must be carried ({before}: --before)
-    collect: tuple[str, ...] = ()  # paths under ROOT added to the bundle after the steps
+    # paths under ROOT (or absolute ones) added to the bundle after the steps
+    collect: tuple[str, ...] = ()
     report: Callable[[Path, argparse.Namespace], str] | None = None
 
 
@@ -453,11 +458,11 @@ def dense_ncu(work: Path, opts) -> list[Step]:
                                      "--out", str(work / "dense-ncu")), 300)]
 
 
-def grid_full(work: Path) -> Step:
+def grid_full(out: Path) -> Step:
     """The full shape grid with the peers, in one device call's budget, without plots (drawn
     on the CPU from the file)."""
     return Step("grid-full", module("experiments.bench_grid", "--cells", "full", "--budget", "535",
-                                    "--no-plots", "--out", str(work / "grid-full")), 565)
+                                    "--no-plots", "--out", str(out)), 565)
 
 
 def grid(work: Path, opts) -> list[Step]:
@@ -468,7 +473,7 @@ def grid(work: Path, opts) -> list[Step]:
     return [*(Step(f"sweep-{cells}", module("experiments.sweep_configs", "--cells", cells,
                                             "--budget", "120", "--out", str(work / f"sweep-{cells}")),
                    150) for cells in ("sixth", "wide", "multi")),
-            grid_full(work)]
+            grid_full(work / "grid-full")]
 
 
 def predictions(work: Path, opts) -> list[Step]:
@@ -485,17 +490,22 @@ def targets(work: Path, opts) -> list[Step]:
     """Issue 25's GPU targets in one run: the full shape grid with the peers, residual codes at
     C = 2^16 and 2^18 beside dense on the decoded documents, the plugin's stage 4 over 100k
     candidates at C = 2^18, and validate=True against validate=False for every op. About 17
-    minutes: two device calls with --only (grid-full; residual-scale,rerank-c18,bench-validate),
-    then ``python -m experiments.targets`` over the two bundles unpacked reads the table of
-    targets."""
-    return [grid_full(work),
-            # The other three fit one call's budget (results/targets/h100-5826ecd/steps.txt).
+    minutes: two device calls on one warm machine with --only (grid-full; then the other
+    steps, grid-rest last: the grid's cells the first call's budget left, which a slow host
+    makes many: run 215), then ``python -m experiments.targets`` over the second bundle unpacked reads the
+    table of targets (the grid's parts merged)."""
+    return [grid_full(GRID_PARTS / "grid-full"),
+            # These three fit one call's budget (results/targets/h100-5826ecd/steps.txt).
             Step("residual-scale", module("experiments.bench_residual_scale",
                                           "--out", str(work / "residual-scale")), 170),
             Step("rerank-c18", module("experiments.profile_rerank", "--sizes", "100000",
                                        "--num-docs", "1000000", "--num-centroids", "262144"), 150),
             Step("bench-validate", module("experiments.bench_validate",
-                                          "--out", str(work / "validate")), 240)]
+                                          "--out", str(work / "validate")), 240),
+            Step("grid-rest", module("experiments.bench_grid", "--cells", "full", "--budget",
+                                     "280", "--no-plots", "--skip-done",
+                                     str(GRID_PARTS / "grid-full"),
+                                     "--out", str(GRID_PARTS / "grid-rest")), 300)]
 
 
 # The last full shape grid: profile-batched takes its lowest B >= 4 cells.
@@ -675,7 +685,7 @@ SUITES = {
     "targets": Suite("issue 25's GPU targets in one run (grid, residual C = 2^16 / 2^18, the "
                      "plugin's 2^18 rerank, validate); two calls with --only, then "
                      "experiments.targets over the bundles",
-                     targets),
+                     targets, collect=(str(GRID_PARTS),)),
     "profile-batched": Suite("the last grid's lowest B >= 4 packed cells on the roofline, then "
                              "Nsight Compute on their scoring launches: which unit each saturates",
                              profile_batched),
@@ -826,7 +836,8 @@ def run_suite(suite: str, steps: list[Step], work: Path, bundle: Path, *, budget
         tar.add(work, arcname=suite)
         for path in collect:
             if (ROOT / path).exists():
-                tar.add(ROOT / path, arcname=f"{suite}/collected/{path}")
+                name = Path(path).name if Path(path).is_absolute() else path
+                tar.add(ROOT / path, arcname=f"{suite}/collected/{name}")
     print(f"\n{text}\nbundle: {bundle}", flush=True)
     return 0 if all(status == "ok" for _, status, *_ in results) else 1
 

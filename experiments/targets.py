@@ -21,6 +21,8 @@ import pathlib
 import re
 import sys
 
+from experiments import plots_grid
+
 TARGET_GPU = "H200"
 READ_PCT = 90.0  # packed, one query, cells of >= 10 MB: % of the read ceiling
 ROOF_PCT = 70.0  # several queries: % of the binding roof (bf16 tensor ceiling or read)
@@ -192,14 +194,27 @@ COVERS = {
 
 
 def _newest_json(folders, name: str, gpu: str = ""):
+    """The newest result file called ``name`` in ``folders`` that covers its targets (measured
+    on a GPU whose name holds ``gpu``), as (path, document); a grid that continues earlier
+    parts of its run (bench_grid --skip-done: ``meta.continues``) comes merged with them."""
     found = []
     for folder in folders:
         for path in sorted(pathlib.Path(folder).rglob(name)):
             doc = json.loads(path.read_text())
             prov = doc.get("provenance", {})
-            if gpu in (prov.get("gpu") or "") and COVERS[name](doc):
+            if gpu in (prov.get("gpu") or ""):
                 found.append((prov.get("date", ""), str(path), doc))
-    return max(found, key=lambda f: (f[0], f[1]))[1:] if found else (None, None)
+    covering = [f for f in found if COVERS[name](f[2])]
+    if not covering:
+        return None, None
+    _, path, doc = max(covering, key=lambda f: (f[0], f[1]))
+    continues = set(doc.get("meta", {}).get("continues") or ())
+    if continues:
+        parts = {f[0]: f[1] for f in found if f[0] in continues and _gpu(f[2]) == _gpu(doc)}
+        if parts:
+            doc = plots_grid.merge_results([*(parts[d] for d in sorted(parts)), path])
+            path = " + ".join([*(parts[d] for d in sorted(parts)), path])
+    return path, doc
 
 
 def _run_date(path: pathlib.Path, root: pathlib.Path) -> str:

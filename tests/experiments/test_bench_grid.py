@@ -498,6 +498,26 @@ def test_split_run_skips_done_cells_and_merges(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == bg.summary(merged)
 
 
+def test_skip_done_takes_folders_of_one_commit_and_names_what_it_continues(tmp_path,
+                                                                            monkeypatch):
+    """--skip-done takes a folder of parts (a device call's output, kept on the machine for the
+    next); the later part records the dates of the parts it continues. A part measured at
+    another commit, or a folder without one, is refused naming it, before anything runs."""
+    first = _recorded_result(tmp_path / "parts" / "grid-full")
+    date = json.loads(first.read_text())["provenance"]["date"]
+    second = bg.main(["--device", "cpu", "--cells", "quick", "--out", str(tmp_path / "b"),
+                      "--budget", "0", "--providers", "tilemaxsim", "--skip-done",
+                      str(tmp_path / "parts"), "--no-plots"])
+    meta = json.loads(second.read_text())["meta"]
+    assert meta["continues"] == [date] and meta["skip_done"] == [str(tmp_path / "parts")]
+    with pytest.raises(SystemExit, match="no grid result file"):
+        bg.main(["--device", "cpu", "--cells", "quick", "--skip-done", str(tmp_path / "none"),
+                 "--dry-run"])
+    monkeypatch.setenv("TILEMAXSIM_COMMIT", "another")
+    with pytest.raises(SystemExit, match="at commit .* this run is at another"):
+        bg.main(["--device", "cpu", "--cells", "quick", "--skip-done", str(first), "--dry-run"])
+
+
 def test_rounds_are_a_setting(tmp_path):
     """``--rounds`` sets the timing rounds a cell gets (recorded in meta); fewer than one is
     refused before anything runs."""

@@ -245,13 +245,16 @@ EXPECTED = {
                               "W/distributed"],
     },
 }
+PARTS = str(gpu_suite.GRID_PARTS)
 EXPECTED["targets"] = {
     "grid-full": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "535",
-                  "--no-plots", "--out", "W/grid-full"],
+                  "--no-plots", "--out", f"{PARTS}/grid-full"],
     "residual-scale": ["-m", "experiments.bench_residual_scale", "--out", "W/residual-scale"],
     "rerank-c18": ["-m", "experiments.profile_rerank", "--sizes", "100000", "--num-docs",
                     "1000000", "--num-centroids", "262144"],
     "bench-validate": ["-m", "experiments.bench_validate", "--out", "W/validate"],
+    "grid-rest": ["-m", "experiments.bench_grid", "--cells", "full", "--budget", "280",
+                  "--no-plots", "--skip-done", f"{PARTS}/grid-full", "--out", f"{PARTS}/grid-rest"],
 }
 # The open predictions' one call: two suites above in order, without the residual and flat-walk
 # tests.
@@ -431,6 +434,17 @@ def run_toy(tmp_path, steps, **kwargs):
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
     return rc, work, names
+
+
+def test_the_bundle_collects_folders_outside_the_tree_by_their_name(tmp_path, fast_probe):
+    """An absolute collect path (the targets suite's grid parts, kept on the machine between
+    calls) goes into the bundle under collected/ by its folder's name."""
+    parts = tmp_path / "parts"
+    (parts / "grid-full").mkdir(parents=True)
+    (parts / "grid-full" / "grid.json").write_text("{}")
+    _, _, names = run_toy(tmp_path, [toy("a", "pass")], collect=(str(parts),))
+    assert "toy/collected/parts/grid-full/grid.json" in names
+    assert gpu_suite.SUITES["targets"].collect == (str(gpu_suite.GRID_PARTS),)
 
 
 def test_probe_reports_versions(capsys):

@@ -143,6 +143,30 @@ def test_rerank_target_needs_c_2_18_and_the_fast_products():
     assert none.met is None and none.measured == "not measured"
 
 
+def test_a_grid_split_over_calls_is_read_as_one_run(tmp_path):
+    """The newest grid that continues earlier parts of its run (bench_grid --skip-done) is
+    merged with them: their cells count as run; a part of another commit, or one it does not
+    name, is left out."""
+    first = grid_doc()
+    for row in first["rows"][1:2]:
+        row.update(status="not_run", pct_read_bw=None, pct_roof=None, ratio_to_best_peer=None)
+    rest = grid_doc(prov={**H200, "date": "2026-12-07T11:00:00+00:00"}, low_read=95.0)
+    rest["rows"] = rest["rows"][1:2]
+    rest["meta"]["continues"] = [H200["date"]]
+    other = grid_doc(prov={**H200, "commit": "fedcba9876"}, low_read=50.0)
+    for name, doc in (("grid-full", first), ("grid-rest", rest), ("elsewhere", other)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "grid.json").write_text(json.dumps(doc))
+    got = by_name(targets.collect([tmp_path], "H200"))
+    read = got["packed one query, read"]
+    assert (read.met, read.measured) == (True, "2/2 cells")
+    assert read.source == f"{tmp_path}/grid-full/grid.json + {tmp_path}/grid-rest/grid.json"
+    rest["meta"]["continues"] = ["2026-12-01T00:00:00+00:00"]  # a part it does not name
+    (tmp_path / "grid-rest" / "grid.json").write_text(json.dumps(rest))
+    read = by_name(targets.collect([tmp_path], "H200"))["packed one query, read"]
+    assert read.measured == "1/1 cells" and read.source.endswith("grid-rest/grid.json")
+
+
 def test_only_files_that_cover_a_target_stand_for_it(tmp_path):
     """A quick grid (a subset of cells) or a validate run at 2,000 documents (a host profile)
     newer than the full ones does not replace them; a log without its index line says so."""
