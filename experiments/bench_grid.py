@@ -598,11 +598,14 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
         rows += run_cell(cell, providers, ceilings, device=device, time_fn=time_fn, clock=clock,
                          deadline=deadline, rounds=rounds, size_reads=size_reads)
         took.append(clock() - began)
-        # Written after every cell, with the cells still to run, so a run killed at its
-        # wall-clock limit keeps what it measured and names what it did not.
+        # Written after every cell, with the cells still to run as not_run rows, so a run
+        # killed at its wall-clock limit keeps what it measured and its file (and a later
+        # part's --skip-done, and the targets read off it) names every cell it did not run.
         meta.update(cells_run=i + 1, not_run=[c.name for c in cells[i + 1:]],
                     elapsed_s=clock() - start)
-        harness.write_results(rows, out, RESULT_NAME, ceilings=ceilings, meta=meta)
+        pending = [status_row(rest, name, "not_run", reason="not reached: the run stopped")
+                   for rest in cells[i + 1:] for name in providers]
+        harness.write_results(rows + pending, out, RESULT_NAME, ceilings=ceilings, meta=meta)
     meta.update(cells_run=len(cells) - len(not_run), not_run=not_run, elapsed_s=clock() - start)
     return harness.write_results(rows, out, RESULT_NAME, ceilings=ceilings, meta=meta)
 

@@ -162,8 +162,9 @@ def test_budget_cut_is_recorded(tmp_path):
 
 
 def test_a_killed_run_names_the_cells_it_did_not_run(tmp_path):
-    """The file written after each cell lists the cells still to run, so a run killed at the
-    device's wall-clock limit does not lose them silently."""
+    """The file written after each cell lists the cells still to run, in its meta and as
+    not_run rows, so a run killed at the device's wall-clock limit does not lose them silently
+    (the targets read off it count them as not run)."""
     cells = bg.build_cells("quick", TINY)[:4]
     calls = []
 
@@ -179,6 +180,8 @@ def test_a_killed_run_names_the_cells_it_did_not_run(tmp_path):
     doc = json.loads((tmp_path / "grid.json").read_text())
     assert doc["meta"]["cells_run"] == 1
     assert doc["meta"]["not_run"] == [c.name for c in cells[1:]]
+    assert [(r["shape"], r["status"]) for r in doc["rows"]] == [
+        (cells[0].name, "ok"), *((c.name, "not_run") for c in cells[1:])]
 
 
 def test_wrong_and_failing_providers_are_recorded_not_timed(tmp_path):
