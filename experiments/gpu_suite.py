@@ -489,11 +489,11 @@ def predictions(work: Path, opts) -> list[Step]:
 def targets(work: Path, opts) -> list[Step]:
     """Issue 25's GPU targets in one run: the full shape grid with the peers, residual codes at
     C = 2^16 and 2^18 beside dense on the decoded documents, the plugin's stage 4 over 100k
-    candidates at C = 2^18, and validate=True against validate=False for every op. About 17
-    minutes: two device calls on one warm machine with --only (grid-full; then the other
-    steps, grid-rest last: the grid's cells the first call's budget left, which a slow host
-    makes many: run 215), then ``python -m experiments.targets`` over the second bundle unpacked reads the
-    table of targets (the grid's parts merged)."""
+    candidates at C = 2^18, and validate=True against validate=False for every op. Two device
+    calls on one warm machine with --only: grid-full, then the other steps, grid-rest last
+    (the grid's cells the first call's budget left: many on a slow host, run 215). Then
+    ``python -m experiments.targets`` over the second bundle unpacked reads the table of
+    targets, the grid's two parts merged."""
     return [grid_full(GRID_PARTS / "grid-full"),
             # These three fit one call's budget (results/targets/h100-5826ecd/steps.txt).
             Step("residual-scale", module("experiments.bench_residual_scale",
@@ -683,8 +683,8 @@ SUITES = {
     "profile-search": Suite("the plugin's search graph kernel by kernel, random indexes of 8.8M and "
                             "100k passages", profile_search),
     "targets": Suite("issue 25's GPU targets in one run (grid, residual C = 2^16 / 2^18, the "
-                     "plugin's 2^18 rerank, validate); two calls with --only, then "
-                     "experiments.targets over the bundles",
+                     "plugin's 2^18 rerank, validate); two calls with --only on one machine, "
+                     "then experiments.targets over the second bundle",
                      targets, collect=(str(GRID_PARTS),)),
     "profile-batched": Suite("the last grid's lowest B >= 4 packed cells on the roofline, then "
                              "Nsight Compute on their scoring launches: which unit each saturates",
