@@ -8,6 +8,8 @@ Each FOLDER (a gpu_suite bundle unpacked, or results folders) is searched for th
 (bench_validate) and ``profile_rerank`` log (a ``*.log`` with profile_rerank's lines), by the date
 in their provenance (a log's by the file's time); with ``--gpu``, one table per name, of the
 sources measured on a GPU whose name holds it. What is not found is listed as not measured.
+A grid split over device calls (bench_grid --skip-done) is read with the parts it continues;
+a grid target whose cells were not all run is "not on every cell", unless a cell misses it.
 The targets are the issue's, asked of an H200 in one run; a line measured on another card says
 which, and the last line says whether every source is one H200 run (same GPU and commit).
 """
