@@ -610,21 +610,21 @@ def run(cells: list[Cell], providers: dict, out, *, ceilings: dict, budget_s: fl
     return harness.write_results(rows, out, RESULT_NAME, ceilings=ceilings, meta=meta)
 
 
-def done_parts(paths, commit: str) -> list[Path]:
-    """The result files ``--skip-done`` names: files, or folders (every grid.json under one).
-    A split run is one commit's: a part measured at another commit, or a path that holds no
-    result file, is refused naming it."""
-    parts = []
+def done_parts(paths, commit: str) -> dict[Path, str]:
+    """The result files ``--skip-done`` names (files, or folders: every grid.json under one),
+    each with its provenance date. A split run is one commit's: a part measured at another
+    commit, or a path that holds no result file, is refused naming it."""
+    parts = {}
     for path in map(Path, paths):
         found = sorted(path.rglob("grid.json")) if path.is_dir() else [path] * path.is_file()
         if not found:
             raise SystemExit(f"--skip-done {path}: no grid result file there")
         for part in found:
-            theirs = json.loads(part.read_text()).get("provenance", {}).get("commit")
-            if theirs != commit:
-                raise SystemExit(f"--skip-done {part}: measured at commit {theirs}, this run is "
-                                 f"at {commit}; a split run is one commit's")
-        parts += found
+            prov = json.loads(part.read_text()).get("provenance", {})
+            if prov.get("commit") != commit:
+                raise SystemExit(f"--skip-done {part}: measured at commit {prov.get('commit')}, "
+                                 f"this run is at {commit}; a split run is one commit's")
+            parts[part] = prov.get("date", "")
     return parts
 
 
@@ -726,12 +726,12 @@ def main(argv=None) -> Path | None:
     continues = []
     if args.skip_done:
         parts = done_parts(args.skip_done, harness.provenance()["commit"])
-        done = {r["shape"] for r in plots_grid.merge_results(parts)["rows"]
+        done = {r["shape"] for r in plots_grid.merge_results(list(parts))["rows"]
                 if r["status"] != "not_run"}
         log.info("skipping %d cells run in %s", sum(c.name in done for c in cells),
                  [str(p) for p in parts])
         cells = [c for c in cells if c.name not in done]
-        continues = sorted({json.loads(p.read_text())["provenance"]["date"] for p in parts})
+        continues = sorted(set(parts.values()))
     est = sum(estimated_seconds(c, len(providers)) for c in cells)
     log.info("%d cells (%s), ~%.0f s of timing before compiles, budget %.0f s",
              len(cells), args.cells, est, args.budget)
