@@ -289,7 +289,8 @@ def residual_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the residual kernels (the mma kernel's own, the op's defaults, the Triton
     kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
     beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
-    the mma kernel at 4 and 8 documents per grab and with its prefetch flipped, and dense scoring
+    the mma kernel at 4 and 8 documents per grab, with its prefetch flipped and with
+    pipeline_codes (its walk with two tiles in flight), and dense scoring
     of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18;
     then the centroid-score table's build by tile (bench_centroid_table; about 7 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",

@@ -596,8 +596,9 @@ def test_mma_default_where_it_applies_from_many_documents(device, monkeypatch):
     monkeypatch.setattr(residual, "_maxsim_residual_kernel", triton)
     monkeypatch.setattr(residual.nvrtc, "available", lambda: True)
     monkeypatch.setattr(residual_mma, "reasons_not_to_apply", lambda *args: reasons)
+    # (grab, prefetch) of each launch
     monkeypatch.setattr(residual_mma, "launch_residual_mma", lambda *args: taken.append(
-        args[-2:]) or torch.zeros(1, args[10], device=device))
+        args[13:15]) or torch.zeros(1, args[10], device=device))
     index = random_index(device, 128, 2, lengths=[3] * 4)
     Q = unit_queries(1, 32, 128, torch.float16, device)
     norms = norms_of(index, 2)

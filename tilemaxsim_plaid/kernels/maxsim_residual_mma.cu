@@ -37,7 +37,9 @@
 // (PREFETCH) after the scored one's first tile the next one's rows, codes and inverse norms
 // are prefetched into L2. The next tile's residual rows, codes and inverse norms are loaded
 // before the current tile's products, and its table entries (which wait on its codes) after
-// them.
+// them. With PIPELINE_CODES the warp walks its documents as one stream of tiles across grabs
+// (mma_walk.cuh) with two tiles in flight: a tile's rows, codes and norms are loaded two tiles
+// ahead and its table entries one tile ahead, in two register slots taken in turn.
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
 // length adds 0 (also to an empty document's -inf); an empty document is -inf. Every max
@@ -48,7 +50,8 @@
 // Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
 // ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
 // (1: int64 codes, else int32), PREFETCH (1: documents into L2 a document ahead), L2_HINTS (1:
-// the table's lines kept in L2 before the streamed rows, codes and norms), CHAINS.
+// the table's lines kept in L2 before the streamed rows, codes and norms), PIPELINE_CODES (1:
+// two tiles in flight over one stream of documents), CHAINS.
 
 #ifndef WARPS
 #define WARPS 16
@@ -73,6 +76,9 @@
 #endif
 #ifndef L2_HINTS
 #define L2_HINTS 0
+#endif
+#ifndef PIPELINE_CODES
+#define PIPELINE_CODES 0
 #endif
 #include "mma_common.cuh"
 
@@ -103,9 +109,11 @@ typedef uint4 lane_bytes_t;
 // inverse norms of tokens 2q, 2q + 1, 8 + 2q, 8 + 2q + 1 (the columns of its products). A token
 // past the document's end reads the document's last token instead (an empty document's, the
 // index's first), so no load is masked: the products of such tokens are masked after them.
+// Codes are kept as read and clamped into [0, C) where their table entries are loaded, so
+// nothing waits on them before then.
 struct Tile {
     lane_bytes_t bits[2];
-    int code[4];
+    code_t code[4];
     float inv[4];
 };
 
@@ -129,7 +137,7 @@ __device__ __forceinline__ int clamp_code(code_t c, int max_code) {
 __device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restrict__ residuals,
                                           const code_t* __restrict__ codes,
                                           const float* __restrict__ inv_norms, long long start,
-                                          int first, int last, int g, int q, int max_code) {
+                                          int first, int last, int g, int q) {
     const unsigned char* rows = residuals + start * ROW_BYTES + q * LANE_BYTES;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -138,7 +146,7 @@ __device__ __forceinline__ void load_tile(Tile& t, const unsigned char* __restri
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int k = min(first + 8 * h + 2 * q + e, last);
-            t.code[2 * h + e] = clamp_code(load_streamed(codes + start + k), max_code);
+            t.code[2 * h + e] = load_streamed(codes + start + k);
             t.inv[2 * h + e] = load_streamed(inv_norms + start + k);
         }
     }
@@ -211,6 +219,146 @@ __device__ __forceinline__ unsigned entry_offset(unsigned word, unsigned lane_bi
     return (shifted & 0x7f80u) | lane_bits;
 }
 
+// Lane (g, q)'s B fragments of one half-tile (8 tokens): token g's q-th quarter of its residual
+// row decoded by the shared-memory byte table, 16 registers of two weights.
+__device__ __forceinline__ void decode_half(unsigned (&b)[16], lane_bytes_t bits,
+                                            const char* byte_entries, unsigned lane_bits) {
+#if NBITS == 2
+    const unsigned words[2] = {bits.x, bits.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+        const unsigned offsets4[4] = {
+            entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
+            entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint2 e = *reinterpret_cast<const uint2*>(byte_entries + offsets4[i]);
+            b[8 * w + 2 * i] = e.x;
+            b[8 * w + 2 * i + 1] = e.y;
+        }
+    }
+#else
+    const unsigned words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const unsigned offsets4[4] = {
+            entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
+            entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            b[4 * w + i] = *reinterpret_cast<const unsigned*>(byte_entries + offsets4[i]);
+    }
+#endif
+}
+
+// One half-tile's products and running maxima: tokens 2q, 2q + 1 of the half (``entries`` and
+// ``inv`` theirs), ``half_left`` the document's tokens from the half's first on.
+__device__ __forceinline__ void score_half(float (&best)[4], const unsigned (&qf)[QUERY_REGS],
+                                           const unsigned (&b)[16], const entries_t* entries,
+                                           const float* inv, int half_left, int q) {
+    // CHAINS chains per query block (k-blocks kb % CHAINS) overlap the products' latency.
+    // Register 2r + e of block qb is row g + 8 (2qb + r), token 2q + e.
+    float acc[2][CHAINS][4];
+#pragma unroll
+    for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[qb][c][j] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int qb = 0; qb < 2; ++qb)
+            mma_16816(acc[qb][kb % CHAINS], qf + (kb * 2 + qb) * 4, b[2 * kb], b[2 * kb + 1]);
+#pragma unroll
+    for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+        for (int c = 1; c < CHAINS; ++c)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[qb][0][j] += acc[qb][c][j];
+    // Token 2q + e of the half: (S + <q, r>) * inv_norm for rows g + 8j, j = 2qb + r. A token
+    // past the end is -inf, selected after the products (a product may be NaN or inf, and
+    // -inf + NaN would let it win the max).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const bool in = 2 * q + e < half_left;
+        const float4 s = entries_f32(entries[e]);
+        const float entry[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+        for (int qb = 0; qb < 2; ++qb)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int j = 2 * qb + r;
+                const float v = (entry[j] + acc[qb][0][2 * r + e]) * inv[e];
+                best[j] = max_nan(best[j], in ? v : NEG_INF);
+            }
+    }
+}
+
+// A 16-token tile's two halves (a half wholly past the document's end is skipped: ``left``, the
+// document's tokens from the tile's first on, is the same for the whole warp).
+__device__ __forceinline__ void score_tile(float (&best)[4], const unsigned (&qf)[QUERY_REGS],
+                                           const Tile& tile, const entries_t (&entries)[4],
+                                           int left, const char* byte_entries,
+                                           unsigned lane_bits, int q) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int half_left = left - 8 * half;
+        if (half == 1 && half_left <= 0) break;
+        unsigned b[16];
+        decode_half(b, tile.bits[half], byte_entries, lane_bits);
+        score_half(best, qf, b, entries + 2 * half, tile.inv + 2 * half, half_left, q);
+    }
+}
+
+#if PIPELINE_CODES
+#include "mma_walk.cuh"
+
+// What the walk asks of the device: lane 0's atomic claims, broadcast when read, and documents'
+// bounds.
+struct DeviceWarp {
+    int* counter;
+    int grab, lane;
+    const long long* offsets;
+    const long long* pids;
+
+    __device__ __forceinline__ int claim() { return lane == 0 ? atomicAdd(counter, grab) : 0; }
+    __device__ __forceinline__ int resolve(int pending) {
+        return __shfl_sync(0xffffffffu, pending, 0);
+    }
+    __device__ __forceinline__ void bounds(int n, long long& start, int& length) {
+        document_bounds(offsets, pids, n, start, length);
+    }
+};
+
+// A tile in flight: its loads, its table entries once asked for, and where it is. Slots are
+// loaded whatever their tile (one past the stream's end reads valid tokens, and is not scored):
+// a load under a condition would keep the slot's previous values alive beside it, registers
+// the kernel does not have at 16 warps.
+struct Slot {
+    Tile tile;
+    entries_t entries[4];
+    int left, n;  // TileRef's
+};
+
+__device__ __forceinline__ void load_slot(Slot& s, const TileRef& t,
+                                          const unsigned char* __restrict__ residuals,
+                                          const code_t* __restrict__ codes,
+                                          const float* __restrict__ inv_norms, int g, int q) {
+    s.left = t.left;
+    s.n = t.n;
+    load_tile(s.tile, residuals, codes, inv_norms, t.start, t.first, t.last, g, q);
+}
+
+__device__ __forceinline__ void load_slot_entries(Slot& s, const char* __restrict__ query_table,
+                                                  unsigned stride_bytes, int max_code) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        s.entries[k] = load_entries(query_table, clamp_code(s.tile.code[k], max_code),
+                                    stride_bytes);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] ELEM
                     long long stride_qb, long long stride_qt,  // in elements, even
@@ -258,8 +406,38 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
     bool row_in_query[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) row_in_query[j] = g + 8 * j < query_rows;
+    // Running max of query rows g + 8j over this lane's tokens.
+    float best[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) best[j] = NEG_INF;
     __syncthreads();
 
+#if PIPELINE_CODES
+    // Two tiles in flight beside the one scored, in two slots taken in turn (no copies between
+    // them): a tile's residual rows, codes and inverse norms are loaded two tiles before it is
+    // scored, its table entries one tile before, so each load has a tile's work to arrive in.
+    DeviceWarp warp{counters + query, grab, lane, offsets, pids};
+    Walk<DeviceWarp> walk(warp, num_out, grab);
+    Slot a, b;
+    load_slot(a, walk.take(), residuals, codes, inv_norms, g, q);
+    load_slot(b, walk.take(), residuals, codes, inv_norms, g, q);
+    load_slot_entries(a, query_table, table_stride_bytes, max_code);
+    // Scores ``cur``, asks for ``next``'s table entries and loads the tile after ``next`` into
+    // ``cur``; false once the walk has no tile left.
+    auto step = [&](Slot& cur, Slot& next) {
+        if (cur.n < 0) return false;
+        score_tile(best, qf, cur.tile, cur.entries, cur.left, byte_entries, lane_bits, q);
+        if (cur.left <= WALK_TILE) {
+            const float total = document_score(best, row_in_query);
+            if (lane == 0) out_row[cur.n] = total;
+        }
+        load_slot_entries(next, query_table, table_stride_bytes, max_code);
+        load_slot(cur, walk.take(), residuals, codes, inv_norms, g, q);
+        return true;
+    };
+    while (step(a, b) && step(b, a)) {
+    }
+#else
     // Grabs are claimed one ahead (lane 0's atomic is waited for only when the grab before it is
     // done), and each document's bounds are read while the one before it is scored.
     int claimed = lane == 0 ? atomicAdd(counters + query, grab) : 0;
@@ -282,16 +460,13 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
         int safe_last = max(left - 1, 0);
         int position = 0;  // of the tile's first token in the document
         Tile next;
-        load_tile(next, residuals, codes, inv_norms, safe_start, 0, safe_last, g, q, max_code);
+        load_tile(next, residuals, codes, inv_norms, safe_start, 0, safe_last, g, q);
         // The table entries of the next tile's tokens, loaded a tile ahead like its codes.
         entries_t next_entries[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            next_entries[k] = load_entries(query_table, next.code[k], table_stride_bytes);
-        // Running max of query rows g + 8j over this lane's tokens.
-        float best[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) best[j] = NEG_INF;
+            next_entries[k] = load_entries(query_table, clamp_code(next.code[k], max_code),
+                                           table_stride_bytes);
 
         for (;;) {
             const Tile tile = next;
@@ -314,86 +489,15 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
             }
             if (n < last)
                 load_tile(next, residuals, codes, inv_norms, safe_start, position, safe_last, g,
-                          q, max_code);
+                          q);
 
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int half_left = tile_left - 8 * half;
-                if (half == 1 && half_left <= 0) break;  // the same for the whole warp
-                unsigned b[16];
-#if NBITS == 2
-                const unsigned words[2] = {tile.bits[half].x, tile.bits[half].y};
-#pragma unroll
-                for (int w = 0; w < 2; ++w) {
-                    const unsigned offsets4[4] = {
-                        entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
-                        entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const uint2 e = *reinterpret_cast<const uint2*>(byte_entries + offsets4[i]);
-                        b[8 * w + 2 * i] = e.x;
-                        b[8 * w + 2 * i + 1] = e.y;
-                    }
-                }
-#else
-                const unsigned words[4] = {tile.bits[half].x, tile.bits[half].y,
-                                           tile.bits[half].z, tile.bits[half].w};
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    const unsigned offsets4[4] = {
-                        entry_offset<0>(words[w], lane_bits), entry_offset<1>(words[w], lane_bits),
-                        entry_offset<2>(words[w], lane_bits), entry_offset<3>(words[w], lane_bits)};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        b[4 * w + i] = *reinterpret_cast<const unsigned*>(byte_entries
-                                                                          + offsets4[i]);
-                }
-#endif
-                // CHAINS chains per query block (k-blocks kb % CHAINS) overlap the products'
-                // latency. Register 2r + e of block qb is row g + 8 (2qb + r), token 2q + e.
-                float acc[2][CHAINS][4];
-#pragma unroll
-                for (int qb = 0; qb < 2; ++qb)
-#pragma unroll
-                    for (int c = 0; c < CHAINS; ++c)
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) acc[qb][c][j] = 0.f;
-#pragma unroll
-                for (int kb = 0; kb < 8; ++kb)
-#pragma unroll
-                    for (int qb = 0; qb < 2; ++qb)
-                        mma_16816(acc[qb][kb % CHAINS], qf + (kb * 2 + qb) * 4, b[2 * kb],
-                                  b[2 * kb + 1]);
-#pragma unroll
-                for (int qb = 0; qb < 2; ++qb)
-#pragma unroll
-                    for (int c = 1; c < CHAINS; ++c)
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) acc[qb][0][j] += acc[qb][c][j];
-                // Token 2q + e of the half: (S + <q, r>) * inv_norm for rows g + 8j, j = 2qb + r.
-                // A token past the end is -inf, selected after the products (a product may be
-                // NaN or inf, and -inf + NaN would let it win the max).
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const bool in = 2 * q + e < half_left;
-                    const float inv = tile.inv[2 * half + e];
-                    const float4 s = entries_f32(entries[2 * half + e]);
-                    const float entry[4] = {s.x, s.y, s.z, s.w};
-#pragma unroll
-                    for (int qb = 0; qb < 2; ++qb)
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            const int j = 2 * qb + r;
-                            const float v = (entry[j] + acc[qb][0][2 * r + e]) * inv;
-                            best[j] = max_nan(best[j], in ? v : NEG_INF);
-                        }
-                }
-            }
+            score_tile(best, qf, tile, entries, tile_left, byte_entries, lane_bits, q);
 
             if (n < last) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k)
-                    next_entries[k] = load_entries(query_table, next.code[k], table_stride_bytes);
+                    next_entries[k] = load_entries(query_table, clamp_code(next.code[k], max_code),
+                                                   table_stride_bytes);
             }
             // After a tile's products, by when document n + 1's bounds have arrived.
             if (PREFETCH && !after_asked && n + 1 < last) {
@@ -408,4 +512,5 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
             }
         }
     }
+#endif
 }
