@@ -307,10 +307,12 @@ def residual_mma(work: Path, opts) -> list[Step]:
 
 def residual_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the residual op's two kernels (the Triton default and the mma kernel),
-    one fp16 query over 100k documents, C = 2^16, nbits 2 and 4: which unit each saturates and
-    the SASS instructions their warps wait on, with why (profile_kernels ncu: stalls.txt)."""
+    one fp16 query over 100k documents, C = 2^16, nbits 2 and 4, and the mma kernel's
+    pipeline_codes walk: which unit each saturates and the SASS instructions their warps wait
+    on, with why (profile_kernels ncu: stalls.txt)."""
     return [Step("residual-ncu", module("experiments.profile_kernels", "ncu", "--ops", "residual",
-                                        "--only", "=residual,=residual nbits4,residual decode",
+                                        "--only", "=residual,=residual nbits4,residual decode,"
+                                        "residual pipeline_codes",
                                         "--out", str(work / "residual-ncu")), 300)]
 
 
