@@ -286,17 +286,18 @@ def test_pipelined_walk_matches_reference_and_the_default_walk(device, poisoned_
 
 @on_gpu
 @pytest.mark.parametrize("nbits", NBITS)
-def test_pipelined_walk_pids_long_query_and_int64(device, poisoned_outputs, nbits):
-    """pids in any order over many warps, two query chunks, int64 codes."""
+def test_pipelined_walk_pids_and_a_long_query(device, poisoned_outputs, nbits):
+    """pids in any order over many warps, and two query chunks (each its own counter)."""
     lengths = torch.randint(0, 140, (5000,), generator=torch.Generator().manual_seed(3)).tolist()
     index = random_index(device, 128, nbits, lengths=lengths, num_centroids=300)
     inv_norms = norms_of(index, nbits)
     pids = torch.randperm(5000, device=device)[:2777]
     Q = unit_queries(2, 40, 128, torch.float16, device)
-    index64 = dict(index, codes=index["codes"].long())
     config = ResidualConfig(scoring="mma", pipeline_codes=True)
-    out = score(Q, index64, nbits, pids=pids, inv_norms=inv_norms, config=config)
+    out = score(Q, index, nbits, pids=pids, inv_norms=inv_norms, config=config)
     assert_close(out, expected(Q, index, nbits)[:, pids.cpu()], "maxsim_residual", torch.float16)
+    walked = score(Q, index, nbits, pids=pids, inv_norms=inv_norms, config=MMA)
+    torch.testing.assert_close(out, walked, rtol=0, atol=0)
 
 
 @on_gpu

@@ -5,8 +5,9 @@
 // kernels always have, but the walk does not stop between grabs: the grab after the current
 // one is claimed when the current one is entered, and read when the current grab's last
 // document is entered (a document ahead), so the tile after a grab's last tile is handed out
-// like any other and the loads in flight never drain. Each document's bounds are read a
-// document ahead.
+// like any other and the loads in flight never drain (with one document a grab the claim is
+// read as soon as it is made, a wait a document; the kernels' default grab is two). Each
+// document's bounds are read a document ahead.
 //
 // Plain C++ with its device calls behind ``Warp``, so the tests compile it on the CPU and walk
 // simulated warps (tests/kernels/test_mma_walk.py). ``Warp`` provides:
