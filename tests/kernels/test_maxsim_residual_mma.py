@@ -426,3 +426,58 @@ def test_launch_start_gives_the_scores_and_a_query_of_aligned_pairs():
     assert mma_fragments.launch_start(strided, 3, grab=1)[1].stride(2) == 1
     with pytest.raises(ValueError, match="documents per grab"):
         mma_fragments.launch_start(Q3, 5, grab=0)
+
+
+@pytest.mark.skipif(ON_GPU, reason="replays the host side with the CUDA launch recorded; the GPU "
+                                   "tests above run the launch itself")
+@pytest.mark.parametrize("Lq,B", [(32, 1), (9, 2), (40, 2)])
+def test_host_side_launches_one_kernel_a_chunk_with_its_own_counters(monkeypatch, Lq, B):
+    """The host side of the mma kernel on the CPU, every launch recorded instead of made (the
+    Triton table launch a no-op): one launch per chunk of <= 32 query rows, each with the chunk's
+    rows in place (no copy of a contiguous query), its row offset, its own zeroed counters of B
+    entries, and the index tensors as given."""
+    from types import SimpleNamespace
+
+    from tilemaxsim_plaid.ops import nvrtc, residual
+    from tilemaxsim_plaid.ops.residual import _query_centroid_scores_kernel
+
+    launches = []
+
+    class Recorder(nvrtc.CudaKernel):
+        def __init__(self, *key):
+            self.key, self.device, self.name, self.dynamic_shared = key, torch.device("cuda", 0), "r", 0
+
+        def __call__(self, grid, block, args):
+            # The counters (argument 17) as they are at the launch, and where they are.
+            launches.append((self.key, grid, block, args, args[17].clone(), args[17].data_ptr()))
+
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    monkeypatch.setattr(nvrtc, "multiprocessors", lambda device: 132)
+    monkeypatch.setattr(mma_fragments, "device_reasons", lambda device: [])
+    monkeypatch.setattr(residual_mma, "kernel", lambda *key: Recorder(*key))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(type(_query_centroid_scores_kernel), "__getitem__",
+                        lambda self, grid: lambda *args, **kwargs: None)
+    monkeypatch.setattr(residual, "MANY_DOCS", 4)
+    index = random_index("cpu", 128, 2, lengths=[3, 20, 0, 9, 40] * 3)
+    Q = unit_queries(B, Lq, 128, torch.float16, "cpu")
+    pids = torch.tensor([4, 0, 2, 2])
+    out = score(Q, index, 2, pids=pids, inv_norms=norms_of(index, 2))
+    assert out.shape == (B, 4)
+    chunks = -(-Lq // 32)
+    assert len(launches) == chunks
+    counters = set()
+    for chunk, (key, grid, block, args, counter, counter_at) in enumerate(launches):
+        assert key[1:3] == (torch.float16, 2) and grid == (132, B, 1) and block == (512, 1, 1)
+        rows = min(32, Lq - 32 * chunk)
+        query, start = args[0], args[5].value
+        assert start == 32 * chunk and args[3].value == rows and query.shape == (B, rows, 128)
+        assert query.data_ptr() == Q.data_ptr() + 32 * chunk * Q.stride(1) * Q.element_size()
+        assert args[7] is index["residuals"] and args[8] is index["codes"]
+        assert args[13] is index["offsets"] and torch.equal(args[14], pids)
+        assert args[10].shape == (index["centroids"].shape[0], B * 32)
+        assert args[16].value == out.stride(0) and args[18].value == 4
+        assert counter.shape == (B,) and (counter == 0).all()
+        counters.add(counter_at)
+    assert len(counters) == chunks

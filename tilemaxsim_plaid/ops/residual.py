@@ -570,13 +570,17 @@ def _table_entry_bytes(centroid_scores, half_table: bool) -> int:
 
 
 def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
-            query_lengths, num_out_docs, config, centroid_scores=None, split_query=False):
+            query_lengths, num_out_docs, config, centroid_scores=None, split_query=False,
+            applies: bool = False):
+    """``applies``: config is the op's own mma default, chosen where the mma kernel applies (its
+    fields and the input need no second check)."""
     if config is not None and config.scoring == "mma":
-        check_config(config)
-        residual_mma.check_applies(Q3, codes, residuals, nbits, inv_norms, centroids,
-                                   split_query, centroid_scores,
-                                   pipeline_codes=config.pipeline_codes,
-                                   half_table=config.half_table)
+        if not applies:
+            check_config(config)
+            residual_mma.check_applies(Q3, codes, residuals, nbits, inv_norms, centroids,
+                                       split_query, centroid_scores,
+                                       pipeline_codes=config.pipeline_codes,
+                                       half_table=config.half_table)
         return residual_mma.launch_residual_mma(
             Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, centroid_scores, config.half_table,
@@ -907,11 +911,13 @@ def maxsim_residual(
         if centroid_scores.stride(1) != 1:
             centroid_scores = centroid_scores.contiguous()  # its rows are gathered whole
     num_out = pids.numel() if pids is not None else num_docs
-    if (config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS and nvrtc.available()
-            and not residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms,
-                                                      centroids, split_query, centroid_scores)):
+    applies = (config is None and nbits in MMA_NBITS and num_out >= MANY_DOCS
+               and nvrtc.available()
+               and not residual_mma.reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms,
+                                                         centroids, split_query, centroid_scores))
+    if applies:
         config = mma_default(residual_mma.takes_l2_hints(Q3, centroids, centroid_scores))
     out = _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
-                  query_lengths, num_out, config, centroid_scores, split_query)
+                  query_lengths, num_out, config, centroid_scores, split_query, applies)
     batch.finish()
     return out[0] if Q.dim() == 2 else out

@@ -128,8 +128,14 @@ def reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids, spli
 
 
 def max_table_bytes() -> int:
-    from tilemaxsim_plaid.ops.residual import MAX_CENTROID_TABLE_BYTES
-    return MAX_CENTROID_TABLE_BYTES
+    """ops/residual.MAX_CENTROID_TABLE_BYTES as it is now (tests and users may set it)."""
+    return _residual_module().MAX_CENTROID_TABLE_BYTES
+
+
+@cache
+def _residual_module():
+    from tilemaxsim_plaid.ops import residual  # it imports this module
+    return residual
 
 
 def check_applies(Q3, codes, residuals, nbits, inv_norms, centroids, split_query=False,
@@ -220,10 +226,11 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
                     codes.dtype == torch.int64, prefetch and not pipeline_codes, hints,
                     pipeline_codes)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
-    counters = torch.zeros(chunks, B, dtype=torch.int32, device=device)
+    counters = torch.zeros(chunks * B, dtype=torch.int32, device=device)
     given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
     for chunk_index, start in enumerate(range(0, Lq, MAX_QUERY_TOKENS)):
-        chunk = Q3[:, start:start + MAX_QUERY_TOKENS]
+        # One chunk (Lq <= 32, the usual query) is Q3 and the counters whole: no views.
+        chunk = Q3 if chunks == 1 else Q3[:, start:start + MAX_QUERY_TOKENS]
         table = permuted_table(chunk, centroids, table_dtype,
                                None if given is None else given[:, :, start:start + chunk.shape[1]])
         scores = out if start == 0 else torch.empty_like(out)
@@ -232,7 +239,8 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
                 ctypes.c_int(chunk.shape[1]), lengths, ctypes.c_int(start), weights, residuals,
                 codes, inv_norms, table, ctypes.c_uint(table.stride(0) * table.element_size()),
                 ctypes.c_int(centroids.shape[0] - 1), offsets, pids64, scores,
-                ctypes.c_longlong(scores.stride(0)), counters[chunk_index],
+                ctypes.c_longlong(scores.stride(0)),
+                counters if chunks == 1 else counters[chunk_index * B:(chunk_index + 1) * B],
                 ctypes.c_int(num_out_docs), ctypes.c_int(grab)])
         if start:
             out += scores
