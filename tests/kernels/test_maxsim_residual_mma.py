@@ -287,12 +287,14 @@ def test_pipelined_walk_matches_reference_and_the_default_walk(device, poisoned_
 @on_gpu
 @pytest.mark.parametrize("nbits", NBITS)
 def test_pipelined_walk_pids_and_a_long_query(device, poisoned_outputs, nbits):
-    """pids in any order over many warps, and two query chunks (each its own counter)."""
+    """pids in any order over many warps, and two query chunks (each its own counter), both
+    passed as strided views."""
     lengths = torch.randint(0, 140, (5000,), generator=torch.Generator().manual_seed(3)).tolist()
     index = random_index(device, 128, nbits, lengths=lengths, num_centroids=300)
     inv_norms = norms_of(index, nbits)
-    pids = torch.randperm(5000, device=device)[:2777]
-    Q = unit_queries(2, 40, 128, torch.float16, device)
+    order = torch.randperm(5000, device=device)[:2777]
+    pids = torch.stack([order, torch.zeros_like(order)], 1)[:, 0]
+    Q = unit_queries(2, 80, 128, torch.float16, device)[:, ::2]
     config = ResidualConfig(scoring="mma", pipeline_codes=True)
     out = score(Q, index, nbits, pids=pids, inv_norms=inv_norms, config=config)
     assert_close(out, expected(Q, index, nbits)[:, pids.cpu()], "maxsim_residual", torch.float16)
