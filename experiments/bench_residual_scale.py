@@ -21,8 +21,7 @@ With ``--pipeline-codes`` the default launch and each decoder's are timed a seco
 checked the same way. Where the mma kernel applies (``scoring="mma"``: nbits 2 and 4) the op's
 other kernel is timed beside its default (``ops/residual.mma_default`` where the default is the Triton
 kernel's launch, that launch where it is the mma kernel's: ``MMA_NBITS``), and the options above
-vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped, with
-``pipeline_codes`` flipped (its walk across grabs with two tiles in flight), with its L2
+vary the Triton launch; the mma kernel is also timed with its L2 prefetch flipped, with its L2
 cache policies the other way (``ops/residual_mma.l2_hints``) and, with ``--mma-grabs G ...``, with G
 documents per grab; and the mma kernel's centroid-score table is timed alone (its share of a
 call, which grows with C).
@@ -96,18 +95,13 @@ def op_default(nbits: int, num_docs: int, element_size: int):
 
 def mma_variants(grabs, default):
     """(provider, config) for the mma kernel's launch ``default`` (ops/residual.mma_default)
-    with each number of documents per grab of ``grabs`` other than its own, with its L2
-    prefetch flipped, and with pipeline_codes flipped (the walk across grabs with two tiles in
-    flight, which takes no prefetch)."""
-    pipelined = not default.pipeline_codes
+    with each number of documents per grab of ``grabs`` other than its own, and with its L2
+    prefetch flipped."""
     return [(f"maxsim_residual validate=False scoring=mma grab={grab}",
              dataclasses.replace(default, docs_per_program=grab))
             for grab in dict.fromkeys(grabs) if grab != default.docs_per_program] + [
         (f"maxsim_residual validate=False scoring=mma prefetch={not default.prefetch}",
-         dataclasses.replace(default, prefetch=not default.prefetch)),
-        (f"maxsim_residual validate=False scoring=mma pipeline_codes={pipelined}",
-         dataclasses.replace(default, pipeline_codes=pipelined,
-                             prefetch=default.prefetch and not pipelined))]
+         dataclasses.replace(default, prefetch=not default.prefetch))]
 
 
 def with_l2_hints(call, hints: bool):

@@ -289,8 +289,7 @@ def residual_mma(work: Path, opts) -> list[Step]:
     """The GPU tests of the residual kernels (the mma kernel's own, the op's defaults, the Triton
     kernel's, the NaN policy) and of the PQ mma kernel, then the residual op's default launch
     beside its other kernel (the Triton kernel's launch and the mma kernel, bench_residual_scale),
-    the mma kernel at 4 and 8 documents per grab, with its prefetch flipped and with
-    pipeline_codes (its walk with two tiles in flight), and dense scoring
+    the mma kernel at 4 and 8 documents per grab and with its prefetch flipped, and dense scoring
     of the decoded documents, nbits 2 and 4 (where the mma kernel applies) at C = 2^16 and 2^18;
     then the centroid-score table's build by tile (bench_centroid_table; about 7 minutes)."""
     tests = ("tests/kernels/test_maxsim_residual_mma.py", "tests/kernels/test_maxsim_pq_mma.py",
@@ -307,12 +306,10 @@ def residual_mma(work: Path, opts) -> list[Step]:
 
 def residual_ncu(work: Path, opts) -> list[Step]:
     """Nsight Compute on the residual op's two kernels (the Triton default and the mma kernel),
-    one fp16 query over 100k documents, C = 2^16, nbits 2 and 4, and the mma kernel's
-    pipeline_codes walk: which unit each saturates and the SASS instructions their warps wait
-    on, with why (profile_kernels ncu: stalls.txt)."""
+    one fp16 query over 100k documents, C = 2^16, nbits 2 and 4: which unit each saturates and
+    the SASS instructions their warps wait on, with why (profile_kernels ncu: stalls.txt)."""
     return [Step("residual-ncu", module("experiments.profile_kernels", "ncu", "--ops", "residual",
-                                        "--only", "=residual,=residual nbits4,residual decode,"
-                                        "residual pipeline_codes",
+                                        "--only", "=residual,=residual nbits4,residual decode",
                                         "--out", str(work / "residual-ncu")), 300)]
 
 

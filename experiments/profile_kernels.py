@@ -46,15 +46,13 @@ from tilemaxsim_plaid import reference
 from tilemaxsim_plaid.ops.dense import maxsim_packed, maxsim_padded
 from tilemaxsim_plaid.ops.pq import maxsim_pq
 from tilemaxsim_plaid.ops import nvrtc
-from tilemaxsim_plaid.ops.residual import (MMA_NBITS, ResidualConfig, default_residual_config,
-                                           maxsim_residual, query_centroid_scores)
+from tilemaxsim_plaid.ops.residual import (MMA_NBITS, default_residual_config, maxsim_residual,
+                                           query_centroid_scores)
 
 NUM_DOCS = 100_000
 QUERY_LEN = 32
 DIM = 128
 NUM_CENTROIDS = 65_536
-# The mma kernel's walk with two tiles in flight (ops/residual.ResidualConfig.pipeline_codes).
-PIPELINED = ResidualConfig(scoring="mma", pipeline_codes=True)
 # Padded documents of this many tokens (the dense benchmark's padded headline shape).
 PADDED_LEN = 128
 # Nsight Compute: profile_batched's sections, the schedulers' eligible warps, and the warp-state
@@ -137,8 +135,7 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
     fp32 products the plugin uses (fp16x2 = split_query, tf32x3), and the decode floor; then the
     fp16 query at each of ``wide_nbits`` on documents of the same lengths. On a GPU with NVRTC,
     where the default is the tensor-core kernel (MMA_NBITS), each fp16-query entry also as the
-    Triton kernel's launch ("residual decode") and as the mma kernel's pipelined walk
-    ("residual pipeline_codes": ResidualConfig.pipeline_codes)."""
+    Triton kernel's launch ("residual decode")."""
     device = torch.device(device)
     index = make_index(num_docs, num_centroids, DIM, NBITS, device)
     Q = queries(1, QUERY_LEN, DIM, device)[0]
@@ -162,11 +159,6 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
                                       *args, inv_norms=index["inv_norms"],
                                       config=triton_launch(NBITS), validate=False),
                                   lambda out: _assert_close("residual decode", out[:n], ref))
-        ops["residual pipeline_codes"] = (lambda: maxsim_residual(
-                                              *args, inv_norms=index["inv_norms"],
-                                              config=PIPELINED, validate=False),
-                                          lambda out: _assert_close("residual pipeline_codes",
-                                                                    out[:n], ref))
     Q32 = Q.float()
     pids = torch.randperm(num_docs, generator=torch.Generator().manual_seed(2)).to(device)
     ref_pids = reference.maxsim_residual(Q32.cpu(), index["codes"].cpu(), index["residuals"].cpu(),
@@ -197,12 +189,10 @@ def residual_ops(num_docs: int = NUM_DOCS, device: str = "cuda",
                                                                  validate=False),
                      lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n], ref))
         if mma and nbits in MMA_NBITS:
-            for name, config in ((f"residual decode nbits{nbits}", triton_launch(nbits)),
-                                 (f"residual pipeline_codes nbits{nbits}", PIPELINED)):
-                ops[name] = (lambda a=wide_args, w=wide, c=config: maxsim_residual(
-                                 *a, inv_norms=w["inv_norms"], config=c, validate=False),
-                             lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n],
-                                                                                ref))
+            name = f"residual decode nbits{nbits}"
+            ops[name] = (lambda a=wide_args, w=wide, c=triton_launch(nbits): maxsim_residual(
+                             *a, inv_norms=w["inv_norms"], config=c, validate=False),
+                         lambda out, name=name, ref=wide_ref: _assert_close(name, out[:n], ref))
     return ops
 
 

@@ -78,13 +78,10 @@ def test_mma_variants_are_the_mma_default_with_other_grabs(hinted):
     assert [name for name, _ in variants] == [
         f"maxsim_residual validate=False scoring=mma grab={grabs[0]}",
         f"maxsim_residual validate=False scoring=mma grab={grabs[1]}",
-        f"maxsim_residual validate=False scoring=mma prefetch={hinted}",
-        "maxsim_residual validate=False scoring=mma pipeline_codes=True"]
+        f"maxsim_residual validate=False scoring=mma prefetch={hinted}"]
     for (_, config), grab in zip(variants, grabs):
         assert config == ResidualConfig(**{**vars(default), "docs_per_program": grab})
-    assert variants[-2][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": hinted})
-    assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": False,
-                                                "pipeline_codes": True})
+    assert variants[-1][1] == ResidualConfig(**{**vars(MMA_DEFAULT), "prefetch": hinted})
 
 
 def test_with_l2_hints_sets_the_override_for_the_call_only():

@@ -200,8 +200,7 @@ EXPECTED = {
     },
     "residual-ncu": {
         "residual-ncu": ["-m", "experiments.profile_kernels", "ncu", "--ops", "residual", "--only",
-                         "=residual,=residual nbits4,residual decode,residual pipeline_codes",
-                         "--out", "W/residual-ncu"],
+                         "=residual,=residual nbits4,residual decode", "--out", "W/residual-ncu"],
     },
     "grid": {
         "sweep-sixth": ["-m", "experiments.sweep_configs", "--cells", "sixth", "--budget", "120",

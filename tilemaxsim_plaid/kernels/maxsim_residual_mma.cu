@@ -37,21 +37,18 @@
 // (PREFETCH) after the scored one's first tile the next one's rows, codes and inverse norms
 // are prefetched into L2. The next tile's residual rows, codes and inverse norms are loaded
 // before the current tile's products, and its table entries (which wait on its codes) after
-// them. With PIPELINE_CODES the warp walks its documents as one stream of tiles across grabs
-// (mma_walk.cuh) with two tiles in flight: a tile's rows, codes and norms are loaded two tiles
-// ahead and its table entries one tile ahead, in two register slots taken in turn.
+// them.
 //
 // Masking as everywhere: a token past its document's end is -inf, a query row past the query's
 // length adds 0 (also to an empty document's -inf); an empty document is -inf. Every max
 // propagates NaN (max_nan): a NaN in an input reaches exactly the scores it touches, as in
-// torch (docs/kernels.md, NaN and inf). Codes are clamped into [0, C) as they are read (the
-// op judges them after the launch).
+// torch (docs/kernels.md, NaN and inf). Codes are clamped into [0, C) where their entries are
+// gathered (the op judges them after the launch).
 //
 // Defines: WARPS (warps per block), MIN_BLOCKS (blocks per SM the registers must allow), ELEM
 // ("f16" or "bf16"), NBITS (2 or 4), TABLE_F32 (1: the table is fp32, else fp16), CODES_I64
 // (1: int64 codes, else int32), PREFETCH (1: documents into L2 a document ahead), L2_HINTS (1:
-// the table's lines kept in L2 before the streamed rows, codes and norms), PIPELINE_CODES (1:
-// two tiles in flight over one stream of documents), CHAINS.
+// the table's lines kept in L2 before the streamed rows, codes and norms), CHAINS.
 
 #ifndef WARPS
 #define WARPS 16
@@ -76,9 +73,6 @@
 #endif
 #ifndef L2_HINTS
 #define L2_HINTS 0
-#endif
-#ifndef PIPELINE_CODES
-#define PIPELINE_CODES 0
 #endif
 #include "mma_common.cuh"
 
@@ -311,54 +305,6 @@ __device__ __forceinline__ void score_tile(float (&best)[4], const unsigned (&qf
     }
 }
 
-#if PIPELINE_CODES
-#include "mma_walk.cuh"
-
-// What the walk asks of the device: lane 0's atomic claims, broadcast when read, and documents'
-// bounds.
-struct DeviceWarp {
-    int* counter;
-    int grab, lane;
-    const long long* offsets;
-    const long long* pids;
-
-    __device__ __forceinline__ int claim() { return lane == 0 ? atomicAdd(counter, grab) : 0; }
-    __device__ __forceinline__ int resolve(int pending) {
-        return __shfl_sync(0xffffffffu, pending, 0);
-    }
-    __device__ __forceinline__ void bounds(int n, long long& start, int& length) {
-        document_bounds(offsets, pids, n, start, length);
-    }
-};
-
-// A tile in flight: its loads, its table entries once asked for, and where it is. Slots are
-// loaded whatever their tile (one past the stream's end reads valid tokens, and is not scored):
-// a load under a condition would keep the slot's previous values alive beside it, registers
-// the kernel does not have at 16 warps.
-struct Slot {
-    Tile tile;
-    entries_t entries[4];
-    int left, n;  // TileRef's
-};
-
-__device__ __forceinline__ void load_slot(Slot& s, const TileRef& t,
-                                          const unsigned char* __restrict__ residuals,
-                                          const code_t* __restrict__ codes,
-                                          const float* __restrict__ inv_norms, int g, int q) {
-    s.left = t.left;
-    s.n = t.n;
-    load_tile(s.tile, residuals, codes, inv_norms, t.start, t.first, t.last, g, q);
-}
-
-__device__ __forceinline__ void load_slot_entries(Slot& s, const char* __restrict__ query_table,
-                                                  unsigned stride_bytes, int max_code) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-        s.entries[k] = load_entries(query_table, clamp_code(s.tile.code[k], max_code),
-                                    stride_bytes);
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] ELEM
                     long long stride_qb, long long stride_qt,  // in elements, even
@@ -412,32 +358,6 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
     for (int j = 0; j < 4; ++j) best[j] = NEG_INF;
     __syncthreads();
 
-#if PIPELINE_CODES
-    // Two tiles in flight beside the one scored, in two slots taken in turn (no copies between
-    // them): a tile's residual rows, codes and inverse norms are loaded two tiles before it is
-    // scored, its table entries one tile before, so each load has a tile's work to arrive in.
-    DeviceWarp warp{counters + query, grab, lane, offsets, pids};
-    Walk<DeviceWarp> walk(warp, num_out, grab);
-    Slot a, b;
-    load_slot(a, walk.take(), residuals, codes, inv_norms, g, q);
-    load_slot(b, walk.take(), residuals, codes, inv_norms, g, q);
-    load_slot_entries(a, query_table, table_stride_bytes, max_code);
-    // Scores ``cur``, asks for ``next``'s table entries and loads the tile after ``next`` into
-    // ``cur``; false once the walk has no tile left.
-    auto step = [&](Slot& cur, Slot& next) {
-        if (cur.n < 0) return false;
-        score_tile(best, qf, cur.tile, cur.entries, cur.left, byte_entries, lane_bits, q);
-        if (cur.left <= WALK_TILE) {
-            const float total = document_score(best, row_in_query);
-            if (lane == 0) out_row[cur.n] = total;
-        }
-        load_slot_entries(next, query_table, table_stride_bytes, max_code);
-        load_slot(cur, walk.take(), residuals, codes, inv_norms, g, q);
-        return true;
-    };
-    while (step(a, b) && step(b, a)) {
-    }
-#else
     // Grabs are claimed one ahead (lane 0's atomic is waited for only when the grab before it is
     // done), and each document's bounds are read while the one before it is scored.
     int claimed = lane == 0 ? atomicAdd(counters + query, grab) : 0;
@@ -512,5 +432,4 @@ maxsim_residual_mma(const unsigned short* __restrict__ Q,      // [B, Lq, 128] E
             }
         }
     }
-#endif
 }

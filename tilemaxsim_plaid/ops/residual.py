@@ -152,17 +152,14 @@ class ResidualConfig:
         pipeline_codes: load each main tile's centroid codes while the tile before it is
             scored, so the tile's centroid-score rows (or centroid rows) are gathered without
             first waiting for its codes; the masked load adds instructions to every tile
-            (results/sass_budget/sm90-triton3.6-620bbb1-pipeline_codes). With "mma": each
-            warp walks its documents as one stream of tiles across grabs with two tiles in
-            flight (codes, residual rows and norms two tiles ahead, table entries one ahead)
-            and no L2 prefetch (prefetch does not apply); fp16 tables and int32 codes only.
+            (results/sass_budget/sm90-triton3.6-620bbb1-pipeline_codes).
         scoring: "decode" (the Triton kernel, kernels/maxsim_residual.py, which every other
             field configures) or "mma" (kernels/maxsim_residual_mma.cu by NVRTC: each lane
             decodes the tensor-core operand it multiplies, with one shared-memory load per
             residual byte; d = 128, nbits 2 or 4, 16-bit queries, the table path:
             ops/residual_mma.py). With "mma" only docs_per_program (documents a warp takes
-            per grab), prefetch (each next document into L2 while one is scored),
-            pipeline_codes and half_table apply.
+            per grab), prefetch (each next document into L2 while one is scored) and
+            half_table apply.
         half_table: build the centroid-score table in fp16 (fp16 queries only): 64 B gathered
             per token instead of 128. Each entry <q, c> of the fp16 query and centroid is exact
             in fp32 and then rounded once (2**-11 relative), the rounding colbert-ai's own fp16
@@ -578,13 +575,11 @@ def _launch(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pid
         if not applies:
             check_config(config)
             residual_mma.check_applies(Q3, codes, residuals, nbits, inv_norms, centroids,
-                                       split_query, centroid_scores,
-                                       pipeline_codes=config.pipeline_codes,
-                                       half_table=config.half_table)
+                                       split_query, centroid_scores)
         return residual_mma.launch_residual_mma(
             Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids, inv_norms,
             query_lengths, num_out_docs, centroid_scores, config.half_table,
-            config.docs_per_program, config.prefetch, config.pipeline_codes)
+            config.docs_per_program, config.prefetch)
     if Q3.shape[1] > MAX_LQ_PER_LAUNCH:
         centroid_scores = None  # each chunk of query tokens builds its own table
 

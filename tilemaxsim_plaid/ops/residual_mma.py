@@ -138,18 +138,9 @@ def _residual_module():
     return residual
 
 
-def check_applies(Q3, codes, residuals, nbits, inv_norms, centroids, split_query=False,
-                  centroid_scores=None, pipeline_codes: bool = False, half_table=None) -> None:
-    """Raises ValueError naming what keeps scoring="mma" (and its ``pipeline_codes`` walk)
-    from this input."""
-    reasons = reasons_not_to_apply(Q3, codes, residuals, nbits, inv_norms, centroids,
-                                   split_query, centroid_scores)
-    table = _table_dtype(Q3.dtype, centroid_scores, half_table)
-    if pipeline_codes and (table != torch.float16 or codes.dtype != torch.int32):
-        reasons.append(f"pipeline_codes with a {table} centroid-score table and {codes.dtype} "
-                       f"codes (an fp16 table and int32 codes only: two tiles in flight fit 16 "
-                       f"warps' registers there alone)")
-    mma_fragments.refuse(reasons)
+def check_applies(*args, **kwargs) -> None:
+    """Raises ValueError naming what keeps scoring="mma" from this input."""
+    mma_fragments.refuse(reasons_not_to_apply(*args, **kwargs))
 
 
 def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
@@ -164,23 +155,18 @@ def _table_dtype(query_dtype, centroid_scores, half_table) -> torch.dtype:
 
 @lru_cache(maxsize=None)
 def kernel(device: torch.device, dtype: torch.dtype, nbits: int, table_f32: bool,
-           codes_i64: bool, prefetch: bool = True, l2_hints: bool = False,
-           pipeline_codes: bool = False) -> nvrtc.CudaKernel:
+           codes_i64: bool, prefetch: bool = True, l2_hints: bool = False) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(SOURCE, KERNEL_NAME, device,
-                             defines(dtype, nbits, table_f32, codes_i64, prefetch, l2_hints,
-                                     pipeline_codes), TABLE_BYTES)
+                             defines(dtype, nbits, table_f32, codes_i64, prefetch, l2_hints),
+                             TABLE_BYTES)
 
 
 def defines(dtype: torch.dtype, nbits: int, table_f32: bool, codes_i64: bool,
-            prefetch: bool = True, l2_hints: bool = False,
-            pipeline_codes: bool = False) -> dict:
-    """The kernel's defines for one launch configuration. With ``pipeline_codes`` the walk of
-    tiles across grabs, two tiles in flight, and no L2 prefetch (its loads run ahead instead;
-    at 16 warps the prefetch's registers would spill)."""
+            prefetch: bool = True, l2_hints: bool = False) -> dict:
+    """The kernel's defines for one launch configuration."""
     return {"WARPS": WARPS, "ELEM": ELEMENT_NAMES[dtype], "NBITS": nbits,
             "TABLE_F32": int(table_f32), "CODES_I64": int(codes_i64),
-            "PREFETCH": int(prefetch and not pipeline_codes), "L2_HINTS": int(l2_hints),
-            "PIPELINE_CODES": int(pipeline_codes)}
+            "PREFETCH": int(prefetch), "L2_HINTS": int(l2_hints)}
 
 
 def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.dtype,
@@ -203,7 +189,7 @@ def permuted_table(Q_chunk: torch.Tensor, centroids: torch.Tensor, dtype: torch.
 def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights, nbits, pids,
                         inv_norms, query_lengths, num_out_docs, centroid_scores=None,
                         half_table=None, grab: int = DEFAULT_GRAB,
-                        prefetch: bool = True, pipeline_codes: bool = False) -> torch.Tensor:
+                        prefetch: bool = True) -> torch.Tensor:
     """fp32 [B, num_out_docs]. Inputs checked by ops/residual.maxsim_residual and check_applies.
 
     Per call on the host, for each chunk of <= 32 query tokens: the chunk's permuted table (one
@@ -223,8 +209,7 @@ def launch_residual_mma(Q3, codes, residuals, offsets, centroids, bucket_weights
     pids64 = pids.to(torch.int64) if pids is not None else None
     hints = takes_l2_hints(Q3, centroids, centroid_scores, half_table)
     launch = kernel(device, Q3.dtype, nbits, table_dtype == torch.float32,
-                    codes.dtype == torch.int64, prefetch and not pipeline_codes, hints,
-                    pipeline_codes)
+                    codes.dtype == torch.int64, prefetch, hints)
     chunks = -(-Lq // MAX_QUERY_TOKENS)
     counters = torch.zeros(chunks * B, dtype=torch.int32, device=device)
     given = None if centroid_scores is None else centroid_scores.view(-1, B, Lq)
